@@ -1,0 +1,95 @@
+//! The assembled application: validated configuration turned into one [`Trigger`] per function, sharing one
+//! state store. Building it opens no connection; sources and stores connect on first use.
+
+use crate::config::{AppConfig, ConfigError, ConfigErrors, SourceKind, StateStoreKind};
+use crate::source::postgres::PostgresCursor;
+use crate::source::Source;
+use crate::state::{BlobStore, FileStore, StateStore};
+use crate::trigger::Trigger;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct App {
+    pub config: AppConfig,
+    pub store: Arc<dyn StateStore>,
+    /// By lower-cased function name: the host's routes are case-insensitive.
+    triggers: BTreeMap<String, Arc<Trigger>>,
+    pub owner: String,
+}
+
+impl App {
+    pub fn build(config: AppConfig) -> Result<Self, ConfigErrors> {
+        let store = build_store(&config).map_err(|e| ConfigErrors(vec![e]))?;
+        Self::with_store(config, store)
+    }
+
+    /// Builds the app over a given store (tests use memory or a fault-injecting wrapper).
+    pub fn with_store(config: AppConfig, store: Arc<dyn StateStore>) -> Result<Self, ConfigErrors> {
+        let owner = instance_id(&config);
+        let mut errors = Vec::new();
+        let mut triggers = BTreeMap::new();
+        for f in &config.functions {
+            let source: Arc<dyn Source> = match f.source.kind {
+                SourceKind::PostgresCursor => match PostgresCursor::new(f.source.clone()) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
+                        continue;
+                    }
+                },
+                SourceKind::MssqlChangeTracking | SourceKind::MssqlRowversion => {
+                    errors.push(ConfigError::new(
+                        format!("source in {}/sqltrigger.json", f.name),
+                        format!("{} is not available in this build yet; use postgres-cursor", f.source.kind.as_str()),
+                    ));
+                    continue;
+                }
+            };
+            let trigger = Trigger::new(f.clone(), &config.app_name, source, store.clone(), owner.clone());
+            triggers.insert(f.name.to_ascii_lowercase(), Arc::new(trigger));
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        Ok(Self { config, store, triggers, owner })
+    }
+
+    pub fn trigger(&self, name: &str) -> Option<&Arc<Trigger>> {
+        self.triggers.get(&name.to_ascii_lowercase())
+    }
+
+    pub fn triggers(&self) -> impl Iterator<Item = &Arc<Trigger>> {
+        self.triggers.values()
+    }
+
+    pub fn function_names(&self) -> Vec<String> {
+        self.triggers.values().map(|t| t.name().to_string()).collect()
+    }
+}
+
+fn build_store(config: &AppConfig) -> Result<Arc<dyn StateStore>, ConfigError> {
+    match &config.state_store {
+        StateStoreKind::File { directory } => Ok(Arc::new(FileStore::new(directory.clone()))),
+        StateStoreKind::Blob { container } => {
+            let get = |name: &str| config.env.get(name).map(str::to_string);
+            BlobStore::from_settings(&get, "AzureWebJobsStorage", container)
+                .map(|s| Arc::new(s) as Arc<dyn StateStore>)
+                .map_err(|e| ConfigError::new("app setting AzureWebJobsStorage", e.to_string()))
+        }
+    }
+}
+
+/// This process's identity in leases: the worker id the host gives (or the host name) plus a random part,
+/// so a restarted process is a new owner.
+fn instance_id(config: &AppConfig) -> String {
+    let base = config
+        .env
+        .get("FUNCTIONS_CUSTOMHANDLER_WORKER_ID")
+        .or_else(|| config.env.get("WEBSITE_INSTANCE_ID"))
+        .or_else(|| config.env.get("HOSTNAME"))
+        .unwrap_or("handler");
+    let base: String = base.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(40).collect();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{base}-{}-{}", std::process::id(), &random[..8])
+}

@@ -1,0 +1,376 @@
+//! One function folder: `function.json` (the host's bindings) and `sqltrigger.json` beside it (what to watch).
+//!
+//! `sqltrigger.json` is shaped like the official `sqlTrigger` binding (`tableName`, `connectionStringSetting`)
+//! plus our additions. String values may reference app settings as `%Name%`, as function.json does.
+
+use super::settings::{DeliveryMode, Resolver, TriggerSettings};
+use super::{read_json, valid_path_part, ConfigError, Env, Secret};
+use crate::ident::{Ident, TableName};
+use crate::source::StartFrom;
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Keys `sqltrigger.json` understands; anything else is a typo worth reporting.
+const KNOWN_KEYS: &[&str] = &[
+    "$schema",
+    "source",
+    "tableName",
+    "connectionStringSetting",
+    "cursorColumn",
+    "cursorGuard",
+    "safetyLagMs",
+    "insertedColumn",
+    "softDeleteColumn",
+    "primaryKey",
+    "columns",
+    "startFrom",
+    "maxBatchSize",
+    "pollingIntervalMs",
+    "maxChangesPerWorker",
+    "maxAttempts",
+    "poisonAction",
+    "deliveryMode",
+    "leaseDurationMs",
+    "tickTimeoutMs",
+    "changeTrackingContext",
+    "skipOwnChangesContext",
+    "includeMetadata",
+    "outputs",
+    "sink",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// PostgreSQL table polled by a cursor column plus primary key.
+    PostgresCursor,
+    /// SQL Server / Azure SQL change tracking (the official trigger's mechanism).
+    MssqlChangeTracking,
+    /// SQL Server table polled by a rowversion column below MIN_ACTIVE_ROWVERSION().
+    MssqlRowversion,
+}
+
+impl SourceKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::PostgresCursor => "postgres-cursor",
+            Self::MssqlChangeTracking => "mssql-change-tracking",
+            Self::MssqlRowversion => "mssql-rowversion",
+        }
+    }
+}
+
+/// What to watch and how; the source module interprets the optional parts for its kind.
+#[derive(Debug, Clone)]
+pub struct SourceSpec {
+    pub kind: SourceKind,
+    pub table: TableName,
+    pub connection_setting: String,
+    pub connection: Secret,
+    pub cursor_column: Option<Ident>,
+    /// `xid8`, `lag` or `none`; the source picks a default from the cursor column's type.
+    pub cursor_guard: Option<String>,
+    pub safety_lag: Duration,
+    pub inserted_column: Option<Ident>,
+    pub soft_delete_column: Option<Ident>,
+    pub primary_key: Option<Vec<Ident>>,
+    pub columns: Option<Vec<Ident>>,
+    pub start_from: StartFrom,
+    /// The whole resolved `sqltrigger.json`, for kind-specific options.
+    pub options: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputBinding {
+    pub name: String,
+    /// The binding type as function.json spells it (`queue`, `serviceBus`, `eventHub`, `sql`, `blob`, ...).
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub strategy: String,
+    /// -1 means forever.
+    pub max_retry_count: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct FunctionConfig {
+    pub name: String,
+    pub dir: PathBuf,
+    pub timer_schedule: Option<String>,
+    pub outputs: Vec<OutputBinding>,
+    pub retry: Option<RetryPolicy>,
+    pub source: SourceSpec,
+    pub settings: TriggerSettings,
+}
+
+/// Loads one folder. `None` when the folder is not ours (no sqltrigger.json) or failed (errors recorded).
+pub(super) fn load(
+    dir: &Path,
+    env: &Env,
+    host_sql: Option<&Value>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<FunctionConfig> {
+    let name = dir.file_name()?.to_string_lossy().into_owned();
+    let fn_file = format!("{name}/function.json");
+    let trig_file = format!("{name}/sqltrigger.json");
+    let before = errors.len();
+    let function_json = read_json(&dir.join("function.json"), errors, true)?;
+    let bindings = function_json.get("bindings").and_then(Value::as_array).cloned().unwrap_or_default();
+    let timer = bindings.iter().find(|b| b.get("type").and_then(Value::as_str) == Some("timerTrigger"));
+
+    if !dir.join("sqltrigger.json").is_file() {
+        if timer.is_some() {
+            errors.push(ConfigError::new(
+                trig_file,
+                "is missing: this function has a timer trigger for the SQL trigger handler; add sqltrigger.json with tableName and connectionStringSetting",
+            ));
+        }
+        return None;
+    }
+    if !valid_path_part(&name) {
+        errors.push(ConfigError::new(fn_file.clone(), "the folder name may hold only letters, digits, '-', '_' and '.'"));
+    }
+    let Some(timer) = timer else {
+        errors.push(ConfigError::new(fn_file, "has no timerTrigger binding; the SQL trigger runs on a timer"));
+        return None;
+    };
+    let timer_schedule = timer.get("schedule").and_then(Value::as_str).map(str::to_string);
+    let outputs: Vec<OutputBinding> = bindings
+        .iter()
+        .filter(|b| b.get("direction").and_then(Value::as_str) == Some("out"))
+        .filter_map(|b| {
+            Some(OutputBinding {
+                name: b.get("name")?.as_str()?.to_string(),
+                kind: b.get("type").and_then(Value::as_str).unwrap_or("").to_string(),
+            })
+        })
+        .collect();
+    let retry = function_json.get("retry").map(|r| RetryPolicy {
+        strategy: r.get("strategy").and_then(Value::as_str).unwrap_or("").to_string(),
+        max_retry_count: r.get("maxRetryCount").and_then(Value::as_i64).unwrap_or(0),
+    });
+
+    let raw = read_json(&dir.join("sqltrigger.json"), errors, true)?;
+    let Some(raw) = raw.as_object() else {
+        errors.push(ConfigError::new(trig_file, "must be a JSON object"));
+        return None;
+    };
+    let options = resolve_references(raw, env, &trig_file, errors);
+    for key in options.keys() {
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            errors.push(ConfigError::new(
+                trig_file.clone(),
+                format!("unknown key {key:?}; known keys: {}", KNOWN_KEYS[1..].join(", ")),
+            ));
+        }
+    }
+
+    let settings = Resolver { env, host_sql, function: Some((&trig_file, &options)) }.trigger_settings(errors);
+    let source = source_spec(&options, env, &trig_file, errors);
+
+    if settings.delivery_mode == DeliveryMode::Deferred {
+        match &retry {
+            None => errors.push(ConfigError::new(
+                fn_file.clone(),
+                "has no retry policy, which deferred delivery needs: the host tells the handler that an output write failed only by retrying. Add \"retry\": {\"strategy\": \"exponentialBackoff\", \"maxRetryCount\": 5, \"minimumInterval\": \"00:00:05\", \"maximumInterval\": \"00:05:00\"}, or set deliveryMode to sink",
+            )),
+            Some(r) if r.max_retry_count == 0 => errors.push(ConfigError::new(
+                fn_file.clone(),
+                "retry.maxRetryCount is 0: deferred delivery needs at least one retry (or -1 for unlimited)",
+            )),
+            _ => {}
+        }
+    }
+    if settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
+        errors.push(ConfigError::new(
+            fn_file.clone(),
+            "has no output binding to receive the changes; add one (queue, serviceBus, eventHub, sql, blob) or set deliveryMode to sink",
+        ));
+    }
+
+    if errors.len() > before {
+        return None;
+    }
+    Some(FunctionConfig { name, dir: dir.to_path_buf(), timer_schedule, outputs, retry, source: source?, settings })
+}
+
+fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<ConfigError>) -> Option<SourceSpec> {
+    let text = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
+    let mut problem = |key: &str, msg: String| errors.push(ConfigError::new(format!("{key} in {file}"), msg));
+
+    let kind = match text("source").as_deref().unwrap_or("mssql-change-tracking") {
+        "postgres-cursor" | "postgres" => SourceKind::PostgresCursor,
+        "mssql-change-tracking" | "mssql" => SourceKind::MssqlChangeTracking,
+        "mssql-rowversion" => SourceKind::MssqlRowversion,
+        other => {
+            problem("source", format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion or postgres-cursor"));
+            return None;
+        }
+    };
+    let table = match text("tableName").map(|t| TableName::parse(&t)) {
+        Some(Ok(t)) => Some(t),
+        Some(Err(e)) => {
+            problem("tableName", e);
+            None
+        }
+        None => {
+            problem("tableName", "is required (the table to watch, e.g. dbo.Orders)".into());
+            None
+        }
+    };
+    let connection_setting = text("connectionStringSetting");
+    let connection = match &connection_setting {
+        Some(s) => match env.get(s) {
+            Some(v) => Some(Secret::new(v)),
+            None => {
+                problem(
+                    "connectionStringSetting",
+                    format!("names app setting {s:?}, which is not set; add it to the app settings (Values in local.settings.json)"),
+                );
+                None
+            }
+        },
+        None => {
+            problem("connectionStringSetting", "is required: the name of the app setting that holds the connection string".into());
+            None
+        }
+    };
+    let ident = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Ident> {
+        let v = o.get(key)?;
+        match v.as_str().map(Ident::new) {
+            Some(Ok(i)) => Some(i),
+            Some(Err(e)) => {
+                problem(key, e);
+                None
+            }
+            None => {
+                problem(key, "must be a column name (a string)".into());
+                None
+            }
+        }
+    };
+    let ident_list = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Vec<Ident>> {
+        let v = o.get(key)?;
+        let items: Option<Vec<&str>> = v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect());
+        match items {
+            Some(items) if !items.is_empty() && items.len() == v.as_array().map_or(0, Vec::len) => {
+                let mut out = Vec::new();
+                for i in items {
+                    match Ident::new(i) {
+                        Ok(i) => out.push(i),
+                        Err(e) => problem(key, e),
+                    }
+                }
+                Some(out)
+            }
+            _ => {
+                problem(key, "must be a non-empty array of column names".into());
+                None
+            }
+        }
+    };
+    let cursor_column = ident("cursorColumn", &mut problem);
+    let inserted_column = ident("insertedColumn", &mut problem);
+    let soft_delete_column = ident("softDeleteColumn", &mut problem);
+    let primary_key = ident_list("primaryKey", &mut problem);
+    let columns = ident_list("columns", &mut problem);
+    let cursor_guard = text("cursorGuard");
+    if let Some(g) = &cursor_guard {
+        if !matches!(g.as_str(), "xid8" | "lag" | "none") {
+            problem("cursorGuard", format!("{g:?} is not a guard; use xid8, lag or none"));
+        }
+    }
+    let safety_lag = match o.get("safetyLagMs") {
+        None => Duration::from_millis(5000),
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(ms) if ms <= 86_400_000 => Duration::from_millis(ms),
+            _ => {
+                problem("safetyLagMs", format!("must be milliseconds from 0 to 86400000, got {v}"));
+                Duration::ZERO
+            }
+        },
+    };
+    let start_from = match text("startFrom").as_deref() {
+        None | Some("earliest") => StartFrom::Earliest,
+        Some("now") => StartFrom::Now,
+        Some(other) => {
+            problem("startFrom", format!("{other:?} is not a start; use earliest or now"));
+            StartFrom::Earliest
+        }
+    };
+    if kind == SourceKind::PostgresCursor && cursor_column.is_none() && o.get("cursorColumn").is_none() {
+        problem("cursorColumn", "is required for postgres-cursor: an xid8 (recommended), bigint or timestamp column that every insert and update sets".into());
+    }
+    Some(SourceSpec {
+        kind,
+        table: table?,
+        connection_setting: connection_setting?,
+        connection: connection?,
+        cursor_column,
+        cursor_guard,
+        safety_lag,
+        inserted_column,
+        soft_delete_column,
+        primary_key,
+        columns,
+        start_from,
+        options: o.clone(),
+    })
+}
+
+/// Replaces `%Name%` in every string value with the app setting's value. Connection strings are never
+/// resolved this way into the spec (they come through connectionStringSetting), so no secret is copied.
+fn resolve_references(raw: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<ConfigError>) -> Map<String, Value> {
+    fn walk(v: &Value, env: &Env, key: &str, file: &str, errors: &mut Vec<ConfigError>) -> Value {
+        match v {
+            Value::String(s) => Value::String(resolve_text(s, env).unwrap_or_else(|missing| {
+                errors.push(ConfigError::new(
+                    format!("{key} in {file}"),
+                    format!("references app setting %{missing}%, which is not set"),
+                ));
+                s.clone()
+            })),
+            Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, env, key, file, errors)).collect()),
+            Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), walk(x, env, key, file, errors))).collect()),
+            other => other.clone(),
+        }
+    }
+    raw.iter().map(|(k, v)| (k.clone(), walk(v, env, k, file, errors))).collect()
+}
+
+fn resolve_text(s: &str, env: &Env) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(start) = rest.find('%') {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('%') else { break };
+        let name = &after[..end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':')) {
+            out.push_str(&rest[..=start]);
+            rest = after;
+            continue;
+        }
+        out.push_str(&rest[..start]);
+        out.push_str(env.get(name).ok_or_else(|| name.to_string())?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_app_setting_references() {
+        let env = Env::from_pairs([("Table".to_string(), "dbo.Orders".to_string())]);
+        assert_eq!(resolve_text("%Table%", &env).expect("resolves"), "dbo.Orders");
+        assert_eq!(resolve_text("x-%Table%-y", &env).expect("resolves"), "x-dbo.Orders-y");
+        assert_eq!(resolve_text("100%", &env).expect("no reference"), "100%");
+        assert_eq!(resolve_text("%Missing%", &env).unwrap_err(), "Missing");
+    }
+}

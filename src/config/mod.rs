@@ -1,0 +1,222 @@
+//! Typed, validated configuration: the app settings, host.json and every function folder, read once at start.
+//!
+//! Loading never stops at the first problem: it collects every one, each naming the setting or file and what
+//! to change, so a misconfigured app is fixed in one round trip instead of one per restart. No database or
+//! storage is contacted here; that happens lazily on the first tick.
+
+mod function;
+mod secret;
+pub mod settings;
+
+pub use function::{FunctionConfig, OutputBinding, RetryPolicy, SourceKind, SourceSpec};
+pub use secret::Secret;
+pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The process environment, snapshotted (every app setting arrives as an environment variable).
+#[derive(Clone, Default)]
+pub struct Env(BTreeMap<String, String>);
+
+impl fmt::Debug for Env {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Values may be secrets: show names only.
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+impl Env {
+    pub fn from_process() -> Self {
+        Self(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect())
+    }
+
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(pairs.into_iter().collect())
+    }
+
+    /// A non-empty value. Azure sets unset settings to empty strings in some paths; treat them as unset.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str).filter(|v| !v.trim().is_empty())
+    }
+}
+
+/// One configuration problem: where it is and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub setting: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self { setting: setting.into(), problem: problem.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting, self.problem)
+    }
+}
+
+/// Every problem found, printed one per line.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "the configuration has {} problem(s):", self.0.len())?;
+        for e in &self.0 {
+            writeln!(f, "  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Where state documents live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateStoreKind {
+    Blob { container: String },
+    File { directory: PathBuf },
+}
+
+/// The whole app, validated.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub app_root: PathBuf,
+    /// Name space of state documents.
+    pub app_name: String,
+    pub state_store: StateStoreKind,
+    pub functions: Vec<FunctionConfig>,
+    /// Function folders this handler does not serve (no sqltrigger.json); invoking them answers 404.
+    pub other_functions: Vec<String>,
+    pub env: Env,
+}
+
+impl AppConfig {
+    /// The app root: `FUNCTIONS_APP_ROOT_PATH`, else the working directory.
+    pub fn app_root(env: &Env) -> PathBuf {
+        env.get("FUNCTIONS_APP_ROOT_PATH")
+            .map(PathBuf::from)
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// Reads host.json, every function folder and the app settings.
+    pub fn load(env: Env) -> Result<Self, ConfigErrors> {
+        let root = Self::app_root(&env);
+        Self::load_from(&root, env)
+    }
+
+    pub fn load_from(root: &Path, env: Env) -> Result<Self, ConfigErrors> {
+        let mut errors = Vec::new();
+        let host_json = read_json(&root.join("host.json"), &mut errors, false);
+        let host_sql = host_json.as_ref().and_then(|h| h.pointer("/extensions/sql")).cloned();
+
+        let mut functions = Vec::new();
+        let mut other_functions = Vec::new();
+        let mut dirs: Vec<PathBuf> = match std::fs::read_dir(root) {
+            Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.join("function.json").is_file()).collect(),
+            Err(e) => {
+                errors.push(ConfigError::new(
+                    root.display().to_string(),
+                    format!("cannot read the app root ({e}); set FUNCTIONS_APP_ROOT_PATH to the folder with host.json"),
+                ));
+                Vec::new()
+            }
+        };
+        dirs.sort();
+        for dir in dirs {
+            match function::load(&dir, &env, host_sql.as_ref(), &mut errors) {
+                Some(f) => functions.push(f),
+                None => {
+                    if let Some(name) = dir.file_name() {
+                        other_functions.push(name.to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+        // Functions whose folder failed validation were reported in `errors` and are neither list's members.
+        other_functions.retain(|n| !errors.iter().any(|e| e.setting.starts_with(&format!("{n}/"))));
+
+        let state_store = match env.get(settings::STATE_STORE.name).unwrap_or("blob").trim().to_ascii_lowercase().as_str() {
+            "blob" => StateStoreKind::Blob {
+                container: env.get(settings::STATE_CONTAINER.name).unwrap_or(settings::STATE_CONTAINER.default).to_string(),
+            },
+            "file" => {
+                let dir = env.get(settings::STATE_DIRECTORY.name).unwrap_or(settings::STATE_DIRECTORY.default);
+                StateStoreKind::File { directory: root.join(dir) }
+            }
+            other => {
+                errors.push(ConfigError::new(
+                    format!("app setting {}", settings::STATE_STORE.name),
+                    format!("must be blob or file, got {other:?}"),
+                ));
+                StateStoreKind::File { directory: root.join(settings::STATE_DIRECTORY.default) }
+            }
+        };
+        if let StateStoreKind::Blob { container } = &state_store {
+            if !valid_container_name(container) {
+                errors.push(ConfigError::new(
+                    format!("app setting {}", settings::STATE_CONTAINER.name),
+                    format!("{container:?} is not a valid blob container name (3-63 lowercase letters, digits and single hyphens)"),
+                ));
+            }
+        }
+        let app_name = env
+            .get(settings::APP_NAME.name)
+            .or_else(|| env.get("WEBSITE_SITE_NAME"))
+            .unwrap_or("local")
+            .to_string();
+        if !valid_path_part(&app_name) {
+            errors.push(ConfigError::new(
+                format!("app setting {}", settings::APP_NAME.name),
+                format!("{app_name:?} may hold only letters, digits, '-', '_' and '.'"),
+            ));
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        Ok(Self { app_root: root.to_path_buf(), app_name, state_store, functions, other_functions, env })
+    }
+
+    pub fn function(&self, name: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|f| f.name.eq_ignore_ascii_case(name))
+    }
+}
+
+fn read_json(path: &Path, errors: &mut Vec<ConfigError>, required: bool) -> Option<serde_json::Value> {
+    match std::fs::read(path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                errors.push(ConfigError::new(path.display().to_string(), format!("is not valid JSON: {e}")));
+                None
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
+        Err(e) => {
+            errors.push(ConfigError::new(path.display().to_string(), format!("cannot be read: {e}")));
+            None
+        }
+    }
+}
+
+/// Function and app names become parts of state keys and URLs.
+pub(crate) fn valid_path_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s != "."
+        && s != ".."
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn valid_container_name(s: &str) -> bool {
+    (3..=63).contains(&s.len())
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
+}

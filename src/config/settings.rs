@@ -1,0 +1,340 @@
+//! The app settings this handler reads: one table of definitions (names, defaults, meaning) that both the
+//! parser and the generated configuration reference (`handler settings`, docs/configuration.md) use, so the
+//! documentation cannot drift from the code.
+//!
+//! Precedence for trigger settings, highest first: the function's `sqltrigger.json`, the app setting,
+//! host.json `extensions.sql.<camelCase>`, the default. The official trigger's names and defaults are kept.
+
+use super::{ConfigError, Env};
+use serde_json::Value;
+use std::time::Duration;
+
+/// One documented setting.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingDef {
+    /// The app setting (environment variable) name.
+    pub name: &'static str,
+    /// The `sqltrigger.json` key that overrides it per function, if any.
+    pub function_key: Option<&'static str>,
+    /// The host.json `extensions.sql` key, for the official trigger's settings.
+    pub host_json_key: Option<&'static str>,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+pub const MAX_BATCH_SIZE: SettingDef = SettingDef {
+    name: "Sql_Trigger_MaxBatchSize",
+    function_key: Some("maxBatchSize"),
+    host_json_key: Some("maxBatchSize"),
+    default: "100",
+    doc: "Most changes delivered by one invocation. Deprecated alias: Sql_Trigger_BatchSize.",
+};
+pub const BATCH_SIZE_ALIAS: &str = "Sql_Trigger_BatchSize";
+pub const POLLING_INTERVAL_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_PollingIntervalMs",
+    function_key: Some("pollingIntervalMs"),
+    host_json_key: Some("pollingIntervalMs"),
+    default: "1000",
+    doc: "Pause between ticks in `handler run` when the last batch was not full. Under the Functions host the timer schedule sets the pace.",
+};
+pub const MAX_CHANGES_PER_WORKER: SettingDef = SettingDef {
+    name: "Sql_Trigger_MaxChangesPerWorker",
+    function_key: Some("maxChangesPerWorker"),
+    host_json_key: Some("maxChangesPerWorker"),
+    default: "1000",
+    doc: "Pending changes one worker is expected to handle; status reports ceil(pending / this) as target workers.",
+};
+pub const MAX_ATTEMPTS: SettingDef = SettingDef {
+    name: "Sql_Trigger_MaxAttempts",
+    function_key: Some("maxAttempts"),
+    host_json_key: None,
+    default: "5",
+    doc: "Deliveries of one batch that may fail before it is a poison batch (see Sql_Trigger_PoisonAction).",
+};
+pub const POISON_ACTION: SettingDef = SettingDef {
+    name: "Sql_Trigger_PoisonAction",
+    function_key: Some("poisonAction"),
+    host_json_key: None,
+    default: "quarantine",
+    doc: "`quarantine`: write the poison batch to a quarantine document, log an error naming it, count it and move on. `halt`: stop the function at that batch until an operator acts.",
+};
+pub const DELIVERY_MODE: SettingDef = SettingDef {
+    name: "Sql_Trigger_DeliveryMode",
+    function_key: Some("deliveryMode"),
+    host_json_key: None,
+    default: "deferred",
+    doc: "`deferred`: a batch is acknowledged by the next invocation that is not a retry of it (at-least-once; needs a retry policy in function.json). `immediate`: committed before answering (at-most-once if the host's output write fails). `sink`: delivered by the handler itself, committed after the sink acknowledges (at-least-once).",
+};
+pub const LEASE_DURATION_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_LeaseDurationMs",
+    function_key: Some("leaseDurationMs"),
+    host_json_key: None,
+    default: "60000",
+    doc: "How long a batch in flight belongs to the instance that fetched it before another instance may take it over and re-deliver it.",
+};
+pub const TICK_TIMEOUT_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_TickTimeoutMs",
+    function_key: Some("tickTimeoutMs"),
+    host_json_key: None,
+    default: "240000",
+    doc: "Longest one invocation may work before it gives up and answers an error (keep it below host.json functionTimeout).",
+};
+pub const STATE_STORE: SettingDef = SettingDef {
+    name: "Sql_Trigger_StateStore",
+    function_key: None,
+    host_json_key: None,
+    default: "blob",
+    doc: "`blob`: state in Azure Blob Storage through AzureWebJobsStorage (connection string or identity-based). `file`: state in Sql_Trigger_StateDirectory on local disk (one machine only).",
+};
+pub const STATE_DIRECTORY: SettingDef = SettingDef {
+    name: "Sql_Trigger_StateDirectory",
+    function_key: None,
+    host_json_key: None,
+    default: ".sql-pseudo-trigger",
+    doc: "Directory of the file state store, relative to the app root.",
+};
+pub const STATE_CONTAINER: SettingDef = SettingDef {
+    name: "Sql_Trigger_StateContainer",
+    function_key: None,
+    host_json_key: None,
+    default: "sql-pseudo-trigger",
+    doc: "Blob container that holds the state documents.",
+};
+pub const APP_NAME: SettingDef = SettingDef {
+    name: "Sql_Trigger_AppName",
+    function_key: None,
+    host_json_key: None,
+    default: "WEBSITE_SITE_NAME, else `local`",
+    doc: "Name space of the state documents (`{app}/{function}.json`). Set it explicitly to keep state across app renames and slot swaps.",
+};
+pub const LOG_LEVEL: SettingDef = SettingDef {
+    name: "Sql_Trigger_LogLevel",
+    function_key: None,
+    host_json_key: None,
+    default: "info",
+    doc: "Log filter (tracing EnvFilter syntax, e.g. `info,sql_pseudo_trigger=debug`). RUST_LOG wins when set.",
+};
+
+/// Every setting, in documentation order.
+pub const ALL: &[SettingDef] = &[
+    MAX_BATCH_SIZE,
+    POLLING_INTERVAL_MS,
+    MAX_CHANGES_PER_WORKER,
+    MAX_ATTEMPTS,
+    POISON_ACTION,
+    DELIVERY_MODE,
+    LEASE_DURATION_MS,
+    TICK_TIMEOUT_MS,
+    STATE_STORE,
+    STATE_DIRECTORY,
+    STATE_CONTAINER,
+    APP_NAME,
+    LOG_LEVEL,
+];
+
+/// How a batch reaches its destination, and so what guarantee holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryMode {
+    Deferred,
+    Immediate,
+    Sink,
+}
+
+/// What happens to a batch that failed `MaxAttempts` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoisonAction {
+    Quarantine,
+    Halt,
+}
+
+/// The effective trigger settings of one function.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggerSettings {
+    pub max_batch_size: usize,
+    pub polling_interval: Duration,
+    pub max_changes_per_worker: u64,
+    pub max_attempts: u32,
+    pub poison_action: PoisonAction,
+    pub delivery_mode: DeliveryMode,
+    pub lease_duration: Duration,
+    pub tick_timeout: Duration,
+}
+
+/// Reads one setting through the precedence chain and reports where the winning value came from, so an
+/// error can name it.
+#[derive(Debug)]
+pub struct Resolver<'a> {
+    pub env: &'a Env,
+    pub host_sql: Option<&'a Value>,
+    pub function: Option<(&'a str, &'a serde_json::Map<String, Value>)>,
+}
+
+impl Resolver<'_> {
+    fn raw(&self, def: &SettingDef) -> Option<(String, String)> {
+        if let (Some((file, obj)), Some(key)) = (self.function, def.function_key) {
+            if let Some(v) = obj.get(key) {
+                return Some((value_text(v), format!("{key} in {file}")));
+            }
+        }
+        if let Some(v) = self.env.get(def.name) {
+            return Some((v.to_string(), format!("app setting {}", def.name)));
+        }
+        if def.name == MAX_BATCH_SIZE.name {
+            if let Some(v) = self.env.get(BATCH_SIZE_ALIAS) {
+                return Some((v.to_string(), format!("app setting {BATCH_SIZE_ALIAS}")));
+            }
+        }
+        if let (Some(sql), Some(key)) = (self.host_sql, def.host_json_key) {
+            if let Some(v) = sql.get(key) {
+                return Some((value_text(v), format!("host.json extensions.sql.{key}")));
+            }
+        }
+        None
+    }
+
+    /// A positive integer setting, bounded above.
+    pub fn positive(&self, def: &SettingDef, max: u64, errors: &mut Vec<ConfigError>) -> u64 {
+        let fallback = def.default.parse().unwrap_or(1);
+        let Some((text, from)) = self.raw(def) else { return fallback };
+        match text.trim().parse::<u64>() {
+            Ok(n) if n > 0 && n <= max => n,
+            _ => {
+                errors.push(ConfigError::new(
+                    from,
+                    format!("must be a whole number from 1 to {max}, got {text:?} (default {})", def.default),
+                ));
+                fallback
+            }
+        }
+    }
+
+    /// One of a fixed set of words, case-insensitive.
+    pub fn choice<T: Copy>(
+        &self,
+        def: &SettingDef,
+        options: &[(&str, T)],
+        errors: &mut Vec<ConfigError>,
+    ) -> T {
+        let pick = |t: &str| options.iter().find(|(name, _)| name.eq_ignore_ascii_case(t.trim())).map(|(_, v)| *v);
+        let fallback = pick(def.default).unwrap_or(options[0].1);
+        let Some((text, from)) = self.raw(def) else { return fallback };
+        pick(&text).unwrap_or_else(|| {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            errors.push(ConfigError::new(from, format!("must be one of {}, got {text:?}", names.join(", "))));
+            fallback
+        })
+    }
+
+    pub fn trigger_settings(&self, errors: &mut Vec<ConfigError>) -> TriggerSettings {
+        TriggerSettings {
+            max_batch_size: self.positive(&MAX_BATCH_SIZE, 100_000, errors) as usize,
+            polling_interval: Duration::from_millis(self.positive(&POLLING_INTERVAL_MS, 86_400_000, errors)),
+            max_changes_per_worker: self.positive(&MAX_CHANGES_PER_WORKER, u32::MAX as u64, errors),
+            max_attempts: self.positive(&MAX_ATTEMPTS, 1000, errors) as u32,
+            poison_action: self.choice(
+                &POISON_ACTION,
+                &[("quarantine", PoisonAction::Quarantine), ("halt", PoisonAction::Halt)],
+                errors,
+            ),
+            delivery_mode: self.choice(
+                &DELIVERY_MODE,
+                &[
+                    ("deferred", DeliveryMode::Deferred),
+                    ("immediate", DeliveryMode::Immediate),
+                    ("sink", DeliveryMode::Sink),
+                ],
+                errors,
+            ),
+            lease_duration: Duration::from_millis(self.positive(&LEASE_DURATION_MS, 3_600_000, errors).max(1000)),
+            tick_timeout: Duration::from_millis(self.positive(&TICK_TIMEOUT_MS, 86_400_000, errors)),
+        }
+    }
+}
+
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The configuration reference as Markdown, generated from [`ALL`].
+pub fn reference_markdown() -> String {
+    let mut out = String::from(
+        "| App setting | sqltrigger.json | host.json `extensions.sql` | Default | Meaning |\n|---|---|---|---|---|\n",
+    );
+    for d in ALL {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            d.name,
+            d.function_key.map(|k| format!("`{k}`")).unwrap_or_else(|| "-".into()),
+            d.host_json_key.map(|k| format!("`{k}`")).unwrap_or_else(|| "-".into()),
+            d.default,
+            d.doc
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        Env::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn defaults_match_the_official_trigger() {
+        let e = env(&[]);
+        let mut errors = vec![];
+        let s = Resolver { env: &e, host_sql: None, function: None }.trigger_settings(&mut errors);
+        assert!(errors.is_empty());
+        assert_eq!(s.max_batch_size, 100);
+        assert_eq!(s.polling_interval, Duration::from_millis(1000));
+        assert_eq!(s.max_changes_per_worker, 1000);
+        assert_eq!(s.max_attempts, 5);
+        assert_eq!(s.delivery_mode, DeliveryMode::Deferred);
+    }
+
+    #[test]
+    fn app_settings_beat_host_json_and_sqltrigger_json_beats_both() {
+        let host = serde_json::json!({"maxBatchSize": 7, "pollingIntervalMs": 50});
+        let e = env(&[("Sql_Trigger_MaxBatchSize", "30")]);
+        let mut errors = vec![];
+        let s = Resolver { env: &e, host_sql: Some(&host), function: None }.trigger_settings(&mut errors);
+        assert_eq!((s.max_batch_size, s.polling_interval.as_millis()), (30, 50));
+        let f = serde_json::json!({"maxBatchSize": 3});
+        let f = f.as_object().expect("object");
+        let s = Resolver { env: &e, host_sql: Some(&host), function: Some(("f/sqltrigger.json", f)) }
+            .trigger_settings(&mut errors);
+        assert_eq!(s.max_batch_size, 3);
+        assert!(errors.is_empty());
+    }
+
+    #[test]
+    fn the_deprecated_batch_size_alias_still_works() {
+        let e = env(&[("Sql_Trigger_BatchSize", "42")]);
+        let mut errors = vec![];
+        let s = Resolver { env: &e, host_sql: None, function: None }.trigger_settings(&mut errors);
+        assert_eq!(s.max_batch_size, 42);
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_with_its_setting() {
+        let e = env(&[
+            ("Sql_Trigger_MaxBatchSize", "0"),
+            ("Sql_Trigger_PollingIntervalMs", "-5"),
+            ("Sql_Trigger_DeliveryMode", "yolo"),
+        ]);
+        let mut errors = vec![];
+        Resolver { env: &e, host_sql: None, function: None }.trigger_settings(&mut errors);
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 3, "{text:?}");
+        assert!(text[0].contains("Sql_Trigger_MaxBatchSize") && text[0].contains("1 to 100000"));
+        assert!(text[1].contains("Sql_Trigger_PollingIntervalMs"));
+        assert!(text[2].contains("deferred, immediate, sink"));
+    }
+}

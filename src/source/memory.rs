@@ -1,0 +1,153 @@
+//! An in-memory source: a table of rows kept in `(version, key)` order, for engine tests and the examples
+//! in the docs. It keeps the [`Source`] contract, including a late-commit guard: rows written by an
+//! uncommitted "transaction" ([`MemorySource::begin`]) stay invisible, and nothing at or above the oldest
+//! open transaction's version is returned, exactly like the xid8 guard of the PostgreSQL source.
+
+use super::{Fetched, Position, Source, SourceError, StartFrom};
+use crate::change::{Change, Operation};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Committed rows by key: (version, deleted, item JSON).
+    rows: BTreeMap<i64, (u64, bool, String)>,
+    /// Versions of open transactions and their pending writes.
+    open: BTreeMap<u64, Vec<(i64, bool, String)>>,
+    next_version: u64,
+    /// Fault injection: the next N fetches fail as if the database were down.
+    failures: u32,
+    fetches: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct MemorySource {
+    inner: Mutex<Inner>,
+}
+
+impl MemorySource {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a transaction and returns its version; its writes are invisible until [`Self::commit`].
+    pub fn begin(&self) -> u64 {
+        let mut i = self.inner.lock().expect("memory source lock");
+        i.next_version += 1;
+        let v = i.next_version;
+        i.open.insert(v, Vec::new());
+        v
+    }
+
+    /// Writes a row in an open transaction; `deleted` marks a soft delete.
+    pub fn write(&self, tx: u64, key: i64, deleted: bool, item: serde_json::Value) {
+        let mut i = self.inner.lock().expect("memory source lock");
+        if let Some(w) = i.open.get_mut(&tx) {
+            w.push((key, deleted, item.to_string()));
+        }
+    }
+
+    pub fn commit(&self, tx: u64) {
+        let mut i = self.inner.lock().expect("memory source lock");
+        if let Some(writes) = i.open.remove(&tx) {
+            for (key, deleted, item) in writes {
+                i.rows.insert(key, (tx, deleted, item));
+            }
+        }
+    }
+
+    /// One committed transaction writing `{"id": key, "v": value}` for each key.
+    pub fn upsert(&self, keys: impl IntoIterator<Item = i64>, value: i64) {
+        let tx = self.begin();
+        for k in keys {
+            self.write(tx, k, false, serde_json::json!({ "id": k, "v": value }));
+        }
+        self.commit(tx);
+    }
+
+    pub fn delete(&self, key: i64) {
+        let tx = self.begin();
+        self.write(tx, key, true, serde_json::json!({ "id": key }));
+        self.commit(tx);
+    }
+
+    /// Makes the next `n` fetches fail with [`SourceError::Unavailable`].
+    pub fn fail_next_fetches(&self, n: u32) {
+        self.inner.lock().expect("memory source lock").failures = n;
+    }
+
+    pub fn fetches(&self) -> u64 {
+        self.inner.lock().expect("memory source lock").fetches
+    }
+
+    fn position(p: &Position) -> Result<Option<(u64, i64)>, SourceError> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        let a = p.as_array().filter(|a| a.len() == 2);
+        let v = a.and_then(|a| Some((a[0].as_u64()?, a[1].as_i64()?)));
+        v.map(Some).ok_or_else(|| SourceError::Invalid(format!("bad position {p}")))
+    }
+
+    fn read(&self, after: &Position, upto: Option<&Position>, limit: usize) -> Result<Fetched, SourceError> {
+        let after = Self::position(after)?;
+        let upto = upto.map(Self::position).transpose()?.flatten();
+        let mut i = self.inner.lock().expect("memory source lock");
+        i.fetches += 1;
+        if i.failures > 0 {
+            i.failures -= 1;
+            return Err(SourceError::Unavailable("injected: database unavailable".into()));
+        }
+        let horizon = i.open.keys().next().copied().unwrap_or(u64::MAX);
+        let ordered: BTreeSet<(u64, i64)> = i.rows.iter().map(|(k, (v, _, _))| (*v, *k)).collect();
+        let mut fetched = Fetched::default();
+        for (v, k) in ordered {
+            if v >= horizon || after.is_some_and(|a| (v, k) <= a) || upto.is_some_and(|u| (v, k) > u) {
+                continue;
+            }
+            if fetched.changes.len() == limit {
+                break;
+            }
+            let (_, deleted, item) = &i.rows[&k];
+            let op = if *deleted { Operation::Delete } else { Operation::Update };
+            let change = Change::from_json(op, item.clone()).map_err(|e| SourceError::Invalid(e.to_string()))?;
+            fetched.changes.push(change);
+            fetched.last = Some(serde_json::json!([v, k]));
+        }
+        Ok(fetched)
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for MemorySource {
+    fn name(&self) -> String {
+        "memory:rows".into()
+    }
+
+    fn fingerprint(&self) -> String {
+        "memory-v1".into()
+    }
+
+    async fn validate(&self) -> Result<(), SourceError> {
+        Ok(())
+    }
+
+    async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
+        match from {
+            StartFrom::Earliest => Ok(Position::Null),
+            StartFrom::Now => Ok(self.read(&Position::Null, None, usize::MAX)?.last.unwrap_or(Position::Null)),
+        }
+    }
+
+    async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {
+        self.read(after, None, limit)
+    }
+
+    async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError> {
+        self.read(after, Some(upto), limit)
+    }
+
+    async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
+        Ok(self.read(after, None, usize::MAX)?.changes.len() as u64)
+    }
+}

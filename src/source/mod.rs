@@ -1,0 +1,75 @@
+//! Where changes come from. A [`Source`] turns "everything after this position" into an ordered batch.
+//!
+//! # Contract
+//! - A position is opaque JSON owned by the source. The engine stores it, hands it back, and never compares
+//!   positions; the source guarantees that `fetch(after)` returns changes strictly after `after`, in a total
+//!   order (cursor or change version first, then primary key), and that `Fetched::last` is the position of
+//!   the last change returned. Positions therefore only move forward.
+//! - A change is returned only once it can never be followed by an earlier, still-invisible one (the
+//!   late-commit guard): a transaction that commits after newer rows were read must not be skipped.
+//! - `refetch(after, upto)` returns the changes in `(after, upto]` as they are now. A row updated since the
+//!   first fetch has moved past `upto` and will come again later with its newer values; nothing is lost.
+//! - Delivery is at-least-once: the engine may ask for the same range several times.
+//! - Sources connect lazily: nothing here runs at process start.
+
+pub mod memory;
+pub mod postgres;
+
+use crate::change::Change;
+use serde_json::Value;
+use std::fmt;
+
+/// An opaque, serializable place in a source's change stream. `Value::Null` is "before everything".
+pub type Position = Value;
+
+/// Where a function starts when it has no state yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// Every change the source still has (the official trigger's behaviour).
+    Earliest,
+    /// Only changes made after the first tick.
+    Now,
+}
+
+/// One fetched batch.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub changes: Vec<Change>,
+    /// The position of the last change returned; `None` when `changes` is empty.
+    pub last: Option<Position>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The source's configuration or schema cannot work; retrying will not help. The message says what to do.
+    #[error("{0}")]
+    Invalid(String),
+    /// The database could not be reached or the statement failed transiently (connection, timeout, deadlock).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The stored position is no longer served by the source (for example change-tracking retention passed
+    /// it): changes were lost upstream, and only an explicit reset may continue.
+    #[error("{0}")]
+    PositionLost(String),
+}
+
+/// A change stream over one table. See the module docs for the contract.
+#[async_trait::async_trait]
+pub trait Source: Send + Sync + fmt::Debug {
+    /// `kind:schema.table`, shown in state and status.
+    fn name(&self) -> String;
+    /// A digest of everything that gives a position its meaning (table, key and cursor columns, strategy).
+    /// A changed fingerprint makes stored positions meaningless, so the engine refuses to continue.
+    fn fingerprint(&self) -> String;
+    /// Checks the table and settings against the database; called on first use, not at start-up.
+    async fn validate(&self) -> Result<(), SourceError>;
+    /// The position to start from when a function has no state.
+    async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError>;
+    /// Up to `limit` changes strictly after `after`, in order.
+    async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError>;
+    /// The changes in `(after, upto]` as they are now, for re-delivery of a known batch.
+    async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError>;
+    /// How many changes are waiting after `after` (for status and scaling).
+    async fn pending(&self, after: &Position) -> Result<u64, SourceError>;
+}

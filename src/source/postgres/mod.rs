@@ -1,0 +1,342 @@
+//! PostgreSQL cursor source: a table polled by `(cursor, primary key)` keyset with a late-commit guard.
+//!
+//! The recommended cursor is an `xid8` column set to `pg_current_xact_id()` on every insert and update
+//! (a default plus a trigger). Reading only below `pg_snapshot_xmin(pg_current_snapshot())` means a row is
+//! read only once no transaction that could still commit an older cursor value is running, so a transaction
+//! that commits late is delivered rather than skipped. Timestamp cursors get a safety lag instead (documented
+//! as best effort); other cursor types must opt out of the guard explicitly with `cursorGuard: none`.
+//!
+//! Item JSON is built by PostgreSQL (`row_to_json`): numerics keep every digit, timestamps are ISO 8601,
+//! json/jsonb stay JSON, and bytea is sent as base64 like the official trigger's binary columns.
+
+mod sql;
+
+pub use sql::Guard;
+
+use super::{Fetched, Position, Source, SourceError, StartFrom};
+use crate::change::{Change, Operation};
+use crate::config::{SourceSpec};
+use crate::ident::Ident;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use sha2::{Digest, Sha256};
+use sql::Shape;
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use tokio_postgres::types::ToSql;
+
+const POOL_SIZE: usize = 4;
+
+#[derive(Debug)]
+pub struct PostgresCursor {
+    spec: SourceSpec,
+    pool: Pool,
+    shape: OnceCell<Shape>,
+}
+
+impl PostgresCursor {
+    /// Builds the source without connecting: the pool opens connections on first use.
+    pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
+        let mut config: tokio_postgres::Config = spec.connection.expose().parse().map_err(|e| {
+            SourceError::Invalid(format!(
+                "app setting {} is not a PostgreSQL connection string ({e}); use postgres://user:password@host:5432/db or key=value form",
+                spec.connection_setting
+            ))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("sql-pseudo-trigger");
+        }
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(15)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| SourceError::Invalid(format!("cannot build the connection pool: {e}")))?;
+        Ok(Self { spec, pool, shape: OnceCell::new() })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, SourceError> {
+        self.pool.get().await.map_err(|e| {
+            SourceError::Unavailable(format!(
+                "cannot connect to PostgreSQL (app setting {}): {e}",
+                self.spec.connection_setting
+            ))
+        })
+    }
+
+    async fn shape(&self) -> Result<&Shape, SourceError> {
+        self.shape.get_or_try_init(|| self.discover()).await
+    }
+
+    /// Reads the table's columns and key from the catalog and checks the configuration against them.
+    async fn discover(&self) -> Result<Shape, SourceError> {
+        let client = self.client().await?;
+        let table = &self.spec.table;
+        let quoted = table.pg();
+        let oid: Option<u32> = client
+            .query_one(sql::TABLE_OID, &[&quoted])
+            .await
+            .map_err(|e| db_error(e, table))?
+            .get(0);
+        let Some(oid) = oid else {
+            return Err(SourceError::Invalid(format!(
+                "table {table} does not exist (or the login cannot see it); check tableName and the search_path"
+            )));
+        };
+        let columns: Vec<(String, String, String)> = client
+            .query(sql::COLUMNS, &[&oid])
+            .await
+            .map_err(|e| db_error(e, table))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let find = |c: &Ident| columns.iter().find(|(n, _, _)| n == c.as_str());
+        let missing = |what: &str, c: &Ident| {
+            SourceError::Invalid(format!("{what} {:?} is not a column of {table}; column names are case-sensitive", c.as_str()))
+        };
+
+        let key_names: Vec<Ident> = match &self.spec.primary_key {
+            Some(k) => k.clone(),
+            None => {
+                let rows = client.query(sql::PRIMARY_KEY, &[&oid]).await.map_err(|e| db_error(e, table))?;
+                let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                if names.is_empty() {
+                    return Err(SourceError::Invalid(format!(
+                        "table {table} has no primary key; add one, or name a unique, non-null key in primaryKey"
+                    )));
+                }
+                names.iter().map(|n| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
+            }
+        };
+        let mut key = Vec::new();
+        for k in &key_names {
+            let (_, ty, _) = find(k).ok_or_else(|| missing("primary key column", k))?;
+            key.push((k.clone(), ty.clone()));
+        }
+
+        let cursor = self
+            .spec
+            .cursor_column
+            .clone()
+            .ok_or_else(|| SourceError::Invalid("cursorColumn is required for postgres-cursor".into()))?;
+        let (_, cursor_type, cursor_typname) = find(&cursor).ok_or_else(|| missing("cursorColumn", &cursor))?.clone();
+        let guard = match (self.spec.cursor_guard.as_deref(), cursor_typname.as_str()) {
+            (None | Some("xid8"), "xid8") => Guard::Xid8,
+            (Some("xid8"), other) => {
+                return Err(SourceError::Invalid(format!(
+                    "cursorGuard xid8 needs an xid8 cursor column, but {cursor} is {other}"
+                )))
+            }
+            (None | Some("lag"), "timestamptz" | "timestamp") => Guard::Lag {
+                seconds: self.spec.safety_lag.as_secs_f64(),
+                with_time_zone: cursor_typname == "timestamptz",
+            },
+            (Some("lag"), other) => {
+                return Err(SourceError::Invalid(format!("cursorGuard lag needs a timestamp cursor column, but {cursor} is {other}")))
+            }
+            (Some("none"), "xid8" | "timestamptz" | "timestamp" | "int2" | "int4" | "int8" | "numeric") => Guard::None,
+            (None, "int2" | "int4" | "int8" | "numeric") => {
+                return Err(SourceError::Invalid(format!(
+                    "cursorColumn {cursor} is {cursor_typname}: a value assigned before commit can become visible after newer values were read, and that row would be skipped. Use an xid8 column set to pg_current_xact_id() (exact), or set cursorGuard to none to accept the risk"
+                )))
+            }
+            (_, other) => {
+                return Err(SourceError::Invalid(format!(
+                    "cursorColumn {cursor} has type {other}; use xid8 (recommended), timestamptz, timestamp or an integer"
+                )))
+            }
+        };
+
+        let wanted: Vec<Ident> = match &self.spec.columns {
+            Some(cols) => cols.clone(),
+            None => columns.iter().map(|(n, _, _)| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?,
+        };
+        let mut item_columns = Vec::new();
+        for c in &wanted {
+            let (_, _, typname) = find(c).ok_or_else(|| missing("column", c))?;
+            item_columns.push((c.clone(), typname == "bytea"));
+        }
+        let soft_delete = match &self.spec.soft_delete_column {
+            Some(c) => {
+                let (_, _, typname) = find(c).ok_or_else(|| missing("softDeleteColumn", c))?;
+                Some((c.clone(), typname == "bool"))
+            }
+            None => None,
+        };
+        if let Some(c) = &self.spec.inserted_column {
+            let (_, ty, _) = find(c).ok_or_else(|| missing("insertedColumn", c))?;
+            if *ty != cursor_type {
+                return Err(SourceError::Invalid(format!(
+                    "insertedColumn {c} is {ty} but cursorColumn {cursor} is {cursor_type}; they must have the same type"
+                )));
+            }
+        }
+
+        // A keyset walk without a matching index scans the table every batch: warn, since it still works.
+        let order: Vec<String> = std::iter::once(cursor.as_str().to_string()).chain(key_names.iter().map(|k| k.as_str().to_string())).collect();
+        let indexes: Vec<Vec<String>> =
+            client.query(sql::INDEX_KEYS, &[&oid]).await.map_err(|e| db_error(e, table))?.iter().map(|r| r.get(0)).collect();
+        if !indexes.iter().any(|ix| ix.len() >= order.len() && ix[..order.len()] == order[..]) {
+            tracing::warn!(
+                table = %table,
+                "no index on ({}); every batch will scan the table. Create one: CREATE INDEX ON {} ({})",
+                order.join(", "),
+                quoted,
+                order.iter().map(|c| format!("\"{}\"", c.replace('"', "\"\""))).collect::<Vec<_>>().join(", ")
+            );
+        }
+
+        Ok(Shape {
+            table: quoted,
+            cursor,
+            cursor_type,
+            key,
+            columns: item_columns,
+            soft_delete,
+            inserted: self.spec.inserted_column.clone(),
+            guard,
+        })
+    }
+
+    /// The texts of a stored position, checked against the key's arity.
+    fn position_texts(&self, shape: &Shape, p: &Position) -> Result<Vec<String>, SourceError> {
+        let texts: Option<Vec<String>> = p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        match texts {
+            Some(t) if t.len() == shape.position_arity() => Ok(t),
+            _ => Err(SourceError::Invalid(format!(
+                "stored position {p} does not fit {} (expected {} values); reset the function's state",
+                self.spec.table,
+                shape.position_arity()
+            ))),
+        }
+    }
+
+    async fn run(&self, statement: &str, texts: &[String], limit: Option<i64>) -> Result<Fetched, SourceError> {
+        let shape = self.shape().await?;
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(statement).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let mut params: Vec<&(dyn ToSql + Sync)> = texts.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+        if let Some(limit) = &limit {
+            params.push(limit);
+        }
+        let rows = client.query(&stmt, &params).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let arity = shape.position_arity();
+        let mut changes = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for (i, row) in rows.iter().enumerate() {
+            let code: i32 = row.get(arity);
+            let item: String = row.get(arity + 1);
+            let operation = Operation::from_code(code.into())
+                .ok_or_else(|| SourceError::Invalid(format!("unexpected operation code {code}")))?;
+            changes.push(
+                Change::from_json(operation, item)
+                    .map_err(|e| SourceError::Invalid(format!("PostgreSQL returned invalid row JSON: {e}")))?,
+            );
+            if i + 1 == rows.len() {
+                let texts: Vec<serde_json::Value> =
+                    (0..arity).map(|c| serde_json::Value::String(row.get::<_, String>(c))).collect();
+                last = Some(serde_json::Value::Array(texts));
+            }
+        }
+        Ok(Fetched { changes, last })
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for PostgresCursor {
+    fn name(&self) -> String {
+        format!("postgres-cursor:{}", self.spec.table)
+    }
+
+    fn fingerprint(&self) -> String {
+        let key = match &self.spec.primary_key {
+            Some(k) => k.iter().map(Ident::as_str).collect::<Vec<_>>().join(","),
+            None => "(primary key)".into(),
+        };
+        let cursor = self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or_default();
+        let text = format!("postgres-cursor\n{}\n{cursor}\n{key}", self.spec.table);
+        let digest = Sha256::digest(text.as_bytes());
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    async fn validate(&self) -> Result<(), SourceError> {
+        self.shape().await.map(|_| ())
+    }
+
+    async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
+        match from {
+            StartFrom::Earliest => Ok(Position::Null),
+            StartFrom::Now => {
+                let shape = self.shape().await?;
+                let client = self.client().await?;
+                let rows = client.query(&shape.newest(), &[]).await.map_err(|e| db_error(e, &self.spec.table))?;
+                Ok(match rows.first() {
+                    Some(row) => serde_json::Value::Array(
+                        (0..shape.position_arity()).map(|c| serde_json::Value::String(row.get::<_, String>(c))).collect(),
+                    ),
+                    None => Position::Null,
+                })
+            }
+        }
+    }
+
+    async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {
+        let shape = self.shape().await?;
+        let limit = Some(limit as i64);
+        if after.is_null() {
+            return self.run(&shape.fetch_first(), &[], limit).await;
+        }
+        let texts = self.position_texts(shape, after)?;
+        self.run(&shape.fetch_after(), &texts, limit).await
+    }
+
+    async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError> {
+        let shape = self.shape().await?;
+        let upto_texts = self.position_texts(shape, upto)?;
+        let limit = Some(limit as i64);
+        if after.is_null() {
+            return self.run(&shape.fetch_range_first(), &upto_texts, limit).await;
+        }
+        let mut texts = self.position_texts(shape, after)?;
+        texts.extend(upto_texts);
+        self.run(&shape.fetch_range(), &texts, limit).await
+    }
+
+    async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
+        let shape = self.shape().await?;
+        let client = self.client().await?;
+        let row = if after.is_null() {
+            client.query_one(&shape.pending_all(), &[]).await
+        } else {
+            let texts = self.position_texts(shape, after)?;
+            let params: Vec<&(dyn ToSql + Sync)> = texts.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+            client.query_one(&shape.pending_after(), &params).await
+        }
+        .map_err(|e| db_error(e, &self.spec.table))?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
+    }
+}
+
+/// Classifies a PostgreSQL error: what a retry can fix is `Unavailable`, the rest says what to change.
+fn db_error(e: tokio_postgres::Error, table: &crate::ident::TableName) -> SourceError {
+    let Some(db) = e.as_db_error() else {
+        return SourceError::Unavailable(format!("PostgreSQL connection failed: {e}"));
+    };
+    let code = db.code().code();
+    let msg = db.message();
+    match &code[..2] {
+        "08" | "40" | "53" | "55" | "57" | "58" => SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
+        "42" if code == "42501" => SourceError::Invalid(format!(
+            "PostgreSQL: {msg}; grant the login SELECT on {table} (SQLSTATE {code})"
+        )),
+        _ => SourceError::Invalid(format!("PostgreSQL: {msg} (SQLSTATE {code}) while reading {table}")),
+    }
+}

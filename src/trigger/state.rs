@@ -1,0 +1,121 @@
+//! The state document: one per function, the only durable memory of the trigger.
+//!
+//! Who writes what: the tick writes everything below in one compare-and-swap; operators (CLI, admin routes)
+//! write `paused`, `halted` and `checkpoint` (reset) through the same CAS. `checkpoint` only moves forward
+//! except by an explicit operator reset. Every write carries a fresh `write_id`, so no two writes are
+//! byte-identical and content-hash etags stay unique.
+
+use crate::source::Position;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StateDoc {
+    pub schema: u32,
+    pub function: String,
+    /// `kind:table`, for people reading the document.
+    pub source: String,
+    /// See `Source::fingerprint`: a mismatch means stored positions no longer mean anything.
+    pub fingerprint: String,
+    /// Everything at or before this position was delivered and acknowledged. `null` = nothing yet.
+    pub checkpoint: Position,
+    /// The batch answered to the host and not yet acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlight>,
+    /// Who may act on `in_flight`, until when, and the fencing token of that owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+    /// Set by an operator: ticks answer empty batches.
+    #[serde(default)]
+    pub paused: bool,
+    /// Set when a poison batch stops the function (PoisonAction=halt): the reason and the batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
+    pub next_batch_id: u64,
+    #[serde(default)]
+    pub counters: Counters,
+    /// The most recent quarantined batches (newest last, at most [`QUARANTINE_KEPT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantine: Vec<QuarantineEntry>,
+    pub write_id: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    pub updated_by: String,
+}
+
+/// How many quarantine entries the state document keeps; older ones stay listed in the store.
+pub const QUARANTINE_KEPT: usize = 50;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InFlight {
+    pub batch_id: u64,
+    /// The checkpoint the batch was fetched after (exclusive).
+    pub from: Position,
+    /// The position of its last change (inclusive).
+    pub to: Position,
+    pub rows: u64,
+    /// How many times it was handed to the host or a sink.
+    pub deliveries: u32,
+    /// How many of those are known to have failed (a host retry, or the host's last retry).
+    pub failures: u32,
+    /// The instance that answered it last.
+    pub owner: String,
+    /// Answered on the host's final retry: if that write failed nobody will say so, so re-deliver.
+    #[serde(default)]
+    pub final_attempt: bool,
+    #[serde(with = "time::serde::rfc3339")]
+    pub first_delivered_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub last_delivered_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Lease {
+    pub owner: String,
+    /// Grows on every change of owner; sinks reject writes carrying a smaller one.
+    pub token: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    /// Changes acknowledged.
+    pub delivered: u64,
+    /// Batches acknowledged.
+    pub batches: u64,
+    /// Deliveries of a batch after its first.
+    pub redelivered: u64,
+    pub quarantined: u64,
+    /// Times an instance took over another's batch after its lease expired.
+    pub takeovers: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QuarantineEntry {
+    pub batch_id: u64,
+    /// The store key of the quarantine document holding the batch's changes.
+    pub key: String,
+    pub rows: u64,
+    pub from: Position,
+    pub to: Position,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+}
+
+/// What a quarantine document holds: enough to inspect and to re-deliver the batch.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QuarantineDoc {
+    pub function: String,
+    pub batch_id: u64,
+    pub from: Position,
+    pub to: Position,
+    pub failures: u32,
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// The changes as they were when quarantined.
+    pub changes: Box<serde_json::value::RawValue>,
+}

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod change;
 pub mod config;
+pub mod demo;
 pub mod driver;
 pub mod embedded;
 pub mod ident;

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use sql_pseudo_trigger::app::App;
 use sql_pseudo_trigger::config::{settings, AppConfig, Env};
+use std::future::IntoFuture;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,9 @@ enum Command {
     Serve,
     /// Print the configuration reference (Markdown), generated from the code's setting definitions.
     Settings,
+    /// Run the whole product locally: a private PostgreSQL, the file state store, this handler driven by a
+    /// stand-in for the Functions host. Needs nothing but PostgreSQL's server binaries on the machine.
+    Demo,
 }
 
 fn main() -> ExitCode {
@@ -36,6 +40,24 @@ fn main() -> ExitCode {
         Some(Command::Settings) => {
             print!("{}", settings::reference_markdown());
             ExitCode::SUCCESS
+        }
+        Some(Command::Demo) => {
+            let exe = match std::env::current_exe() {
+                Ok(exe) => exe,
+                Err(e) => {
+                    eprintln!("error: cannot find this program's path: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| {
+                rt.block_on(sql_pseudo_trigger::demo::run(exe)).map_err(|e| e.to_string())
+            }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         None | Some(Command::Serve) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -50,8 +50,9 @@ impl RetryContext {
     }
 
     /// True when the host will not retry again if this attempt's output write fails.
+    /// Without a `RetryContext` (a first attempt) the host's policy may still retry, so it is never final.
     pub fn is_final(&self) -> bool {
-        self.max_retry_count >= 0 && self.retry_count >= self.max_retry_count
+        self.is_retry() && self.max_retry_count >= 0 && self.retry_count >= self.max_retry_count
     }
 }
 
@@ -126,6 +127,7 @@ mod tests {
         assert!(retry.is_final());
         let forever = RetryContext { retry_count: 9, max_retry_count: -1 };
         assert!(!forever.is_final());
+        assert!(!RetryContext::default().is_final(), "a first attempt is never the final one");
     }
 
     #[test]

@@ -109,3 +109,87 @@ async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, heade
     .instrument(span)
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AppConfig, Env};
+    use crate::state::MemoryStore;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    /// An app with one PostgreSQL function whose database is never contacted by these tests.
+    fn app() -> Arc<App> {
+        let root = std::env::temp_dir().join(format!("spt-server-test-{}", std::process::id()));
+        let dir = root.join("Orders");
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(
+            dir.join("function.json"),
+            r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
+                {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
+                "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
+        )
+        .expect("write function.json");
+        std::fs::write(
+            dir.join("sqltrigger.json"),
+            r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
+        )
+        .expect("write sqltrigger.json");
+        let env = Env::from_pairs([("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())]);
+        let config = AppConfig::load_from(&root, env).expect("valid config");
+        Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds"))
+    }
+
+    async fn send(app: &Arc<App>, method: &str, uri: &str, body: Vec<u8>) -> (StatusCode, serde_json::Value) {
+        let request = Request::builder().method(method).uri(uri).body(Body::from(body)).expect("request");
+        let response = router(app.clone()).oneshot(request).await.expect("router answers");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+        (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test]
+    async fn readiness_answers_without_touching_the_database() {
+        let (status, body) = send(&app(), "GET", "/", vec![]).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["functions"], serde_json::json!(["Orders"]));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_function_is_404_naming_the_configured_ones() {
+        let (status, body) = send(&app(), "POST", "/Nope", b"{}".to_vec()).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body["error"].as_str().expect("message").contains("Nope"));
+        assert_eq!(body["functions"], serde_json::json!(["Orders"]));
+    }
+
+    #[tokio::test]
+    async fn hostile_bodies_get_400_and_the_server_keeps_serving() {
+        let app = app();
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let huge_string = format!("{{\"Data\":{{\"x\":\"{}\"}},\"Metadata\":{{\"RetryContext\":7}}}}", "a".repeat(500_000));
+        let bodies: Vec<Vec<u8>> = vec![
+            b"{\"Data\":".to_vec(),
+            b"[1,2,3]".to_vec(),
+            b"{\"Data\":[],\"Metadata\":{}}".to_vec(),
+            b"{\"Metadata\":{\"RetryContext\":{\"RetryCount\":\"lots\"}}}".to_vec(),
+            b"{\"Metadata\":{\"RetryContext\":{\"RetryCount\":1e400}}}".to_vec(),
+            vec![0xff, 0xfe, 0x00, 0x7b],
+            deep.into_bytes(),
+            huge_string.into_bytes(),
+            b"null".to_vec(),
+        ];
+        for body in bodies {
+            let preview = String::from_utf8_lossy(&body[..body.len().min(40)]).into_owned();
+            let (status, answer) = send(&app, "POST", "/Orders", body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "body {preview:?} answered {answer}");
+            assert!(answer["error"].as_str().is_some_and(|m| !m.is_empty()), "body {preview:?}");
+        }
+        let oversized = vec![b' '; MAX_BODY_BYTES + 1];
+        let (status, _) = send(&app, "POST", "/Orders", oversized).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let (status, _) = send(&app, "GET", "/", vec![]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}

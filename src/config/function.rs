@@ -184,6 +184,12 @@ pub(super) fn load(
             _ => {}
         }
     }
+    if settings.delivery_mode == DeliveryMode::Sink {
+        errors.push(ConfigError::new(
+            format!("deliveryMode in {trig_file}"),
+            "sink delivery is not available in this build yet; use deferred (at-least-once through the output bindings)",
+        ));
+    }
     if settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
         errors.push(ConfigError::new(
             fn_file.clone(),

@@ -21,6 +21,7 @@
 //! fails). Both modes use the same fetch and commit path.
 
 mod error;
+pub mod failpoint;
 mod outputs;
 pub mod state;
 
@@ -227,6 +228,9 @@ impl Trigger {
         }
 
         let fetched = self.source.fetch(&doc.checkpoint, self.config.settings.max_batch_size).await?;
+        if !fetched.changes.is_empty() {
+            failpoint::hit("after-fetch");
+        }
         let Some(last) = fetched.last.clone().filter(|_| !fetched.changes.is_empty()) else {
             if dirty {
                 self.commit(&mut doc, etag.as_ref(), &mut out).await?;
@@ -262,6 +266,7 @@ impl Trigger {
         if !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
         }
+        failpoint::hit("after-commit");
         *self.answered.lock().expect("answered lock") = Some(batch_id);
         out.kind = OutcomeKind::Delivered;
         out.batch_id = Some(batch_id);

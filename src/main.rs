@@ -49,9 +49,10 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| {
-                rt.block_on(sql_pseudo_trigger::demo::run(exe)).map_err(|e| e.to_string())
-            }) {
+            match tokio::runtime::Runtime::new()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| rt.block_on(sql_pseudo_trigger::demo::run(exe)).map_err(|e| e.to_string()))
+            {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -73,11 +74,7 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(env: &Env) {
-    let filter = env
-        .get("RUST_LOG")
-        .or_else(|| env.get(settings::LOG_LEVEL.name))
-        .unwrap_or("info")
-        .to_string();
+    let filter = env.get("RUST_LOG").or_else(|| env.get(settings::LOG_LEVEL.name)).unwrap_or("info").to_string();
     let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("warning: log filter {filter:?} is invalid ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
@@ -148,7 +145,9 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(_) => {
-            tracing::warn!("invocation still running after {DRAIN_TIMEOUT:?}; exiting (its batch is re-delivered, not lost)");
+            tracing::warn!(
+                "invocation still running after {DRAIN_TIMEOUT:?}; exiting (its batch is re-delivered, not lost)"
+            );
             ExitCode::SUCCESS
         }
     }

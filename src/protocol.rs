@@ -59,13 +59,8 @@ impl RetryContext {
 /// Numbers arrive as JSON numbers, but some proxies and older hosts send them as strings.
 fn lenient_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     match Value::deserialize(d)? {
-        Value::Number(n) => n
-            .as_i64()
-            .ok_or_else(|| serde::de::Error::custom("retry count out of range")),
-        Value::String(s) => s
-            .trim()
-            .parse()
-            .map_err(|_| serde::de::Error::custom("retry count is not a number")),
+        Value::Number(n) => n.as_i64().ok_or_else(|| serde::de::Error::custom("retry count out of range")),
+        Value::String(s) => s.trim().parse().map_err(|_| serde::de::Error::custom("retry count is not a number")),
         Value::Null => Ok(0),
         _ => Err(serde::de::Error::custom("retry count is not a number")),
     }

@@ -41,7 +41,12 @@ fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Respo
     (status, Json(body)).into_response()
 }
 
-async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn invoke(
+    State(app): State<Arc<App>>,
+    Path(function): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let invocation_id = headers
         .get("x-azure-functions-invocationid")
         .and_then(|v| v.to_str().ok())
@@ -168,7 +173,8 @@ mod tests {
     async fn hostile_bodies_get_400_and_the_server_keeps_serving() {
         let app = app();
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        let huge_string = format!("{{\"Data\":{{\"x\":\"{}\"}},\"Metadata\":{{\"RetryContext\":7}}}}", "a".repeat(500_000));
+        let huge_string =
+            format!("{{\"Data\":{{\"x\":\"{}\"}},\"Metadata\":{{\"RetryContext\":7}}}}", "a".repeat(500_000));
         let bodies: Vec<Vec<u8>> = vec![
             b"{\"Data\":".to_vec(),
             b"[1,2,3]".to_vec(),

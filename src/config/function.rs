@@ -131,7 +131,8 @@ pub(super) fn load(
         return None;
     }
     if !valid_path_part(&name) {
-        errors.push(ConfigError::new(fn_file.clone(), "the folder name may hold only letters, digits, '-', '_' and '.'"));
+        errors
+            .push(ConfigError::new(fn_file.clone(), "the folder name may hold only letters, digits, '-', '_' and '.'"));
     }
     let Some(timer) = timer else {
         errors.push(ConfigError::new(fn_file, "has no timerTrigger binding; the SQL trigger runs on a timer"));
@@ -212,7 +213,10 @@ fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<C
         "mssql-change-tracking" | "mssql" => SourceKind::MssqlChangeTracking,
         "mssql-rowversion" => SourceKind::MssqlRowversion,
         other => {
-            problem("source", format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion or postgres-cursor"));
+            problem(
+                "source",
+                format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion or postgres-cursor"),
+            );
             return None;
         }
     };
@@ -240,7 +244,10 @@ fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<C
             }
         },
         None => {
-            problem("connectionStringSetting", "is required: the name of the app setting that holds the connection string".into());
+            problem(
+                "connectionStringSetting",
+                "is required: the name of the app setting that holds the connection string".into(),
+            );
             None
         }
     };
@@ -329,7 +336,12 @@ fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<C
 
 /// Replaces `%Name%` in every string value with the app setting's value. Connection strings are never
 /// resolved this way into the spec (they come through connectionStringSetting), so no secret is copied.
-fn resolve_references(raw: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<ConfigError>) -> Map<String, Value> {
+fn resolve_references(
+    raw: &Map<String, Value>,
+    env: &Env,
+    file: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Map<String, Value> {
     fn walk(v: &Value, env: &Env, key: &str, file: &str, errors: &mut Vec<ConfigError>) -> Value {
         match v {
             Value::String(s) => Value::String(resolve_text(s, env).unwrap_or_else(|missing| {
@@ -340,7 +352,9 @@ fn resolve_references(raw: &Map<String, Value>, env: &Env, file: &str, errors: &
                 s.clone()
             })),
             Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, env, key, file, errors)).collect()),
-            Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), walk(x, env, key, file, errors))).collect()),
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, x)| (k.clone(), walk(x, env, key, file, errors))).collect())
+            }
             other => other.clone(),
         }
     }

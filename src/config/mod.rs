@@ -141,22 +141,26 @@ impl AppConfig {
         // Functions whose folder failed validation were reported in `errors` and are neither list's members.
         other_functions.retain(|n| !errors.iter().any(|e| e.setting.starts_with(&format!("{n}/"))));
 
-        let state_store = match env.get(settings::STATE_STORE.name).unwrap_or("blob").trim().to_ascii_lowercase().as_str() {
-            "blob" => StateStoreKind::Blob {
-                container: env.get(settings::STATE_CONTAINER.name).unwrap_or(settings::STATE_CONTAINER.default).to_string(),
-            },
-            "file" => {
-                let dir = env.get(settings::STATE_DIRECTORY.name).unwrap_or(settings::STATE_DIRECTORY.default);
-                StateStoreKind::File { directory: root.join(dir) }
-            }
-            other => {
-                errors.push(ConfigError::new(
-                    format!("app setting {}", settings::STATE_STORE.name),
-                    format!("must be blob or file, got {other:?}"),
-                ));
-                StateStoreKind::File { directory: root.join(settings::STATE_DIRECTORY.default) }
-            }
-        };
+        let state_store =
+            match env.get(settings::STATE_STORE.name).unwrap_or("blob").trim().to_ascii_lowercase().as_str() {
+                "blob" => StateStoreKind::Blob {
+                    container: env
+                        .get(settings::STATE_CONTAINER.name)
+                        .unwrap_or(settings::STATE_CONTAINER.default)
+                        .to_string(),
+                },
+                "file" => {
+                    let dir = env.get(settings::STATE_DIRECTORY.name).unwrap_or(settings::STATE_DIRECTORY.default);
+                    StateStoreKind::File { directory: root.join(dir) }
+                }
+                other => {
+                    errors.push(ConfigError::new(
+                        format!("app setting {}", settings::STATE_STORE.name),
+                        format!("must be blob or file, got {other:?}"),
+                    ));
+                    StateStoreKind::File { directory: root.join(settings::STATE_DIRECTORY.default) }
+                }
+            };
         if let StateStoreKind::Blob { container } = &state_store {
             if !valid_container_name(container) {
                 errors.push(ConfigError::new(
@@ -165,11 +169,8 @@ impl AppConfig {
                 ));
             }
         }
-        let app_name = env
-            .get(settings::APP_NAME.name)
-            .or_else(|| env.get("WEBSITE_SITE_NAME"))
-            .unwrap_or("local")
-            .to_string();
+        let app_name =
+            env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
         if !valid_path_part(&app_name) {
             errors.push(ConfigError::new(
                 format!("app setting {}", settings::APP_NAME.name),

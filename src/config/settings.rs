@@ -211,12 +211,7 @@ impl Resolver<'_> {
     }
 
     /// One of a fixed set of words, case-insensitive.
-    pub fn choice<T: Copy>(
-        &self,
-        def: &SettingDef,
-        options: &[(&str, T)],
-        errors: &mut Vec<ConfigError>,
-    ) -> T {
+    pub fn choice<T: Copy>(&self, def: &SettingDef, options: &[(&str, T)], errors: &mut Vec<ConfigError>) -> T {
         let pick = |t: &str| options.iter().find(|(name, _)| name.eq_ignore_ascii_case(t.trim())).map(|(_, v)| *v);
         let fallback = pick(def.default).unwrap_or(options[0].1);
         let Some((text, from)) = self.raw(def) else { return fallback };

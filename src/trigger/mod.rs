@@ -396,7 +396,8 @@ impl Trigger {
             Err(StoreError::Conflict) => {
                 out.kind = OutcomeKind::Conflict;
                 out.changes.clear();
-                out.logs.push("another tick committed first (state changed since it was read); delivering nothing".into());
+                out.logs
+                    .push("another tick committed first (state changed since it was read); delivering nothing".into());
                 tracing::info!(function = %self.config.name, "state conflict: another tick committed first");
                 Ok(false)
             }
@@ -412,7 +413,10 @@ impl Trigger {
         if doc.schema > SCHEMA {
             return Err(TickError::CorruptState {
                 key: self.key.clone(),
-                detail: format!("schema {} is newer than this handler understands ({SCHEMA}); upgrade the handler", doc.schema),
+                detail: format!(
+                    "schema {} is newer than this handler understands ({SCHEMA}); upgrade the handler",
+                    doc.schema
+                ),
             });
         }
         Ok(Some((doc, v.etag)))

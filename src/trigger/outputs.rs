@@ -67,7 +67,10 @@ mod tests {
             Change::from_json(Operation::Delete, r#"{"Id":2}"#.into()).expect("json"),
         ];
         let m = map(&[binding("changes", "queue"), binding("rows", "sql")], &changes);
-        assert_eq!(m.outputs["changes"].get(), r#"[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]"#);
+        assert_eq!(
+            m.outputs["changes"].get(),
+            r#"[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]"#
+        );
         assert_eq!(m.outputs["rows"].get(), r#"[{"Id":1,"Name":"a"}]"#);
         assert_eq!(m.dropped_deletes, vec![("rows".to_string(), 1)]);
     }

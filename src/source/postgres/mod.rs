@@ -15,7 +15,7 @@ pub use sql::Guard;
 
 use super::{Fetched, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
-use crate::config::{SourceSpec};
+use crate::config::SourceSpec;
 use crate::ident::Ident;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use sha2::{Digest, Sha256};
@@ -81,11 +81,8 @@ impl PostgresCursor {
         let client = self.client().await?;
         let table = &self.spec.table;
         let quoted = table.pg();
-        let oid: Option<u32> = client
-            .query_one(sql::TABLE_OID, &[&quoted])
-            .await
-            .map_err(|e| db_error(e, table))?
-            .get(0);
+        let oid: Option<u32> =
+            client.query_one(sql::TABLE_OID, &[&quoted]).await.map_err(|e| db_error(e, table))?.get(0);
         let Some(oid) = oid else {
             return Err(SourceError::Invalid(format!(
                 "table {table} does not exist (or the login cannot see it); check tableName and the search_path"
@@ -100,7 +97,10 @@ impl PostgresCursor {
             .collect();
         let find = |c: &Ident| columns.iter().find(|(n, _, _)| n == c.as_str());
         let missing = |what: &str, c: &Ident| {
-            SourceError::Invalid(format!("{what} {:?} is not a column of {table}; column names are case-sensitive", c.as_str()))
+            SourceError::Invalid(format!(
+                "{what} {:?} is not a column of {table}; column names are case-sensitive",
+                c.as_str()
+            ))
         };
 
         let key_names: Vec<Ident> = match &self.spec.primary_key {
@@ -157,7 +157,9 @@ impl PostgresCursor {
 
         let wanted: Vec<Ident> = match &self.spec.columns {
             Some(cols) => cols.clone(),
-            None => columns.iter().map(|(n, _, _)| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?,
+            None => {
+                columns.iter().map(|(n, _, _)| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
+            }
         };
         let mut item_columns = Vec::new();
         for c in &wanted {
@@ -181,9 +183,16 @@ impl PostgresCursor {
         }
 
         // A keyset walk without a matching index scans the table every batch: warn, since it still works.
-        let order: Vec<String> = std::iter::once(cursor.as_str().to_string()).chain(key_names.iter().map(|k| k.as_str().to_string())).collect();
-        let indexes: Vec<Vec<String>> =
-            client.query(sql::INDEX_KEYS, &[&oid]).await.map_err(|e| db_error(e, table))?.iter().map(|r| r.get(0)).collect();
+        let order: Vec<String> = std::iter::once(cursor.as_str().to_string())
+            .chain(key_names.iter().map(|k| k.as_str().to_string()))
+            .collect();
+        let indexes: Vec<Vec<String>> = client
+            .query(sql::INDEX_KEYS, &[&oid])
+            .await
+            .map_err(|e| db_error(e, table))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         if !indexes.iter().any(|ix| ix.len() >= order.len() && ix[..order.len()] == order[..]) {
             tracing::warn!(
                 table = %table,
@@ -208,7 +217,8 @@ impl PostgresCursor {
 
     /// The texts of a stored position, checked against the key's arity.
     fn position_texts(&self, shape: &Shape, p: &Position) -> Result<Vec<String>, SourceError> {
-        let texts: Option<Vec<String>> = p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        let texts: Option<Vec<String>> =
+            p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
         match texts {
             Some(t) if t.len() == shape.position_arity() => Ok(t),
             _ => Err(SourceError::Invalid(format!(
@@ -280,7 +290,9 @@ impl Source for PostgresCursor {
                 let rows = client.query(&shape.newest(), &[]).await.map_err(|e| db_error(e, &self.spec.table))?;
                 Ok(match rows.first() {
                     Some(row) => serde_json::Value::Array(
-                        (0..shape.position_arity()).map(|c| serde_json::Value::String(row.get::<_, String>(c))).collect(),
+                        (0..shape.position_arity())
+                            .map(|c| serde_json::Value::String(row.get::<_, String>(c)))
+                            .collect(),
                     ),
                     None => Position::Null,
                 })
@@ -333,10 +345,12 @@ fn db_error(e: tokio_postgres::Error, table: &crate::ident::TableName) -> Source
     let code = db.code().code();
     let msg = db.message();
     match &code[..2] {
-        "08" | "40" | "53" | "55" | "57" | "58" => SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
-        "42" if code == "42501" => SourceError::Invalid(format!(
-            "PostgreSQL: {msg}; grant the login SELECT on {table} (SQLSTATE {code})"
-        )),
+        "08" | "40" | "53" | "55" | "57" | "58" => {
+            SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})"))
+        }
+        "42" if code == "42501" => {
+            SourceError::Invalid(format!("PostgreSQL: {msg}; grant the login SELECT on {table} (SQLSTATE {code})"))
+        }
         _ => SourceError::Invalid(format!("PostgreSQL: {msg} (SQLSTATE {code}) while reading {table}")),
     }
 }

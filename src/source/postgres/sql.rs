@@ -87,11 +87,8 @@ impl Shape {
         let row = "row_to_json(r)::text".to_string();
         let item = match &deleted {
             Some(d) => {
-                let pk: Vec<String> = self
-                    .key
-                    .iter()
-                    .map(|(k, _)| format!("{}, t.{}", quote_literal(k.as_str()), k.pg()))
-                    .collect();
+                let pk: Vec<String> =
+                    self.key.iter().map(|(k, _)| format!("{}, t.{}", quote_literal(k.as_str()), k.pg())).collect();
                 format!("CASE WHEN {d} THEN json_build_object({})::text ELSE {row} END", pk.join(", "))
             }
             None => row,

@@ -1,0 +1,626 @@
+//! Azure Blob Storage as the state store: one block blob per key, written with conditional PUTs.
+//!
+//! Blob Storage is where a Functions app already keeps its host state (`AzureWebJobsStorage`), and its ETags
+//! give exactly the compare-and-swap the [`StateStore`] contract needs: `If-Match: <etag>` to replace,
+//! `If-None-Match: *` to create, 412 (or 409 `BlobAlreadyExists`) when another writer moved first.
+//!
+//! Built on azure_storage_blob 1.1, with three things the SDK does not do by itself:
+//! - connection strings and Shared Key signing ([`connection_string`], [`shared_key`]), since the SDK only
+//!   takes Entra ID tokens and Azurite only takes keys;
+//! - a service version Azurite accepts ([`SERVICE_VERSION`]; the SDK defaults to a newer one);
+//! - bounded time: the engine decides retries per tick, so the SDK may retry only briefly
+//!   ([`MAX_RETRIES`]) and every try has a deadline ([`REQUEST_TIMEOUT`]).
+//!
+//! One subtlety: a conditional write retried by the SDK after a lost response can fail its precondition
+//! against its *own* first attempt. A 412/409 after more than one try is therefore reported as
+//! [`StoreError::Unavailable`] (ambiguous, the engine reloads), never as a plain conflict.
+
+mod connection_string;
+mod identity;
+mod shared_key;
+
+use super::{Etag, StateStore, StoreError, Versioned};
+use crate::config::Secret;
+use azure_core::error::ErrorKind;
+use azure_core::http::policies::{Policy, PolicyResult};
+use azure_core::http::{
+    ClientMethodOptions, ClientOptions, Context, ExponentialRetryOptions, Request, RequestContent, RetryOptions,
+    StatusCode, Transport, Url,
+};
+use azure_storage_blob::models::{
+    BlobClientDownloadOptions, BlobClientUploadOptions, BlobContainerClientListBlobsOptions,
+};
+use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
+use connection_string::{ConnectionString, KeyAuth};
+use futures::TryStreamExt as _;
+use shared_key::SharedKeyPolicy;
+use std::fmt;
+use std::num::NonZero;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The storage service version sent as `x-ms-version`. azure_storage_blob 1.1 defaults to 2026-04-06, which
+/// Azurite 3.35 rejects with 400; 2025-11-05 is the newest it accepts and has everything used here.
+pub const SERVICE_VERSION: &str = "2025-11-05";
+/// Deadline for one HTTP try, from connect to the last body byte.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline for establishing a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// SDK retries per operation (on connection errors, timeouts, 408, 429 and 5xx). Kept small: a tick that
+/// cannot reach storage should fail fast and let the next tick try again.
+pub const MAX_RETRIES: u32 = 2;
+const CONTENT_TYPE: &str = "application/json";
+
+/// A [`StateStore`] over one blob container. See the module docs.
+pub struct BlobStore {
+    container: BlobContainerClient,
+    container_name: String,
+    /// `azure blob {endpoint}/{container}`, without any query (a SAS lives there).
+    description: String,
+    /// What to check when storage answers 401/403, specific to the credential in use.
+    auth_hint: &'static str,
+    /// Set once the container is known to exist; cleared if a write finds it gone.
+    container_ready: AtomicBool,
+    /// HTTP requests sent, retries included; shared with the counting policy.
+    ops: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for BlobStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlobStore").field("location", &self.description).finish_non_exhaustive()
+    }
+}
+
+/// How the store authenticates; chosen by the constructors.
+enum Auth {
+    SharedKey(SharedKeyPolicy),
+    Sas(Secret),
+    Token(Arc<dyn azure_core::credentials::TokenCredential>),
+}
+
+impl BlobStore {
+    /// The default storage setting prefix, as in the Functions host.
+    pub const DEFAULT_SETTING: &'static str = "AzureWebJobsStorage";
+    /// The `x-ms-version` this store sends (see [`SERVICE_VERSION`]).
+    pub const SERVICE_VERSION: &'static str = SERVICE_VERSION;
+
+    /// A store from an Azure Storage connection string: `UseDevelopmentStorage=true`, or `AccountName` +
+    /// `AccountKey` (with `DefaultEndpointsProtocol`, `EndpointSuffix` or `BlobEndpoint`), or `BlobEndpoint` +
+    /// `SharedAccessSignature`. Nothing is contacted until the first operation.
+    pub fn from_connection_string(cs: &Secret, container: &str) -> Result<BlobStore, StoreError> {
+        let parsed = ConnectionString::parse(cs).map_err(|e| StoreError::Refused(e.to_string()))?;
+        let (auth, hint) = match parsed.auth {
+            KeyAuth::SharedKey { account, key } => {
+                let policy = SharedKeyPolicy::new(&account, &key).ok_or_else(|| {
+                    StoreError::Refused("the storage connection string's AccountKey is not base64".into())
+                })?;
+                let hint = "check the AccountKey in the storage connection string (keys may have been rotated)";
+                (Auth::SharedKey(policy), hint)
+            }
+            KeyAuth::Sas(sas) => {
+                let hint = "check the SharedAccessSignature in the storage connection string: it must allow read, \
+                            write, create and list on the container and must not have expired";
+                (Auth::Sas(sas), hint)
+            }
+        };
+        Self::build(parsed.blob_endpoint, auth, hint, container)
+    }
+
+    /// A store from app settings, following the Functions convention for `prefix` (normally
+    /// [`BlobStore::DEFAULT_SETTING`]): the setting itself as a connection string, or `{prefix}__blobServiceUri` /
+    /// `{prefix}__accountName` with an Entra ID credential (`{prefix}__credential=managedidentity` and optional
+    /// `{prefix}__clientId`; otherwise the managed identity when hosted in Azure, else the developer's sign-in).
+    pub fn from_settings(
+        get: &dyn Fn(&str) -> Option<String>,
+        prefix: &str,
+        container: &str,
+    ) -> Result<BlobStore, StoreError> {
+        match identity::resolve(get, prefix).map_err(StoreError::Refused)? {
+            identity::Resolved::ConnectionString(cs) => Self::from_connection_string(&cs, container),
+            identity::Resolved::Identity { blob_endpoint, credential } => {
+                ensure_tls_provider();
+                let token = credential.build().map_err(|e| {
+                    StoreError::Refused(format!("could not set up the Entra ID credential for {prefix}: {}", chain(&e)))
+                })?;
+                Self::build(blob_endpoint, Auth::Token(token), credential.hint(), container)
+            }
+        }
+    }
+
+    fn build(endpoint: Url, auth: Auth, auth_hint: &'static str, container: &str) -> Result<BlobStore, StoreError> {
+        ensure_tls_provider();
+        // Our own client rather than the SDK's default: that one has no overall deadline (60 s read timeout).
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| StoreError::Refused(format!("could not build the HTTP client for blob storage: {e}")))?;
+        Self::build_with(endpoint, auth, auth_hint, container, Transport::new(Arc::new(http)))
+    }
+
+    fn build_with(
+        endpoint: Url,
+        auth: Auth,
+        auth_hint: &'static str,
+        container: &str,
+        transport: Transport,
+    ) -> Result<BlobStore, StoreError> {
+        validate_container_name(container)?;
+
+        let mut container_url = endpoint.clone();
+        container_url
+            .path_segments_mut()
+            .map_err(|()| StoreError::Refused("the blob endpoint cannot carry a path".into()))?
+            .pop_if_empty()
+            .push(container);
+        let description = format!("azure blob {}/{container}", endpoint.as_str().trim_end_matches('/'));
+
+        let ops = Arc::new(AtomicU64::new(0));
+        let mut per_try: Vec<Arc<dyn Policy>> = vec![Arc::new(CountTries { ops: ops.clone() })];
+        let mut credential = None;
+        match auth {
+            Auth::SharedKey(policy) => per_try.push(Arc::new(policy)),
+            Auth::Sas(sas) => container_url.set_query(Some(sas.expose())),
+            Auth::Token(token) => credential = Some(token),
+        }
+        let options = BlobContainerClientOptions {
+            client_options: ClientOptions {
+                per_try_policies: per_try,
+                retry: RetryOptions::exponential(ExponentialRetryOptions {
+                    initial_delay: azure_core::time::Duration::milliseconds(200),
+                    max_retries: MAX_RETRIES,
+                    max_total_elapsed: azure_core::time::Duration::seconds(15),
+                    max_delay: azure_core::time::Duration::seconds(2),
+                }),
+                transport: Some(transport),
+                ..Default::default()
+            },
+            version: SERVICE_VERSION.to_string(),
+        };
+        let client = BlobContainerClient::new(container_url, credential, Some(options))
+            .map_err(|e| StoreError::Refused(format!("invalid blob endpoint for {description}: {}", chain(&e))))?;
+        Ok(BlobStore {
+            container: client,
+            container_name: container.to_string(),
+            description,
+            auth_hint,
+            container_ready: AtomicBool::new(false),
+            ops,
+        })
+    }
+
+    /// Creates the container unless this process already saw it exist. 409 (it exists) is success.
+    async fn ensure_container(&self) -> Result<(), StoreError> {
+        if self.container_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.container.create(None).await {
+            Ok(_) => tracing::debug!(container = %self.container_name, status = 201, "created state container"),
+            Err(e) if error_code(&e) == Some("ContainerAlreadyExists") => {}
+            Err(e) if error_code(&e) == Some("ContainerBeingDeleted") => {
+                return Err(StoreError::Unavailable(format!(
+                    "container {} is being deleted; it can be created again once the deletion finishes",
+                    self.container_name
+                )))
+            }
+            Err(e) => return Err(self.classify("create container", None, &e)),
+        }
+        self.container_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    async fn put(&self, key: &str, bytes: &[u8], expected: Option<&Etag>) -> Result<Etag, PutFailure> {
+        let tries = Tries::default();
+        let options = BlobClientUploadOptions {
+            blob_content_type: Some(CONTENT_TYPE.to_string()),
+            if_match: expected.map(|etag| etag.0.clone().into()),
+            if_none_match: expected.is_none().then(|| "*".into()),
+            method_options: ClientMethodOptions { context: Context::new().with_value(tries.clone()) },
+            ..Default::default()
+        };
+        let result = self.container.blob_client(key).upload(RequestContent::from(bytes.to_vec()), Some(options)).await;
+        match result {
+            Ok(done) => {
+                tracing::debug!(key, status = 201, "saved state blob");
+                let etag = done.etag.ok_or_else(|| {
+                    PutFailure::Store(StoreError::Unavailable(format!(
+                        "storage saved {key} but returned no ETag; reload it"
+                    )))
+                })?;
+                Ok(Etag(etag.to_string()))
+            }
+            Err(e) => {
+                let status = e.http_status();
+                tracing::debug!(key, status = status.map(u16::from), "saving state blob failed");
+                let code = error_code(&e);
+                let lost_race = match status {
+                    Some(StatusCode::PreconditionFailed) => true,
+                    Some(StatusCode::Conflict) => code == Some("BlobAlreadyExists"),
+                    // If-Match on a blob that was deleted since it was read.
+                    Some(StatusCode::NotFound) => expected.is_some() && code == Some("BlobNotFound"),
+                    _ => false,
+                };
+                if lost_race && tries.0.load(Ordering::Relaxed) > 1 {
+                    return Err(PutFailure::Store(StoreError::Unavailable(format!(
+                        "saving {key}: the precondition failed on a retry, so an earlier attempt may have been \
+                         applied; reload to find out"
+                    ))));
+                }
+                if lost_race {
+                    return Err(PutFailure::Store(StoreError::Conflict));
+                }
+                let error = self.classify("save", Some(key), &e);
+                if status == Some(StatusCode::NotFound) && code == Some("ContainerNotFound") {
+                    return Err(PutFailure::ContainerGone(error));
+                }
+                Err(PutFailure::Store(error))
+            }
+        }
+    }
+
+    /// Maps an SDK error to the store's three outcomes. Messages name the operation, the key and the status,
+    /// never a credential.
+    fn classify(&self, op: &str, key: Option<&str>, e: &azure_core::Error) -> StoreError {
+        let target = match key {
+            Some(key) => format!("{}/{key}", self.container_name),
+            None => self.container_name.clone(),
+        };
+        match e.kind() {
+            ErrorKind::HttpResponse { status, error_code, .. } => {
+                let code = error_code.as_deref().unwrap_or("no error code");
+                let status_num = u16::from(*status);
+                match *status {
+                    StatusCode::Unauthorized | StatusCode::Forbidden => StoreError::Refused(format!(
+                        "{op} {target}: storage answered {status_num} {code}: {}",
+                        self.auth_hint
+                    )),
+                    StatusCode::BadRequest => StoreError::Refused(format!(
+                        "{op} {target}: storage rejected the request as invalid (400 {code}): check the blob \
+                         name and that the service accepts x-ms-version {SERVICE_VERSION}"
+                    )),
+                    StatusCode::RequestTimeout | StatusCode::TooManyRequests => {
+                        StoreError::Unavailable(format!("{op} {target}: storage answered {status_num} {code}"))
+                    }
+                    s if s.is_server_error() => {
+                        StoreError::Unavailable(format!("{op} {target}: storage answered {status_num} {code}"))
+                    }
+                    StatusCode::NotFound => StoreError::Refused(format!(
+                        "{op} {target}: storage answered 404 {code}: check the endpoint and account name in \
+                         the storage setting"
+                    )),
+                    _ => StoreError::Refused(format!("{op} {target}: storage answered {status_num} {code}")),
+                }
+            }
+            ErrorKind::Credential => StoreError::Refused(format!(
+                "{op} {target}: could not get an Entra ID token for storage: {}; {}",
+                chain(e),
+                self.auth_hint
+            )),
+            _ => StoreError::Unavailable(format!("{op} {target}: {}", chain(e))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StateStore for BlobStore {
+    async fn load(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        validate_key(key)?;
+        // One request for a state document: documents are far below the SDK's 4 MiB first range.
+        let options = BlobClientDownloadOptions { parallel: NonZero::new(1), ..Default::default() };
+        let downloaded = match self.container.blob_client(key).download(Some(options)).await {
+            Ok(downloaded) => downloaded,
+            Err(e)
+                if e.http_status() == Some(StatusCode::NotFound)
+                    && matches!(error_code(&e), Some("BlobNotFound" | "ContainerNotFound")) =>
+            {
+                tracing::debug!(key, status = 404, "state blob not found");
+                return Ok(None);
+            }
+            Err(e) => {
+                tracing::debug!(key, status = e.http_status().map(u16::from), "loading state blob failed");
+                return Err(self.classify("load", Some(key), &e));
+            }
+        };
+        let etag = downloaded
+            .properties
+            .etag
+            .map(|etag| etag.to_string())
+            .ok_or_else(|| StoreError::Unavailable(format!("storage returned {key} without an ETag")))?;
+        let bytes = downloaded.body.collect().await.map_err(|e| self.classify("load", Some(key), &e))?;
+        tracing::debug!(key, status = 200, "loaded state blob");
+        Ok(Some(Versioned { bytes: bytes.to_vec(), etag: Etag(etag) }))
+    }
+
+    async fn save_if(&self, key: &str, bytes: &[u8], expected: Option<&Etag>) -> Result<Etag, StoreError> {
+        validate_key(key)?;
+        self.ensure_container().await?;
+        match self.put(key, bytes, expected).await {
+            Ok(etag) => Ok(etag),
+            Err(PutFailure::Store(e)) => Err(e),
+            // The container was deleted behind our back: a 404 applied nothing, so recreate it and try once more.
+            Err(PutFailure::ContainerGone(_)) => {
+                self.container_ready.store(false, Ordering::Release);
+                self.ensure_container().await?;
+                self.put(key, bytes, expected).await.map_err(PutFailure::into_store_error)
+            }
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        // An empty prefix would go out as a key-only `&prefix` query parameter, which Azurite leaves out of the
+        // Shared Key canonicalization while the documented algorithm includes it: send none instead.
+        let prefix_param = (!prefix.is_empty()).then(|| prefix.to_string());
+        let options = BlobContainerClientListBlobsOptions { prefix: prefix_param, ..Default::default() };
+        let mut pages =
+            self.container.list_blobs(Some(options)).map_err(|e| self.classify("list", Some(prefix), &e))?.into_pages();
+        let mut names = Vec::new();
+        loop {
+            match pages.try_next().await {
+                Ok(Some(page)) => {
+                    let page = page.into_model().map_err(|e| self.classify("list", Some(prefix), &e))?;
+                    names.extend(page.blob_items.into_iter().filter_map(|item| item.name));
+                }
+                Ok(None) => break,
+                Err(e)
+                    if e.http_status() == Some(StatusCode::NotFound) && error_code(&e) == Some("ContainerNotFound") =>
+                {
+                    tracing::debug!(prefix, status = 404, "state container not found");
+                    return Ok(Vec::new());
+                }
+                Err(e) => {
+                    tracing::debug!(prefix, status = e.http_status().map(u16::from), "listing state blobs failed");
+                    return Err(self.classify("list", Some(prefix), &e));
+                }
+            }
+        }
+        tracing::debug!(prefix, status = 200, blobs = names.len(), "listed state blobs");
+        names.sort();
+        Ok(names)
+    }
+
+    fn operations(&self) -> u64 {
+        self.ops.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+}
+
+/// Why a single PUT failed: a missing container is the one failure `save_if` repairs and retries, because a
+/// 404 means nothing was written.
+enum PutFailure {
+    ContainerGone(StoreError),
+    Store(StoreError),
+}
+
+impl PutFailure {
+    fn into_store_error(self) -> StoreError {
+        match self {
+            Self::ContainerGone(e) | Self::Store(e) => e,
+        }
+    }
+}
+
+/// Tries of one call, readable after it returns: placed in the call's context, counted by [`CountTries`].
+#[derive(Clone, Default)]
+struct Tries(Arc<AtomicU32>);
+
+/// Per-try policy: counts every request sent (for [`StateStore::operations`]) and the tries of a call that
+/// carries [`Tries`] in its context.
+#[derive(Debug)]
+struct CountTries {
+    ops: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl Policy for CountTries {
+    async fn send(&self, ctx: &Context, request: &mut Request, next: &[Arc<dyn Policy>]) -> PolicyResult {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        if let Some(tries) = ctx.value::<Tries>() {
+            tries.0.fetch_add(1, Ordering::Relaxed);
+        }
+        match next.split_first() {
+            Some((first, rest)) => first.send(ctx, request, rest).await,
+            None => Err(azure_core::Error::with_message(ErrorKind::Other, "the counting policy must not be last")),
+        }
+    }
+}
+
+fn error_code(e: &azure_core::Error) -> Option<&str> {
+    match e.kind() {
+        ErrorKind::HttpResponse { error_code, .. } => error_code.as_deref(),
+        _ => None,
+    }
+}
+
+/// An error and its sources as one line, repeated messages collapsed and any SAS signature masked.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    redact_signature(&parts.join(": "))
+}
+
+/// Masks `sig=...` query values, which appear in transport errors that quote a SAS request URL.
+fn redact_signature(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("sig=") {
+        out.push_str(&rest[..at + 4]);
+        out.push_str("***");
+        rest = &rest[at + 4..];
+        let end = rest.find(|c: char| c == '&' || c == ')' || c.is_whitespace()).unwrap_or(rest.len());
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// reqwest (built with `rustls-no-provider`) panics when no rustls provider is installed. The binary installs
+/// ring at start; installing it here as well keeps tests, tools and examples from panicking. A lost race
+/// with another installer is fine.
+fn ensure_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Container names: 3-63 characters of lowercase letters, digits and single hyphens, starting and ending with
+/// a letter or digit.
+fn validate_container_name(name: &str) -> Result<(), StoreError> {
+    let valid = (3..=63).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if valid {
+        Ok(())
+    } else {
+        Err(StoreError::Refused(format!(
+            "invalid blob container name {name:?}: use 3-63 lowercase letters, digits and single hyphens"
+        )))
+    }
+}
+
+/// Keys come from the engine, but a store must not trust that: reject what Blob Storage would rename or
+/// refuse (empty, too long, control characters, `.`/`..` or empty path segments, a trailing dot).
+fn validate_key(key: &str) -> Result<(), StoreError> {
+    let valid = !key.is_empty()
+        && key.len() <= 1024
+        && !key.chars().any(|c| c.is_control() || c == '\\')
+        && key.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
+        && !key.ends_with('.');
+    if valid {
+        Ok(())
+    } else {
+        Err(StoreError::Refused(format!("invalid state key {key:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(cs: &str) -> BlobStore {
+        BlobStore::from_connection_string(&Secret::new(cs), "state").expect("valid connection string")
+    }
+
+    #[test]
+    fn describe_names_endpoint_and_container_but_no_secret() {
+        let s = store("UseDevelopmentStorage=true");
+        assert_eq!(s.describe(), "azure blob http://127.0.0.1:10000/devstoreaccount1/state");
+        let s = store("AccountName=acct;AccountKey=c2VjcmV0");
+        assert_eq!(s.describe(), "azure blob https://acct.blob.core.windows.net/state");
+        assert!(!format!("{s:?}").contains("c2VjcmV0"));
+        let s = store("BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=1&sig=topsecret");
+        assert_eq!(s.describe(), "azure blob https://acct.blob.core.windows.net/state");
+        assert!(!format!("{s:?}").contains("topsecret"));
+    }
+
+    #[test]
+    fn construction_errors_are_refusals_that_name_the_problem() {
+        let err = BlobStore::from_connection_string(&Secret::new("AccountName=acct"), "state").expect_err("no key");
+        assert!(matches!(&err, StoreError::Refused(m) if m.contains("AccountKey or SharedAccessSignature")), "{err}");
+        let err = BlobStore::from_connection_string(&Secret::new("UseDevelopmentStorage=true"), "Bad_Name")
+            .expect_err("bad container");
+        assert!(matches!(&err, StoreError::Refused(m) if m.contains("invalid blob container name")), "{err}");
+        let err = BlobStore::from_settings(&|_| None, BlobStore::DEFAULT_SETTING, "state").expect_err("nothing set");
+        assert!(matches!(&err, StoreError::Refused(m) if m.starts_with("AzureWebJobsStorage is not set")), "{err}");
+    }
+
+    #[test]
+    fn keys_that_blob_storage_would_mangle_are_refused() {
+        for bad in ["", "/a", "a/", "a//b", "a/./b", "../a", "a.", "a\\b", "a\nb"] {
+            assert!(validate_key(bad).is_err(), "{bad:?}");
+        }
+        for good in ["fn.json", "quarantine/fn/2024-01-01T00:00:00Z.json", "a b/c"] {
+            assert!(validate_key(good).is_ok(), "{good:?}");
+        }
+    }
+
+    /// A fake blob service: answers container creation with 201 and blob PUTs from a script, in order.
+    #[derive(Debug)]
+    struct Scripted {
+        puts: std::sync::Mutex<Vec<(StatusCode, &'static str)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Policy for Scripted {
+        async fn send(&self, _: &Context, request: &mut Request, _: &[Arc<dyn Policy>]) -> PolicyResult {
+            let mut headers = azure_core::http::headers::Headers::new();
+            let (status, code) = if request.url().query().is_some_and(|q| q.contains("restype=container")) {
+                (StatusCode::Created, "")
+            } else {
+                let mut puts = self.puts.lock().expect("script lock");
+                if puts.is_empty() {
+                    (StatusCode::InternalServerError, "ScriptExhausted")
+                } else {
+                    puts.remove(0)
+                }
+            };
+            if status == StatusCode::Created {
+                headers.insert("etag", "\"0x2\"");
+            } else {
+                headers.insert("x-ms-error-code", code);
+            }
+            Ok(azure_core::http::AsyncRawResponse::from_bytes(status, headers, azure_core::Bytes::new()))
+        }
+    }
+
+    fn scripted(puts: Vec<(StatusCode, &'static str)>) -> BlobStore {
+        let auth = Auth::Sas(Secret::new("sv=1&sig=x"));
+        let endpoint = Url::parse("https://acct.blob.core.windows.net").expect("valid url");
+        let transport = Transport::with_policy(Arc::new(Scripted { puts: std::sync::Mutex::new(puts) }));
+        BlobStore::build_with(endpoint, auth, "hint", "state", transport).expect("store")
+    }
+
+    #[tokio::test]
+    async fn a_failed_precondition_on_the_first_try_is_a_conflict() {
+        let store = scripted(vec![(StatusCode::PreconditionFailed, "ConditionNotMet")]);
+        let result = store.save_if("k.json", b"x", Some(&Etag("\"0x1\"".into()))).await;
+        assert!(matches!(result, Err(StoreError::Conflict)), "{result:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_precondition_after_a_retry_is_ambiguous_not_a_conflict() {
+        // GIVEN the first PUT's answer is lost (503) and the SDK retries, THEN the retry may have lost to ourselves.
+        let store =
+            scripted(vec![(StatusCode::ServiceUnavailable, "ServerBusy"), (StatusCode::Conflict, "BlobAlreadyExists")]);
+        let result = store.save_if("k.json", b"x", None).await;
+        assert!(matches!(&result, Err(e @ StoreError::Unavailable(_)) if e.is_ambiguous()), "{result:?}");
+        assert_eq!(store.operations(), 3, "create container, then two tries");
+    }
+
+    #[tokio::test]
+    async fn a_deleted_container_is_recreated_and_the_write_tried_once_more() {
+        let store = scripted(vec![(StatusCode::NotFound, "ContainerNotFound"), (StatusCode::Created, "")]);
+        let etag = store.save_if("k.json", b"x", None).await.expect("saved after recreating the container");
+        assert_eq!(etag, Etag("\"0x2\"".into()));
+        assert_eq!(store.operations(), 4, "create, put, create, put");
+    }
+
+    #[tokio::test]
+    async fn persistent_server_errors_stop_after_the_bounded_retries() {
+        let store = scripted(vec![(StatusCode::ServiceUnavailable, "ServerBusy"); 5]);
+        let result = store.save_if("k.json", b"x", None).await;
+        assert!(matches!(&result, Err(StoreError::Unavailable(m)) if m.contains("503")), "{result:?}");
+        assert_eq!(store.operations(), 1 + 1 + u64::from(MAX_RETRIES));
+    }
+
+    #[test]
+    fn signatures_are_masked_in_error_text() {
+        assert_eq!(
+            redact_signature("error sending request for url (https://a/b?sv=1&sig=abc%3D&se=2) sig=xyz"),
+            "error sending request for url (https://a/b?sv=1&sig=***&se=2) sig=***"
+        );
+    }
+}

@@ -166,12 +166,13 @@ impl Shape {
         )
     }
 
-    /// The newest readable position (for `startFrom: now`).
+    /// The newest committed position (for `startFrom: now`). Deliberately unguarded: a row committed before
+    /// the first tick existed before "now" even if an older transaction still holds the guard back; writes of
+    /// transactions still open at that moment count as before "now" too.
     pub fn newest(&self) -> String {
-        let preds = self.guard_predicate().map(|g| format!(" WHERE {g}")).unwrap_or_default();
         let order: Vec<String> = self.order_columns().iter().map(|c| format!("{c} DESC")).collect();
         let texts: Vec<String> = self.order_columns().iter().map(|c| format!("{c}::text")).collect();
-        format!("SELECT {} FROM {} t{} ORDER BY {} LIMIT 1", texts.join(", "), self.table, preds, order.join(", "))
+        format!("SELECT {} FROM {} t ORDER BY {} LIMIT 1", texts.join(", "), self.table, order.join(", "))
     }
 
     /// Readable changes after a position (for status); parameters are the position texts.

@@ -1,0 +1,11 @@
+//! End-to-end tests: the real `handler` binary, driven by the host driver over HTTP, against real PostgreSQL
+//! and real Azurite started by the shared fixture. One test binary, so one process shares the servers when run
+//! with `cargo test`; every test uses its own database and its own state name space.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod common;
+mod config_errors;
+mod delivery;
+mod protocol;

@@ -1,0 +1,87 @@
+//! The real process speaks the custom-handler protocol: every timer variant the host sends is accepted,
+//! hostile bodies are refused with a reason and never take the process down, and SIGTERM exits cleanly.
+
+use crate::common::*;
+use crate::support;
+use serde_json::json;
+
+async fn post(base: &str, path: &str, body: Vec<u8>) -> (u16, String) {
+    let response = support::http_client()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .header("X-Azure-Functions-InvocationId", "7f1e2d3c-0000-4000-8000-invocation01")
+        .body(body)
+        .send()
+        .await
+        .expect("the handler answers");
+    (response.status().as_u16(), response.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn accepts_every_timer_payload_variant_the_host_sends() {
+    let orders = Orders::new("variants").await;
+    let app = orders_app(&orders, &unique_app_name("variants"), json!({}), &[]);
+    let host = start(&app).await;
+    let base = host.base_url();
+    let variants = [
+        // first run: Last without an offset
+        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":{"Last":"0001-01-01T00:00:00","Next":"2026-11-22T02:50:00+00:00","LastUpdated":"0001-01-01T00:00:00"},"IsPastDue":false}},"Metadata":{"sys":{"MethodName":"OrdersChanged","UtcNow":"2026-11-22T02:50:00.0123456Z","RandGuid":"24ad4c06-24ad-4e5b-8294-3da9714877e9"}}}"#,
+        // manual or admin run: null ScheduleStatus
+        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":null,"IsPastDue":false}},"Metadata":{}}"#,
+        // seven fractional digits and another offset
+        r#"{"Data":{"timer":{"ScheduleStatus":{"Last":"2026-11-22T02:45:00.0031245+01:00","Next":"2026-11-22T02:50:00+01:00","LastUpdated":"2026-11-22T02:45:00.0031245+01:00"},"IsPastDue":true}},"Metadata":{"sys":{"UtcNow":"2026-11-22T02:50:00.0123456Z"}}}"#,
+        // a retry
+        r#"{"Data":{"timer":{}},"Metadata":{"RetryContext":{"RetryCount":1,"MaxRetryCount":3,"Exception":{"ClassName":"System.Exception","Message":"queue down"}}}}"#,
+        // an empty body
+        "",
+    ];
+    for body in variants {
+        let (status, answer) = post(&base, "/OrdersChanged", body.as_bytes().to_vec()).await;
+        assert_eq!(status, 200, "body {body:?} answered {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON answer");
+        assert!(answer.get("Outputs").is_some() && answer.get("Logs").is_some(), "{answer}");
+    }
+    // The invocation id is on the process's log lines of that invocation.
+    assert!(host.output().contains("invocation01"), "{}", host.output());
+}
+
+#[tokio::test]
+async fn hostile_bodies_are_refused_and_the_process_keeps_serving() {
+    let orders = Orders::new("hostile").await;
+    let app = orders_app(&orders, &unique_app_name("hostile"), json!({}), &[]);
+    let host = start(&app).await;
+    let base = host.base_url();
+    let bodies: Vec<Vec<u8>> = vec![
+        b"{\"Data\":{\"timer\":".to_vec(),
+        b"{\"Data\":42}".to_vec(),
+        b"{\"Metadata\":{\"RetryContext\":{\"RetryCount\":[]}}}".to_vec(),
+        vec![0xc3, 0x28, 0xa0, 0xa1],
+        format!("{}{}", "{\"a\":".repeat(50_000), "}".repeat(50_000)).into_bytes(),
+        format!("{{\"Data\":{{\"s\":\"{}\"}}", "x".repeat(900_000)).into_bytes(),
+        vec![b'['; 2 * 1024 * 1024],
+    ];
+    for body in bodies {
+        let preview = String::from_utf8_lossy(&body[..body.len().min(30)]).into_owned();
+        let (status, answer) = post(&base, "/OrdersChanged", body).await;
+        assert!(status == 400 || status == 413, "{preview:?} answered {status} {answer}");
+        if status == 400 {
+            assert!(answer.contains("error"), "{answer}");
+        }
+    }
+    let (status, answer) = post(&base, "/NotAFunction", b"{}".to_vec()).await;
+    assert_eq!(status, 404);
+    assert!(answer.contains("OrdersChanged"), "the 404 names the configured functions: {answer}");
+    // Still alive and still delivering.
+    assert!(host.is_running());
+    orders.insert([1]).await;
+    assert_eq!(ops(&fire_until_delivered(&host, FUNCTION).await), vec![(0, 1)]);
+}
+
+#[tokio::test]
+async fn sigterm_exits_cleanly() {
+    let orders = Orders::new("sigterm").await;
+    let app = orders_app(&orders, &unique_app_name("sigterm"), json!({}), &[]);
+    let host = start(&app).await;
+    let status = host.terminate().await.expect("terminates");
+    assert!(status.success(), "exit status {status:?}\n{}", host.output());
+}

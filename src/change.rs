@@ -4,7 +4,7 @@
 //! `Item` is kept as the JSON text the database produced (`RawValue`): sources build row JSON server-side,
 //! with exact numerics and ISO 8601 dates, and the engine never re-parses it on the hot path.
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 /// What happened to a row since the last delivered position (net change, like CHANGETABLE).
@@ -32,15 +32,22 @@ impl Serialize for Operation {
     }
 }
 
+impl<'de> Deserialize<'de> for Operation {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let code = i64::deserialize(d)?;
+        Self::from_code(code).ok_or_else(|| serde::de::Error::custom(format!("operation {code} is not 0, 1 or 2")))
+    }
+}
+
 /// One changed row. For deletes `item` holds only the primary-key columns.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Change {
     #[serde(rename = "Operation")]
     pub operation: Operation,
     #[serde(rename = "Item")]
     pub item: Box<RawValue>,
     /// Change metadata (version, changed columns) when a source is asked for it; absent otherwise.
-    #[serde(rename = "Metadata", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Metadata", default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Box<RawValue>>,
 }
 

@@ -179,7 +179,6 @@ impl Trigger {
             out.logs.push("function is paused by an operator; answering an empty batch".into());
             return Ok(out);
         }
-
         let now = OffsetDateTime::now_utc();
         if let (Some(lease), Some(_)) = (&doc.lease, &doc.in_flight) {
             if lease.owner != self.owner && lease.expires_at > now {
@@ -195,24 +194,13 @@ impl Trigger {
         if let Some(flight) = doc.in_flight.clone() {
             let answered_here = *self.answered.lock().expect("answered lock") == Some(flight.batch_id);
             let proven = flight.owner == self.owner && answered_here && !retry.is_retry() && !flight.final_attempt;
-            if proven && self.config.settings.delivery_mode == DeliveryMode::Deferred {
-                doc.checkpoint = flight.to.clone();
-                doc.counters.delivered += flight.rows;
-                doc.counters.batches += 1;
-                doc.in_flight = None;
+            if proven {
+                acknowledge(&mut doc, &flight, now);
                 dirty = true;
             } else {
                 let known_failure = retry.is_retry() || flight.final_attempt;
                 let failures = flight.failures + u32::from(known_failure);
-                if failures >= self.config.settings.max_attempts {
-                    self.poison(&mut doc, &flight, failures, &mut out).await?;
-                    if let Some(reason) = doc.halted.clone() {
-                        // Record the halt so every instance stops; a conflict means someone else decided first.
-                        self.commit(&mut doc, etag.as_ref(), &mut out).await?;
-                        return Err(TickError::Halted { function: self.config.name.clone(), reason });
-                    }
-                    dirty = true;
-                } else {
+                if failures < self.config.settings.max_attempts {
                     let why = if retry.is_retry() {
                         format!("the host retried (attempt {})", retry.retry_count)
                     } else if flight.final_attempt {
@@ -224,45 +212,59 @@ impl Trigger {
                     };
                     return self.redeliver(doc, etag, flight, failures, retry, why, out).await;
                 }
+                self.poison(&mut doc, &flight, failures, &mut out).await?;
+                if let Some(reason) = doc.halted.clone() {
+                    // Record the halt so every instance stops; a conflict means someone else decided first.
+                    self.commit(&mut doc, etag.as_ref(), &mut out).await?;
+                    return Err(TickError::Halted { function: self.config.name.clone(), reason });
+                }
+                dirty = true;
             }
         }
 
-        let fetched = self.source.fetch(&doc.checkpoint, self.config.settings.max_batch_size).await?;
-        if !fetched.changes.is_empty() {
-            failpoint::hit("after-fetch");
-        }
-        let Some(last) = fetched.last.clone().filter(|_| !fetched.changes.is_empty()) else {
+        // A quarantined batch an operator asked to retry goes before new changes; it does not move the
+        // checkpoint, which passed it when it was quarantined.
+        let (batch, quarantined) = match doc.retry_quarantined.first().copied() {
+            Some(batch_id) => {
+                doc.retry_quarantined.remove(0);
+                dirty = true;
+                let (key, q) = self.load_quarantined(batch_id).await?;
+                let changes =
+                    q.decode_changes().map_err(|detail| TickError::CorruptState { key: key.clone(), detail })?;
+                let fetched = crate::source::Fetched { changes, last: Some(q.to.clone()) };
+                (Some((fetched, q.from)), Some(key))
+            }
+            None => {
+                let fetched = self.source.fetch(&doc.checkpoint, self.config.settings.max_batch_size).await?;
+                let from = doc.checkpoint.clone();
+                (Some((fetched, from)), None)
+            }
+        };
+        let Some((fetched, from)) = batch.filter(|(f, _)| !f.changes.is_empty()) else {
             if dirty {
                 self.commit(&mut doc, etag.as_ref(), &mut out).await?;
             }
             return Ok(out);
         };
+        failpoint::hit("after-fetch");
+        let last = fetched.last.clone().unwrap_or(Position::Null);
 
         let batch_id = doc.next_batch_id;
         doc.next_batch_id += 1;
-        let rows = fetched.changes.len() as u64;
-        match self.config.settings.delivery_mode {
-            DeliveryMode::Immediate => {
-                doc.checkpoint = last;
-                doc.counters.delivered += rows;
-                doc.counters.batches += 1;
-            }
-            DeliveryMode::Deferred | DeliveryMode::Sink => {
-                doc.in_flight = Some(InFlight {
-                    batch_id,
-                    from: doc.checkpoint.clone(),
-                    to: last,
-                    rows,
-                    deliveries: 1,
-                    failures: 0,
-                    owner: self.owner.clone(),
-                    final_attempt: retry.is_final(),
-                    first_delivered_at: now,
-                    last_delivered_at: now,
-                });
-                self.take_lease(&mut doc, now);
-            }
-        }
+        let flight = InFlight {
+            batch_id,
+            from,
+            to: last,
+            rows: fetched.changes.len() as u64,
+            deliveries: 1,
+            failures: 0,
+            owner: self.owner.clone(),
+            final_attempt: retry.is_final(),
+            first_delivered_at: now,
+            last_delivered_at: now,
+            quarantined,
+        };
+        self.record_delivery(&mut doc, flight, now);
         if !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
         }
@@ -270,12 +272,27 @@ impl Trigger {
         *self.answered.lock().expect("answered lock") = Some(batch_id);
         out.kind = OutcomeKind::Delivered;
         out.batch_id = Some(batch_id);
-        out.logs.push(format!("delivering batch {batch_id} with {rows} change(s)"));
+        out.logs.push(format!("delivering batch {batch_id} with {} change(s)", fetched.changes.len()));
         out.changes = fetched.changes;
         Ok(out)
     }
 
-    /// Sends a batch in flight again: the same range, as the rows are now.
+    /// Records that `flight` is being answered: in flight under a lease (deferred), or acknowledged at once
+    /// (immediate: the mode's at-most-once promise).
+    fn record_delivery(&self, doc: &mut StateDoc, flight: InFlight, now: OffsetDateTime) {
+        match self.config.settings.delivery_mode {
+            DeliveryMode::Immediate => {
+                acknowledge(doc, &flight, now);
+            }
+            DeliveryMode::Deferred | DeliveryMode::Sink => {
+                doc.in_flight = Some(flight);
+                self.take_lease(doc, now);
+            }
+        }
+    }
+
+    /// Sends a batch in flight again: the same range as the rows are now, or the stored changes of a
+    /// quarantined batch.
     #[allow(clippy::too_many_arguments)]
     async fn redeliver(
         &self,
@@ -288,21 +305,20 @@ impl Trigger {
         mut out: TickOutcome,
     ) -> Result<TickOutcome, TickError> {
         let now = OffsetDateTime::now_utc();
-        let limit = (flight.rows as usize).max(self.config.settings.max_batch_size);
-        let fetched = self.source.refetch(&flight.from, &flight.to, limit).await?;
+        let changes = self.changes_of(&flight).await?;
         if flight.owner != self.owner {
             doc.counters.takeovers += 1;
         }
         doc.counters.redelivered += 1;
-        doc.in_flight = Some(InFlight {
+        let again = InFlight {
             owner: self.owner.clone(),
             deliveries: flight.deliveries + 1,
             failures,
             final_attempt: retry.is_final(),
             last_delivered_at: now,
             ..flight.clone()
-        });
-        self.take_lease(&mut doc, now);
+        };
+        self.record_delivery(&mut doc, again, now);
         if !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
         }
@@ -310,13 +326,46 @@ impl Trigger {
         out.logs.push(format!(
             "re-delivering batch {} with {} change(s) because {why} (delivery {}, {failures} known failure(s))",
             flight.batch_id,
-            fetched.changes.len(),
+            changes.len(),
             flight.deliveries + 1
         ));
         out.kind = OutcomeKind::Redelivered;
         out.batch_id = Some(flight.batch_id);
-        out.changes = fetched.changes;
+        out.changes = changes;
         Ok(out)
+    }
+
+    /// The changes of a batch in flight, as they are now.
+    async fn changes_of(&self, flight: &InFlight) -> Result<Vec<Change>, TickError> {
+        if let Some(key) = &flight.quarantined {
+            let doc = self.load_quarantine_key(key).await?;
+            return doc.decode_changes().map_err(|detail| TickError::CorruptState { key: key.clone(), detail });
+        }
+        let limit = (flight.rows as usize).max(self.config.settings.max_batch_size);
+        Ok(self.source.refetch(&flight.from, &flight.to, limit).await?.changes)
+    }
+
+    /// The store key of a quarantined batch's document.
+    pub fn quarantine_key(&self, batch_id: u64) -> String {
+        format!("{}{:020}.json", self.quarantine_prefix, batch_id)
+    }
+
+    async fn load_quarantined(&self, batch_id: u64) -> Result<(String, QuarantineDoc), TickError> {
+        let key = self.quarantine_key(batch_id);
+        let doc = self.load_quarantine_key(&key).await?;
+        Ok((key, doc))
+    }
+
+    /// Reads a quarantine document.
+    pub async fn load_quarantine_key(&self, key: &str) -> Result<QuarantineDoc, TickError> {
+        let Some(v) = self.store.load(key).await? else {
+            return Err(TickError::CorruptState {
+                key: key.to_string(),
+                detail: "the quarantine document is missing".into(),
+            });
+        };
+        serde_json::from_slice(&v.bytes)
+            .map_err(|e| TickError::CorruptState { key: key.to_string(), detail: e.to_string() })
     }
 
     /// A batch that failed `MaxAttempts` times: quarantine it and move on, or halt.
@@ -334,10 +383,17 @@ impl Trigger {
             doc.halted = Some(message);
             return Ok(());
         }
-        let limit = (flight.rows as usize).max(self.config.settings.max_batch_size);
-        let fetched = self.source.refetch(&flight.from, &flight.to, limit).await?;
-        let key = format!("{}{:020}.json", self.quarantine_prefix, flight.batch_id);
         let now = OffsetDateTime::now_utc();
+        if let Some(key) = &flight.quarantined {
+            // A quarantined batch an operator retried failed again: it stays where it is.
+            doc.in_flight = None;
+            let line = format!("{reason}; it was a retry of quarantined {key} and stays quarantined");
+            tracing::error!(function = %self.config.name, batch_id = flight.batch_id, key = %key, "{line}");
+            out.logs.push(line);
+            return Ok(());
+        }
+        let changes = self.changes_of(flight).await?;
+        let key = self.quarantine_key(flight.batch_id);
         let body = QuarantineDoc {
             function: self.config.name.clone(),
             batch_id: flight.batch_id,
@@ -346,7 +402,7 @@ impl Trigger {
             failures,
             reason: reason.clone(),
             at: now,
-            changes: encode_batch(&fetched.changes),
+            changes: encode_batch(&changes),
         };
         let bytes = serde_json::to_vec(&body).expect("quarantine documents serialize");
         match self.store.save_if(&key, &bytes, None).await {
@@ -360,7 +416,7 @@ impl Trigger {
         doc.quarantine.push(QuarantineEntry {
             batch_id: flight.batch_id,
             key: key.clone(),
-            rows: fetched.changes.len() as u64,
+            rows: changes.len() as u64,
             from: flight.from.clone(),
             to: flight.to.clone(),
             at: now,
@@ -369,7 +425,7 @@ impl Trigger {
             let excess = doc.quarantine.len() - QUARANTINE_KEPT;
             doc.quarantine.drain(..excess);
         }
-        let line = format!("{reason}; quarantined {} change(s) to {key} and moving on", fetched.changes.len());
+        let line = format!("{reason}; quarantined {} change(s) to {key} and moving on", changes.len());
         tracing::error!(function = %self.config.name, batch_id = flight.batch_id, key = %key, "{line}");
         out.logs.push(line);
         Ok(())
@@ -437,11 +493,25 @@ impl Trigger {
             next_batch_id: 1,
             counters: Default::default(),
             quarantine: Vec::new(),
+            retry_quarantined: Vec::new(),
+            progress_at: None,
             write_id: String::new(),
             updated_at: OffsetDateTime::now_utc(),
             updated_by: self.owner.clone(),
         }
     }
+}
+
+/// Marks `flight` delivered: the checkpoint moves to its end unless it was a retry of a quarantined batch
+/// (the checkpoint passed that one when it was quarantined).
+fn acknowledge(doc: &mut StateDoc, flight: &InFlight, now: OffsetDateTime) {
+    if flight.quarantined.is_none() {
+        doc.checkpoint = flight.to.clone();
+    }
+    doc.counters.delivered += flight.rows;
+    doc.counters.batches += 1;
+    doc.in_flight = None;
+    doc.progress_at = Some(now);
 }
 
 #[cfg(test)]

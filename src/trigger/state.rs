@@ -39,6 +39,12 @@ pub struct StateDoc {
     /// The most recent quarantined batches (newest last, at most [`QUARANTINE_KEPT`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantine: Vec<QuarantineEntry>,
+    /// Quarantined batches an operator asked to re-deliver, oldest first; served before new changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_quarantined: Vec<u64>,
+    /// When the checkpoint last moved (or a batch was last acknowledged).
+    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    pub progress_at: Option<OffsetDateTime>,
     pub write_id: String,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
@@ -69,6 +75,9 @@ pub struct InFlight {
     pub first_delivered_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub last_delivered_at: OffsetDateTime,
+    /// Set when this batch is an operator's retry of a quarantined batch: its store key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -118,4 +127,10 @@ pub struct QuarantineDoc {
     pub at: OffsetDateTime,
     /// The changes as they were when quarantined.
     pub changes: Box<serde_json::value::RawValue>,
+}
+
+impl QuarantineDoc {
+    pub fn decode_changes(&self) -> Result<Vec<crate::change::Change>, String> {
+        serde_json::from_str(self.changes.get()).map_err(|e| format!("the stored changes do not decode: {e}"))
+    }
 }

@@ -4,16 +4,21 @@
 //! handler on a schedule, each invocation runs one lease-guarded tick, and delivery is at-least-once, so
 //! consumers must be idempotent. See docs/architecture.md for the tick and the guarantee of each delivery mode.
 
+pub mod admin;
 pub mod app;
 pub mod change;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod driver;
 pub mod embedded;
 pub mod ident;
+pub mod ops;
 pub mod protocol;
+pub mod runner;
 pub mod server;
 pub mod shutdown;
+pub mod sink;
 pub mod source;
 pub mod state;
 pub mod trigger;

@@ -16,6 +16,10 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// The function app folder (host.json and function folders); default FUNCTIONS_APP_ROOT_PATH or the
+    /// working directory.
+    #[arg(long, global = true)]
+    app_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -27,19 +31,65 @@ enum Command {
     /// Run the whole product locally: a private PostgreSQL, the file state store, this handler driven by a
     /// stand-in for the Functions host. Needs nothing but PostgreSQL's server binaries on the machine.
     Demo,
+    /// Run the functions without the Functions host: tick in a loop and deliver to each function's sink
+    /// (`"sink"` in sqltrigger.json: stdout JSON lines by default, or a webhook).
+    Run {
+        /// Drain each function's backlog, then exit.
+        #[arg(long)]
+        once: bool,
+        /// Also serve the admin routes on 127.0.0.1:PORT (needs Sql_Trigger_AdminKey).
+        #[arg(long)]
+        admin_port: Option<u16>,
+    },
+    /// Inspect and operate a function's state (the same CAS writes a tick makes).
+    State {
+        #[command(subcommand)]
+        command: sql_pseudo_trigger::cli::StateCommand,
+    },
 }
 
 fn main() -> ExitCode {
     let started = Instant::now();
     let cli = Cli::parse();
     let env = Env::from_process();
-    init_logging(&env);
+    // Under the host, stdout is the log; elsewhere stdout carries results (JSON, JSON-lines sinks).
+    init_logging(&env, !matches!(cli.command, None | Some(Command::Serve)));
     // reqwest is built without a default crypto provider so the tree carries one (ring) only.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Some(Command::Settings) => {
             print!("{}", settings::reference_markdown());
             ExitCode::SUCCESS
+        }
+        Some(Command::Run { once, admin_port }) => {
+            let result = tokio::runtime::Runtime::new()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| rt.block_on(run(cli.app_root, env, once, admin_port)));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::State { command }) => {
+            let result = sql_pseudo_trigger::cli::load_app(cli.app_root, env).map(Arc::new).and_then(|app| {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| {
+                    sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
+                })?;
+                rt.block_on(sql_pseudo_trigger::cli::run(app, command))
+            });
+            match result {
+                Ok(value) => {
+                    println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Some(Command::Demo) => {
             let exe = match std::env::current_exe() {
@@ -73,13 +123,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(env: &Env) {
+fn init_logging(env: &Env, to_stderr: bool) {
     let filter = env.get("RUST_LOG").or_else(|| env.get(settings::LOG_LEVEL.name)).unwrap_or("info").to_string();
     let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("warning: log filter {filter:?} is invalid ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false);
+    if to_stderr {
+        builder.with_writer(std::io::stderr).init();
+    } else {
+        builder.init();
+    }
 }
 
 async fn serve(env: Env, started: Instant) -> ExitCode {
@@ -151,4 +206,52 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `handler run`: the runner loop, optionally with the admin routes, until SIGTERM (or drained with --once).
+async fn run(
+    app_root: Option<std::path::PathBuf>,
+    env: Env,
+    once: bool,
+    admin_port: Option<u16>,
+) -> Result<(), String> {
+    use sql_pseudo_trigger::sink;
+    let app = Arc::new(sql_pseudo_trigger::cli::load_app(app_root, env).map_err(|e| e.to_string())?);
+    let mut sinks = Vec::new();
+    let mut problems = Vec::new();
+    for trigger in app.triggers() {
+        let f = trigger.config();
+        match sink::from_options(&f.name, f.source.options.get("sink"), &app.config.env) {
+            Ok(s) => sinks.push((trigger.clone(), s)),
+            Err(e) => problems.push(e),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(sql_pseudo_trigger::config::ConfigErrors(problems).to_string());
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(port) = admin_port {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("cannot listen on 127.0.0.1:{port} for the admin routes: {e}"))?;
+        let router = sql_pseudo_trigger::server::router(app.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        tracing::info!(port, "admin routes served at /admin (Sql_Trigger_AdminKey required)");
+    }
+    tokio::spawn(async move {
+        sql_pseudo_trigger::shutdown::signal().await;
+        tracing::info!("stopping: finishing the batch in hand");
+        let _ = stop_tx.send(true);
+    });
+    let options = sql_pseudo_trigger::runner::RunOptions { once };
+    let summary = sql_pseudo_trigger::runner::run(app, sinks, options, stop_rx).await;
+    tracing::info!(
+        delivered = summary.delivered,
+        batches = summary.batches,
+        failed_deliveries = summary.failed_deliveries,
+        "run finished"
+    );
+    Ok(())
 }

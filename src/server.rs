@@ -6,7 +6,8 @@ use crate::app::App;
 use crate::protocol::{InvocationRequest, InvocationResponse};
 use crate::trigger::{ErrorKind, OutcomeKind};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,12 +25,88 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(ready))
         .route("/{function}", post(invoke))
+        .route("/admin", get(direct_admin).post(direct_admin))
+        .route("/admin/{*path}", get(direct_admin).post(direct_admin))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }
 
 async fn ready(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     Json(json!({ "status": "ready", "functions": app.function_names() }))
+}
+
+/// The admin function's invocation: the host checked the function key; answer through its http output.
+async fn admin_invocation(app: &App, admin: &crate::config::AdminFunction, body: &[u8]) -> Response {
+    let request = match InvocationRequest::decode(body) {
+        Ok(r) => r,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message, json!({})),
+    };
+    let Some(req) = request.data.get(&admin.request_binding) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("the invocation has no request under Data.{}", admin.request_binding),
+            json!({}),
+        );
+    };
+    let (status, answer) = crate::admin::dispatch(app, crate::admin::AdminRequest::from_host(req)).await;
+    let http = json!({
+        "statusCode": status.as_u16(),
+        "body": answer.to_string(),
+        "headers": { "Content-Type": "application/json" },
+    });
+    let raw = serde_json::value::to_raw_value(&http).expect("JSON values serialize");
+    let mut response = InvocationResponse::default();
+    if admin.response_binding == "$return" {
+        response.return_value = Some(raw);
+    } else {
+        response.outputs.insert(admin.response_binding.clone(), raw);
+    }
+    (StatusCode::OK, Json(response)).into_response()
+}
+
+/// `/admin/...` without the host: only with `Sql_Trigger_AdminKey` set, and only with that key.
+async fn direct_admin(
+    State(app): State<Arc<App>>,
+    method: Method,
+    path: Option<Path<String>>,
+    Query(query): Query<std::collections::BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(expected) = app.config.env.get(crate::config::settings::ADMIN_KEY.name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "direct admin routes are off; set Sql_Trigger_AdminKey, or use the admin function under the Functions host"
+                .into(),
+            json!({}),
+        );
+    };
+    let presented = headers
+        .get("x-functions-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| query.get("code").cloned());
+    if !presented.as_deref().is_some_and(|k| same_secret(k, expected)) {
+        tracing::warn!("admin request refused: missing or wrong key");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "a valid admin key is required (x-functions-key header or code)".into(),
+            json!({}),
+        );
+    }
+    let request = crate::admin::AdminRequest {
+        method: method.as_str().to_string(),
+        path: path.map(|Path(p)| p).unwrap_or_default(),
+        query,
+        who: "admin key holder (direct route)".into(),
+    };
+    let (status, body) = crate::admin::dispatch(&app, request).await;
+    (status, Json(body)).into_response()
+}
+
+/// Compares secrets by digest so the time taken does not depend on where they first differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
 }
 
 /// An error answer: a status and a JSON body that says what went wrong and what to do.
@@ -56,6 +133,9 @@ async fn invoke(
         .collect::<String>();
     let span = tracing::info_span!("invocation", function = %function, invocation_id = %invocation_id);
     async move {
+        if let Some(admin) = app.config.admin_functions.iter().find(|a| a.name.eq_ignore_ascii_case(&function)) {
+            return admin_invocation(&app, admin, &body).await;
+        }
         let Some(trigger) = app.trigger(&function).cloned() else {
             tracing::warn!("invocation of an unknown function");
             return error(

@@ -38,6 +38,7 @@ const KNOWN_KEYS: &[&str] = &[
     "includeMetadata",
     "outputs",
     "sink",
+    "onPositionLost",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -106,11 +107,57 @@ pub struct FunctionConfig {
     pub settings: TriggerSettings,
 }
 
+/// The HTTP-triggered function that serves the admin routes (`sqltrigger.json` = `{"admin": true}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminFunction {
+    pub name: String,
+    /// The httpTrigger binding's name: where the request arrives in `Data`.
+    pub request_binding: String,
+    /// The http output binding's name (`$return` answers through `ReturnValue`).
+    pub response_binding: String,
+}
+
+/// Loads a folder if it is the admin function. `None` when it is not (or failed: errors recorded).
+pub(super) fn load_admin(dir: &Path, errors: &mut Vec<ConfigError>) -> Option<AdminFunction> {
+    let name = dir.file_name()?.to_string_lossy().into_owned();
+    let trig = std::fs::read(dir.join("sqltrigger.json")).ok()?;
+    let trig: Value = serde_json::from_slice(&trig).ok()?;
+    if trig.get("admin") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let fn_file = format!("{name}/function.json");
+    let function_json = read_json(&dir.join("function.json"), errors, true)?;
+    let bindings = function_json.get("bindings").and_then(Value::as_array).cloned().unwrap_or_default();
+    let text = |b: &Value, k: &str| b.get(k).and_then(Value::as_str).map(str::to_string);
+    let Some(http) = bindings.iter().find(|b| text(b, "type").as_deref() == Some("httpTrigger")) else {
+        errors.push(ConfigError::new(fn_file, "is marked admin in sqltrigger.json but has no httpTrigger binding"));
+        return None;
+    };
+    let auth = text(http, "authLevel").unwrap_or_else(|| "function".into()).to_ascii_lowercase();
+    if auth == "anonymous" {
+        errors.push(ConfigError::new(
+            fn_file,
+            "serves the admin routes with authLevel anonymous: anyone could pause or reset triggers; set \"authLevel\": \"function\" (or admin) so function keys protect them",
+        ));
+        return None;
+    }
+    let response = bindings
+        .iter()
+        .find(|b| text(b, "type").as_deref() == Some("http") && text(b, "direction").as_deref() == Some("out"))
+        .and_then(|b| text(b, "name"));
+    let Some(response_binding) = response else {
+        errors.push(ConfigError::new(fn_file, "has no http output binding for the admin answers; add {\"type\": \"http\", \"direction\": \"out\", \"name\": \"res\"}"));
+        return None;
+    };
+    Some(AdminFunction { name, request_binding: text(http, "name").unwrap_or_else(|| "req".into()), response_binding })
+}
+
 /// Loads one folder. `None` when the folder is not ours (no sqltrigger.json) or failed (errors recorded).
 pub(super) fn load(
     dir: &Path,
     env: &Env,
     host_sql: Option<&Value>,
+    mode: super::Mode,
     errors: &mut Vec<ConfigError>,
 ) -> Option<FunctionConfig> {
     let name = dir.file_name()?.to_string_lossy().into_owned();
@@ -172,7 +219,10 @@ pub(super) fn load(
     let settings = Resolver { env, host_sql, function: Some((&trig_file, &options)) }.trigger_settings(errors);
     let source = source_spec(&options, env, &trig_file, errors);
 
-    if settings.delivery_mode == DeliveryMode::Deferred {
+    // Under the host, deferred delivery learns of failed output writes only through retries, and the batch
+    // must go somewhere. `handler run` delivers to its own sinks and plays the host's retries itself.
+    let host = mode == super::Mode::Host;
+    if host && settings.delivery_mode == DeliveryMode::Deferred {
         match &retry {
             None => errors.push(ConfigError::new(
                 fn_file.clone(),
@@ -191,7 +241,7 @@ pub(super) fn load(
             "sink delivery is not available in this build yet; use deferred (at-least-once through the output bindings)",
         ));
     }
-    if settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
+    if host && settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
         errors.push(ConfigError::new(
             fn_file.clone(),
             "has no output binding to receive the changes; add one (queue, serviceBus, eventHub, sql, blob) or set deliveryMode to sink",

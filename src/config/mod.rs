@@ -8,7 +8,7 @@ mod function;
 mod secret;
 pub mod settings;
 
-pub use function::{FunctionConfig, OutputBinding, RetryPolicy, SourceKind, SourceSpec};
+pub use function::{AdminFunction, FunctionConfig, OutputBinding, RetryPolicy, SourceKind, SourceSpec};
 pub use secret::Secret;
 pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
 
@@ -34,6 +34,29 @@ impl Env {
 
     pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
         Self(pairs.into_iter().collect())
+    }
+
+    /// Adds the `Values` of `<root>/local.settings.json` under the variables already set, as Core Tools does
+    /// for a local run. Used by the CLI and `handler run`; under the host the settings arrive as variables.
+    pub fn with_local_settings(mut self, root: &Path) -> Result<Self, ConfigError> {
+        let path = root.join("local.settings.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(self),
+            Err(e) => return Err(ConfigError::new(path.display().to_string(), format!("cannot be read: {e}"))),
+        };
+        let parsed: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ConfigError::new(path.display().to_string(), format!("is not valid JSON: {e}")))?;
+        if let Some(values) = parsed.get("Values").and_then(|v| v.as_object()) {
+            for (k, v) in values {
+                let v = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                self.0.entry(k.clone()).or_insert(v);
+            }
+        }
+        Ok(self)
     }
 
     /// A non-empty value. Azure sets unset settings to empty strings in some paths; treat them as unset.
@@ -75,6 +98,15 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
+/// Who will drive the ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The Functions host, through timer invocations and output bindings (`handler serve`).
+    Host,
+    /// The handler's own loop and sinks (`handler run`, and the state CLI).
+    Runner,
+}
+
 /// Where state documents live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateStoreKind {
@@ -90,6 +122,8 @@ pub struct AppConfig {
     pub app_name: String,
     pub state_store: StateStoreKind,
     pub functions: Vec<FunctionConfig>,
+    /// HTTP-triggered functions that serve the admin routes.
+    pub admin_functions: Vec<AdminFunction>,
     /// Function folders this handler does not serve (no sqltrigger.json); invoking them answers 404.
     pub other_functions: Vec<String>,
     pub env: Env,
@@ -111,12 +145,18 @@ impl AppConfig {
     }
 
     pub fn load_from(root: &Path, env: Env) -> Result<Self, ConfigErrors> {
+        Self::load_for(root, env, Mode::Host)
+    }
+
+    /// Loads for the host (`serve`) or for `handler run`, whose requirements differ slightly.
+    pub fn load_for(root: &Path, env: Env, mode: Mode) -> Result<Self, ConfigErrors> {
         let mut errors = Vec::new();
         let host_json = read_json(&root.join("host.json"), &mut errors, false);
         let host_sql = host_json.as_ref().and_then(|h| h.pointer("/extensions/sql")).cloned();
 
         let mut functions = Vec::new();
         let mut other_functions = Vec::new();
+        let mut admin_functions = Vec::new();
         let mut dirs: Vec<PathBuf> = match std::fs::read_dir(root) {
             Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.join("function.json").is_file()).collect(),
             Err(e) => {
@@ -129,7 +169,11 @@ impl AppConfig {
         };
         dirs.sort();
         for dir in dirs {
-            match function::load(&dir, &env, host_sql.as_ref(), &mut errors) {
+            if let Some(admin) = function::load_admin(&dir, &mut errors) {
+                admin_functions.push(admin);
+                continue;
+            }
+            match function::load(&dir, &env, host_sql.as_ref(), mode, &mut errors) {
                 Some(f) => functions.push(f),
                 None => {
                     if let Some(name) = dir.file_name() {
@@ -180,7 +224,15 @@ impl AppConfig {
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
-        Ok(Self { app_root: root.to_path_buf(), app_name, state_store, functions, other_functions, env })
+        Ok(Self {
+            app_root: root.to_path_buf(),
+            app_name,
+            state_store,
+            functions,
+            admin_functions,
+            other_functions,
+            env,
+        })
     }
 
     pub fn function(&self, name: &str) -> Option<&FunctionConfig> {

@@ -115,6 +115,14 @@ pub const LOG_LEVEL: SettingDef = SettingDef {
     doc: "Log filter (tracing EnvFilter syntax, e.g. `info,sql_pseudo_trigger=debug`). RUST_LOG wins when set.",
 };
 
+pub const ADMIN_KEY: SettingDef = SettingDef {
+    name: "Sql_Trigger_AdminKey",
+    function_key: None,
+    host_json_key: None,
+    default: "(unset: direct admin routes off)",
+    doc: "Key for the admin routes served directly at /admin (for `handler run`); requests carry it in x-functions-key or code. Under the Functions host use the admin function template instead, which function keys protect.",
+};
+
 /// Every setting, in documentation order.
 pub const ALL: &[SettingDef] = &[
     MAX_BATCH_SIZE,
@@ -130,6 +138,7 @@ pub const ALL: &[SettingDef] = &[
     STATE_CONTAINER,
     APP_NAME,
     LOG_LEVEL,
+    ADMIN_KEY,
 ];
 
 /// How a batch reaches its destination, and so what guarantee holds.

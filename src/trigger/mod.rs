@@ -48,6 +48,8 @@ pub struct TickOutcome {
     pub logs: Vec<String>,
     /// State-store operations this tick performed.
     pub store_operations: u64,
+    /// The lease token this batch was answered under (0 when none); sinks use it as a fencing token.
+    pub fence: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +85,21 @@ pub struct Trigger {
     /// The batch this process answered most recently (and committed before answering).
     answered: std::sync::Mutex<Option<u64>>,
     validated: OnceCell<()>,
+    stats: std::sync::Mutex<TickStats>,
+}
+
+/// This process's view of its ticks, for status and metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TickStats {
+    pub ticks: u64,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub at: Option<OffsetDateTime>,
+    pub outcome: String,
+    pub rows: usize,
+    pub duration_ms: f64,
+    pub store_operations: u64,
+    pub failures_transient: u64,
+    pub failures_operator: u64,
 }
 
 impl Trigger {
@@ -105,6 +122,7 @@ impl Trigger {
             lock: Mutex::new(()),
             answered: std::sync::Mutex::new(None),
             validated: OnceCell::new(),
+            stats: std::sync::Mutex::new(TickStats::default()),
         }
     }
 
@@ -140,14 +158,62 @@ impl Trigger {
     /// Runs one tick within the function's time budget.
     pub async fn tick(&self, retry: RetryContext) -> Result<TickOutcome, TickError> {
         let _one_at_a_time = self.lock.lock().await;
+        let started = std::time::Instant::now();
         let ops_before = self.store.operations();
         let budget = self.config.settings.tick_timeout;
-        let mut outcome = match tokio::time::timeout(budget, self.tick_inner(retry)).await {
-            Ok(result) => result?,
-            Err(_) => return Err(TickError::Timeout(budget)),
+        let result = match tokio::time::timeout(budget, self.tick_inner(retry)).await {
+            Ok(result) => result,
+            Err(_) => Err(TickError::Timeout(budget)),
         };
-        outcome.store_operations = self.store.operations() - ops_before;
-        Ok(outcome)
+        let store_operations = self.store.operations() - ops_before;
+        let mut stats = self.stats.lock().expect("stats lock");
+        stats.ticks += 1;
+        stats.at = Some(OffsetDateTime::now_utc());
+        stats.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        stats.store_operations = store_operations;
+        match result {
+            Ok(mut outcome) => {
+                outcome.store_operations = store_operations;
+                stats.rows = outcome.changes.len();
+                stats.outcome = format!("{:?}", outcome.kind);
+                Ok(outcome)
+            }
+            Err(e) => {
+                stats.rows = 0;
+                stats.outcome = "Failed".into();
+                match e.kind() {
+                    ErrorKind::Transient => stats.failures_transient += 1,
+                    ErrorKind::Operator => stats.failures_operator += 1,
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Acknowledges the batch this process answered, if the caller knows it was delivered, and releases the
+    /// lease, without fetching anything. `handler run` calls it on a clean shutdown after its sink acknowledged
+    /// the last batch, so the next process continues without waiting out the lease or re-delivering.
+    pub async fn settle(&self) -> Result<bool, TickError> {
+        let _one_at_a_time = self.lock.lock().await;
+        let Some((mut doc, etag)) = self.load().await? else { return Ok(false) };
+        let answered = *self.answered.lock().expect("answered lock");
+        let Some(flight) = doc.in_flight.clone().filter(|f| f.owner == self.owner && Some(f.batch_id) == answered)
+        else {
+            return Ok(false);
+        };
+        let now = OffsetDateTime::now_utc();
+        acknowledge(&mut doc, &flight, now);
+        if let Some(lease) = doc.lease.as_mut() {
+            lease.expires_at = now;
+        }
+        let mut out = TickOutcome::default();
+        self.commit(&mut doc, Some(&etag), &mut out).await
+    }
+
+    /// What the last tick of this process did, and failures so far by kind.
+    pub fn last_tick(&self) -> Option<TickStats> {
+        let stats = self.stats.lock().expect("stats lock");
+        (stats.ticks > 0).then(|| stats.clone())
     }
 
     async fn tick_inner(&self, retry: RetryContext) -> Result<TickOutcome, TickError> {
@@ -270,6 +336,7 @@ impl Trigger {
         }
         failpoint::hit("after-commit");
         *self.answered.lock().expect("answered lock") = Some(batch_id);
+        out.fence = doc.lease.as_ref().map_or(0, |l| l.token);
         out.kind = OutcomeKind::Delivered;
         out.batch_id = Some(batch_id);
         out.logs.push(format!("delivering batch {batch_id} with {} change(s)", fetched.changes.len()));
@@ -323,6 +390,7 @@ impl Trigger {
             return Ok(out);
         }
         *self.answered.lock().expect("answered lock") = Some(flight.batch_id);
+        out.fence = doc.lease.as_ref().map_or(0, |l| l.token);
         out.logs.push(format!(
             "re-delivering batch {} with {} change(s) because {why} (delivery {}, {failures} known failure(s))",
             flight.batch_id,

@@ -1,0 +1,218 @@
+//! Operator actions on a function's state: show, status, pause, resume, reset, replay and the quarantine.
+//!
+//! Each action is one compare-and-swap write of the state document, exactly like a tick's, so an action
+//! racing a tick or another operator fails with a clear conflict instead of overwriting either. Every write is
+//! logged with who asked. The CLI (`handler state ...`) and the admin routes both call these functions.
+
+use crate::source::{Position, StartFrom};
+use crate::state::{Etag, StoreError};
+use crate::trigger::state::StateDoc;
+use crate::trigger::{TickError, Trigger};
+use serde::Serialize;
+use serde_json::{json, Value};
+use time::OffsetDateTime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("function {0} has no state yet: it has not run; nothing to change")]
+    NoState(String),
+    #[error("the state of {0} changed while the operation ran (a tick or another operator wrote it); run it again")]
+    Conflict(String),
+    #[error("{0}")]
+    NeedsConfirmation(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Tick(#[from] TickError),
+}
+
+impl From<StoreError> for OpsError {
+    fn from(e: StoreError) -> Self {
+        Self::Tick(TickError::Store(e))
+    }
+}
+
+/// Where `reset` moves the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResetTo {
+    Earliest,
+    Now,
+    Position(Position),
+}
+
+impl ResetTo {
+    /// `earliest`, `now`, or a position as JSON (e.g. `["1042","17"]`).
+    pub fn parse(text: &str) -> Result<Self, OpsError> {
+        match text.trim() {
+            "earliest" => Ok(Self::Earliest),
+            "now" => Ok(Self::Now),
+            other => serde_json::from_str(other).map(Self::Position).map_err(|e| {
+                OpsError::Invalid(format!(
+                    "{other:?} is not earliest, now or a JSON position such as [\"1042\",\"17\"] ({e}); `handler state show` prints the current one"
+                ))
+            }),
+        }
+    }
+}
+
+/// What `status` reports: enough for a dashboard and for scaling decisions.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub function: String,
+    pub source: String,
+    pub delivery_mode: crate::config::DeliveryMode,
+    pub paused: bool,
+    pub halted: Option<String>,
+    /// Changes readable after the checkpoint (the batch in flight included).
+    pub pending: u64,
+    /// `ceil(pending / Sql_Trigger_MaxChangesPerWorker)`, as the official trigger's scale controller computes.
+    pub target_workers: u64,
+    /// Seconds since the checkpoint last moved, while changes are pending; 0 when nothing is pending.
+    pub seconds_since_progress: f64,
+    pub in_flight: Option<Value>,
+    pub counters: Value,
+    pub quarantined: usize,
+    /// State-store operations this process performed so far.
+    pub store_operations: u64,
+    pub last_tick: Option<crate::trigger::TickStats>,
+}
+
+async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
+    t.load().await?.ok_or_else(|| OpsError::NoState(t.name().to_string()))
+}
+
+async fn save(t: &Trigger, doc: &mut StateDoc, etag: Option<&Etag>, who: &str, action: &str) -> Result<(), OpsError> {
+    doc.write_id = uuid::Uuid::new_v4().to_string();
+    doc.updated_at = OffsetDateTime::now_utc();
+    doc.updated_by = format!("operator {who}");
+    let bytes = serde_json::to_vec(&*doc).expect("state documents serialize");
+    match t.store().save_if(t.state_key(), &bytes, etag).await {
+        Ok(_) => {
+            tracing::info!(function = %t.name(), who = %who, action = %action, "operator action applied");
+            Ok(())
+        }
+        Err(StoreError::Conflict) => Err(OpsError::Conflict(t.name().to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The state document and the quarantine documents in the store.
+pub async fn show(t: &Trigger) -> Result<Value, OpsError> {
+    let state = t.load().await?.map(|(doc, _)| doc);
+    let quarantine = t.store().list(t.quarantine_prefix()).await?;
+    Ok(json!({ "function": t.name(), "state_key": t.state_key(), "state": state, "quarantine_documents": quarantine }))
+}
+
+pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
+    let doc = t.load().await?.map(|(doc, _)| doc);
+    let checkpoint = doc.as_ref().map(|d| d.checkpoint.clone()).unwrap_or(Position::Null);
+    let pending = t.source().pending(&checkpoint).await.map_err(TickError::from)?;
+    let per_worker = t.config().settings.max_changes_per_worker.max(1);
+    let now = OffsetDateTime::now_utc();
+    let since = doc.as_ref().and_then(|d| d.progress_at.or(Some(d.updated_at)));
+    let seconds_since_progress = match (pending, since) {
+        (0, _) | (_, None) => 0.0,
+        (_, Some(at)) => (now - at).as_seconds_f64().max(0.0),
+    };
+    Ok(Status {
+        function: t.name().to_string(),
+        source: t.source().name(),
+        delivery_mode: t.config().settings.delivery_mode,
+        paused: doc.as_ref().is_some_and(|d| d.paused),
+        halted: doc.as_ref().and_then(|d| d.halted.clone()),
+        pending,
+        target_workers: pending.div_ceil(per_worker),
+        seconds_since_progress,
+        in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
+            json!({ "batch_id": f.batch_id, "rows": f.rows, "deliveries": f.deliveries, "failures": f.failures, "owner": f.owner })
+        }),
+        counters: doc.as_ref().map(|d| serde_json::to_value(&d.counters).unwrap_or(Value::Null)).unwrap_or(Value::Null),
+        quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
+        store_operations: t.store().operations(),
+        last_tick: t.last_tick(),
+    })
+}
+
+/// Ticks answer empty batches until `resume`.
+pub async fn pause(t: &Trigger, who: &str) -> Result<(), OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    doc.paused = true;
+    save(t, &mut doc, Some(&etag), who, "pause").await
+}
+
+/// Clears `paused` and a poison `halted` (the halting batch is then re-delivered once more).
+pub async fn resume(t: &Trigger, who: &str) -> Result<(), OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    doc.paused = false;
+    doc.halted = None;
+    if let Some(f) = doc.in_flight.as_mut() {
+        f.failures = 0;
+    }
+    save(t, &mut doc, Some(&etag), who, "resume").await
+}
+
+/// Moves the checkpoint, drops the batch in flight, clears a halt, and adopts the configured source's
+/// fingerprint (the way out of a "source changed" refusal). Needs `confirm`: it can skip or repeat changes.
+pub async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Value, OpsError> {
+    if !confirm {
+        return Err(OpsError::NeedsConfirmation(format!(
+            "reset moves the checkpoint of {} and may skip or repeat changes; repeat with --confirm (admin route: confirm=true)",
+            t.name()
+        )));
+    }
+    let position = match to {
+        ResetTo::Earliest => t.source().start_position(StartFrom::Earliest).await.map_err(TickError::from)?,
+        ResetTo::Now => t.source().start_position(StartFrom::Now).await.map_err(TickError::from)?,
+        ResetTo::Position(p) => p,
+    };
+    let loaded = t.load().await;
+    let (mut doc, etag) = match loaded {
+        Ok(Some((doc, etag))) => (doc, Some(etag)),
+        Ok(None) | Err(TickError::CorruptState { .. }) => (t.new_doc(position.clone()), None),
+        Err(e) => return Err(e.into()),
+    };
+    let etag = match (&etag, t.store().load(t.state_key()).await?) {
+        (None, Some(v)) => Some(v.etag),
+        (e, _) => e.clone(),
+    };
+    doc.checkpoint = position.clone();
+    doc.in_flight = None;
+    doc.halted = None;
+    doc.fingerprint = t.source().fingerprint();
+    doc.source = t.source().name();
+    save(t, &mut doc, etag.as_ref(), who, "reset").await?;
+    Ok(json!({ "function": t.name(), "checkpoint": position }))
+}
+
+/// Re-delivers everything after `from`, under new batch ids. Changes after the current checkpoint are not
+/// skipped, so this needs no confirmation: at worst it repeats.
+pub async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    let previous = std::mem::replace(&mut doc.checkpoint, from.clone());
+    doc.in_flight = None;
+    save(t, &mut doc, Some(&etag), who, "replay").await?;
+    Ok(json!({ "function": t.name(), "checkpoint": from, "previous_checkpoint": previous }))
+}
+
+pub async fn quarantine_list(t: &Trigger) -> Result<Value, OpsError> {
+    let keys = t.store().list(t.quarantine_prefix()).await?;
+    let recent = t.load().await?.map(|(d, _)| d.quarantine).unwrap_or_default();
+    Ok(json!({ "function": t.name(), "documents": keys, "recent": recent }))
+}
+
+pub async fn quarantine_show(t: &Trigger, batch_id: u64) -> Result<Value, OpsError> {
+    let doc = t.load_quarantine_key(&t.quarantine_key(batch_id)).await?;
+    Ok(serde_json::to_value(doc).unwrap_or(Value::Null))
+}
+
+/// Queues a quarantined batch for re-delivery before new changes. The checkpoint does not move.
+pub async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<Value, OpsError> {
+    // Fail early, with the key, if there is no such document.
+    t.load_quarantine_key(&t.quarantine_key(batch_id)).await?;
+    let (mut doc, etag) = load(t).await?;
+    if !doc.retry_quarantined.contains(&batch_id) {
+        doc.retry_quarantined.push(batch_id);
+    }
+    save(t, &mut doc, Some(&etag), who, "quarantine retry").await?;
+    Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined }))
+}

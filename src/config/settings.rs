@@ -342,3 +342,19 @@ mod tests {
         assert!(text[2].contains("deferred, immediate, sink"));
     }
 }
+
+#[cfg(test)]
+mod reference_tests {
+    #[test]
+    fn the_readme_configuration_reference_matches_the_code() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+        let begin = "<!-- settings:begin -->\n";
+        let start = readme.find(begin).expect("begin marker") + begin.len();
+        let end = readme.find("<!-- settings:end -->").expect("end marker");
+        assert_eq!(
+            &readme[start..end],
+            super::reference_markdown(),
+            "README.md's configuration reference is stale: regenerate it with `handler settings`"
+        );
+    }
+}

@@ -176,7 +176,7 @@ async fn an_empty_tick_costs_one_state_read_and_a_delivering_tick_one_read_and_o
     let app = orders_app(&orders, &unique_app_name("ops"), json!({}), &[("Sql_Trigger_LogLevel", "info")]);
     let host = start(&app).await;
     orders.insert(1..=3).await;
-    host.run_timer(FUNCTION).await.expect("first tick (creates the state document)");
+    // The first tick creates the state document (and usually delivers 1..3; the guard may hold them back).
     fire_until_delivered(&host, FUNCTION).await;
     orders.insert([4]).await;
     fire_until_delivered(&host, FUNCTION).await;

@@ -1,0 +1,667 @@
+//! A host driver: plays the Azure Functions host for one app folder, so tests can run the real `handler` binary
+//! end to end without Core Tools (which cannot be installed here).
+//!
+//! What it reproduces, because the trigger's delivery guarantee depends on it (see
+//! shared/reference/functions-custom-handler.md):
+//! - start-up: the handler is spawned with `FUNCTIONS_CUSTOMHANDLER_PORT`, `FUNCTIONS_APP_ROOT_PATH`,
+//!   `FUNCTIONS_CUSTOMHANDLER_WORKER_ID` and every app setting (`local.settings.json` `Values`) as environment
+//!   variables, in the app folder, and is ready when `GET /` gets any HTTP answer;
+//! - one timer firing: `POST /{function}` with the host's exact timer body, then the output bindings are written
+//!   *after* the handler has answered. A non-2xx or non-JSON answer fails the invocation and writes nothing; a
+//!   failed binding write (injected with [`HostDriver::fail_output_writes`]) fails it too, and the handler is
+//!   never told. With a `retry` policy in function.json the host invokes again with `Metadata.RetryContext`.
+//!
+//! Simplifications, on purpose: the NCRONTAB schedule is not evaluated (tests fire timers explicitly); retry
+//! back-off does not sleep unless [`DriverOptions::retry_delay`] says so, to keep tests fast; output bindings of
+//! one attempt are applied all-or-nothing (the real host may have written some bindings before one fails) into
+//! in-memory sinks, one per binding name. Real sinks (queues, SQL) are the engine tests' business.
+
+mod app;
+mod wire;
+
+pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy};
+
+use crate::embedded::{self, ScratchDir, Signal};
+use crate::protocol::RetryContext;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use time::OffsetDateTime;
+
+/// The host's start-up limit in code (the docs say 60 s): a handler must answer `GET /` within it.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`HostDriver::terminate`] waits after SIGTERM before it kills.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// host.json's default `functionTimeout` on the Consumption plan, used when host.json has none.
+pub const DEFAULT_FUNCTION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// `maxRetryCount: -1` means "forever" to the host; a test must end, so the driver stops after this many retries.
+pub const UNLIMITED_RETRY_CAP: u32 = 100;
+const READY_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How to run one app. Build with [`DriverOptions::new`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    /// The folder with host.json and one folder per function.
+    pub app_root: PathBuf,
+    /// The custom handler to spawn. host.json's `defaultExecutablePath` is ignored: tests name the binary they
+    /// built. host.json's `arguments` are passed, with `%Setting%` expanded, as the host does.
+    pub handler_exe: PathBuf,
+    /// Extra environment variables; they win over `local.settings.json` values of the same name.
+    pub env: Vec<(String, String)>,
+    /// Let the handler write straight to this process's stdout/stderr instead of a log file.
+    pub inherit_stdout: bool,
+    pub ready_timeout: Duration,
+    /// Pause before each retry; the real host backs off per the policy, tests usually want 0.
+    pub retry_delay: Duration,
+    /// HTTP timeout of one invocation; `None` means host.json's `functionTimeout` plus one minute, as the host.
+    pub invoke_timeout: Option<Duration>,
+    pub shutdown_timeout: Duration,
+}
+
+impl DriverOptions {
+    pub fn new(app_root: impl Into<PathBuf>, handler_exe: impl Into<PathBuf>) -> Self {
+        Self {
+            app_root: app_root.into(),
+            handler_exe: handler_exe.into(),
+            env: Vec::new(),
+            inherit_stdout: false,
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            retry_delay: Duration::ZERO,
+            invoke_timeout: None,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// What went wrong while playing the host; every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(
+        "cannot read {}: {source}; an app folder needs host.json and one folder per function holding a \
+         function.json", path.display()
+    )]
+    ReadApp { path: PathBuf, source: io::Error },
+    #[error("{} is not valid: {reason}", path.display())]
+    BadAppFile { path: PathBuf, reason: String },
+    #[error("no function named {name:?} in {}; functions found: {known}", app_root.display())]
+    UnknownFunction { name: String, app_root: PathBuf, known: String },
+    #[error(
+        "cannot start the handler {}: {source}; build it with `cargo build --bin handler` or point handler_exe \
+         at an executable file", exe.display()
+    )]
+    Spawn { exe: PathBuf, source: io::Error },
+    #[error("the handler exited before it answered GET / ({status}); its output:\n{output}")]
+    ExitedBeforeReady { status: ExitStatus, output: String },
+    #[error(
+        "the handler did not answer GET / on 127.0.0.1:{port} within {waited:?} (last error: {last_error}); the \
+         host gives up after 30 s, so listen first and connect to databases lazily. Its output:\n{output}"
+    )]
+    NotReady { port: u16, waited: Duration, last_error: String, output: String },
+    #[error("POST /{function} got no HTTP answer: {source}; the handler must answer within the function timeout. Its output:\n{output}")]
+    Request { function: String, source: reqwest::Error, output: String },
+    #[error("the handler is not running (it was killed or terminated): call restart() first")]
+    NotRunning,
+    #[error(
+        "the handler did not exit within {waited:?} of SIGTERM and was killed: finish or abandon the in-flight \
+         tick faster than the shutdown timeout"
+    )]
+    ShutdownTimeout { waited: Duration },
+    #[error("{action}: {source}")]
+    Io { action: String, source: io::Error },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Results
+// ---------------------------------------------------------------------------------------------------------------
+
+/// One `POST /{function}` and its answer, as the host saw it.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The `X-Azure-Functions-InvocationId` sent; new for every attempt, as in the host.
+    pub invocation_id: String,
+    /// The body sent.
+    pub request: Value,
+    pub status: u16,
+    /// `Outputs`, by binding name; empty unless the answer was a 2xx JSON object.
+    pub outputs: BTreeMap<String, Value>,
+    /// `Logs`; lost (empty) when the invocation failed, as in the host.
+    pub logs: Vec<String>,
+    pub return_value: Option<Value>,
+    /// The raw response body.
+    pub body: String,
+    /// Why a 2xx answer was still a failure for the host (not JSON, wrong shape).
+    pub decode_error: Option<String>,
+    pub elapsed: Duration,
+}
+
+impl Invocation {
+    /// True when the host would go on to write the output bindings.
+    pub fn succeeded(&self) -> bool {
+        (200..300).contains(&self.status) && self.decode_error.is_none()
+    }
+
+    fn failure_reason(&self) -> String {
+        match &self.decode_error {
+            Some(reason) if (200..300).contains(&self.status) => reason.clone(),
+            _ => format!("the handler answered {}: {}", self.status, truncate(&self.body, 500)),
+        }
+    }
+}
+
+/// How one attempt of a timer firing ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Every output binding was written.
+    Applied,
+    /// Non-2xx, non-JSON, or no HTTP answer at all: nothing was written.
+    HandlerFailed { reason: String },
+    /// The handler answered, but writing this binding failed: nothing was written, and the handler is not told.
+    OutputWriteFailed { binding: String, reason: String },
+}
+
+/// One attempt: the first invocation or one retry.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// `None` on the first attempt, as the host sends no `RetryContext` then.
+    pub retry: Option<RetryContext>,
+    /// `None` when the handler gave no HTTP answer (connection refused, reset, timeout).
+    pub invocation: Option<Invocation>,
+    pub outcome: AttemptOutcome,
+}
+
+/// Everything the host did for one timer firing.
+#[derive(Debug, Clone)]
+pub struct TimerRun {
+    pub attempts: Vec<Attempt>,
+    /// True when an attempt ended in [`AttemptOutcome::Applied`].
+    pub succeeded: bool,
+    /// What that attempt wrote, by binding name (one value per message or row).
+    pub applied: BTreeMap<String, Vec<Value>>,
+}
+
+impl TimerRun {
+    pub fn attempt_count(&self) -> usize {
+        self.attempts.len()
+    }
+
+    /// The last HTTP answer, if any attempt got one.
+    pub fn last_invocation(&self) -> Option<&Invocation> {
+        self.attempts.iter().rev().find_map(|a| a.invocation.as_ref())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The driver
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Plays the Functions host for one app folder and owns the spawned handler process (killed on drop).
+///
+/// Methods take `&self` so that a test can share the driver (`Arc<HostDriver>`) and, say, send SIGTERM while an
+/// invocation is in flight.
+#[derive(Debug)]
+pub struct HostDriver {
+    options: DriverOptions,
+    app: App,
+    client: reqwest::Client,
+    worker_id: String,
+    process: Mutex<Process>,
+    sinks: Mutex<Sinks>,
+    // Last: holds the handler's log, removed after the process is gone.
+    scratch: ScratchDir,
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    child: Option<Child>,
+    port: u16,
+    ready_after: Duration,
+    last_exit: Option<ExitStatus>,
+}
+
+#[derive(Debug, Default)]
+struct Sinks {
+    delivered: BTreeMap<String, Vec<Value>>,
+    failures_left: BTreeMap<String, u32>,
+    /// When each function last fired: the next body's `ScheduleStatus.Last`.
+    last_fired: BTreeMap<String, OffsetDateTime>,
+}
+
+impl HostDriver {
+    /// Reads the app folder, spawns the handler as the host does, and waits until `GET /` gets an answer.
+    pub async fn start(options: DriverOptions) -> Result<Self, DriverError> {
+        let app = App::load(&options.app_root)?;
+        let scratch = ScratchDir::new("driver").map_err(|source| DriverError::Io {
+            action: "cannot create a scratch directory for the handler's log".into(),
+            source,
+        })?;
+        let driver = Self {
+            client: http_client()?,
+            worker_id: uuid::Uuid::new_v4().to_string(),
+            options,
+            app,
+            process: Mutex::new(Process::default()),
+            sinks: Mutex::new(Sinks::default()),
+            scratch,
+        };
+        driver.spawn_and_wait().await?;
+        Ok(driver)
+    }
+
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    pub fn port(&self) -> u16 {
+        self.process().port
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port())
+    }
+
+    /// How long the last (re)start took from spawn to the first HTTP answer.
+    pub fn ready_after(&self) -> Duration {
+        self.process().ready_after
+    }
+
+    /// The handler's stdout and stderr so far (empty with `inherit_stdout`).
+    pub fn output(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.scratch.path().join("handler.log")
+    }
+
+    fn output_tail(&self) -> String {
+        if self.options.inherit_stdout {
+            return "(written to this process's stdout)".into();
+        }
+        embedded::log_tail(&self.log_path(), 40)
+    }
+
+    /// The handler's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process().child.as_ref().map(Child::id)
+    }
+
+    /// True while the handler process is alive.
+    pub fn is_running(&self) -> bool {
+        matches!(self.process().child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    fn process(&self) -> MutexGuard<'_, Process> {
+        // A panic while holding the lock leaves plain data behind; keep going rather than cascade panics.
+        self.process.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn sinks(&self) -> MutexGuard<'_, Sinks> {
+        self.sinks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn spawn_and_wait(&self) -> Result<(), DriverError> {
+        let port = embedded::free_port()
+            .map_err(|source| DriverError::Io { action: "cannot find a free port for the handler".into(), source })?;
+        let command = self.command(port)?;
+        let started = Instant::now();
+        let child = embedded::spawn_owned(command, Signal::Kill)
+            .map_err(|source| DriverError::Spawn { exe: self.options.handler_exe.clone(), source })?;
+        {
+            let mut process = self.process();
+            process.child = Some(child);
+            process.port = port;
+        }
+        let url = format!("http://127.0.0.1:{port}/");
+        loop {
+            let exited = {
+                let mut process = self.process();
+                let status = process.child.as_mut().map(Child::try_wait).transpose().ok().flatten().flatten();
+                if let Some(status) = status {
+                    process.child = None;
+                    process.last_exit = Some(status);
+                }
+                status
+            };
+            if let Some(status) = exited {
+                return Err(DriverError::ExitedBeforeReady { status, output: self.output_tail() });
+            }
+            let last_error = match self.client.get(&url).timeout(Duration::from_secs(1)).send().await {
+                Ok(_) => {
+                    self.process().ready_after = started.elapsed();
+                    return Ok(());
+                }
+                Err(err) => err.to_string(),
+            };
+            if started.elapsed() >= self.options.ready_timeout {
+                self.kill();
+                return Err(DriverError::NotReady {
+                    port,
+                    waited: started.elapsed(),
+                    last_error,
+                    output: self.output_tail(),
+                });
+            }
+            tokio::time::sleep(READY_POLL_INTERVAL).await;
+        }
+    }
+
+    fn command(&self, port: u16) -> Result<Command, DriverError> {
+        let mut env: Vec<(String, String)> = self.app.settings.clone();
+        env.extend(self.options.env.iter().cloned());
+        env.push(("FUNCTIONS_CUSTOMHANDLER_PORT".into(), port.to_string()));
+        env.push(("FUNCTIONS_APP_ROOT_PATH".into(), self.app.root.display().to_string()));
+        env.push(("FUNCTIONS_CUSTOMHANDLER_WORKER_ID".into(), self.worker_id.clone()));
+        let lookup = |name: &str| {
+            env.iter()
+                .rev()
+                .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value.clone())
+                .or_else(|| std::env::var(name).ok())
+        };
+        let arguments: Vec<String> = self.app.arguments.iter().map(|a| app::expand_settings(a, lookup)).collect();
+
+        let mut command = Command::new(&self.options.handler_exe);
+        command.args(arguments).envs(env.iter().map(|(k, v)| (k, v))).current_dir(&self.app.root).stdin(Stdio::null());
+        if !self.options.inherit_stdout {
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.log_path())
+                .map_err(|source| DriverError::Io { action: "cannot open the handler's log".into(), source })?;
+            let stderr = log
+                .try_clone()
+                .map_err(|source| DriverError::Io { action: "cannot open the handler's log".into(), source })?;
+            command.stdout(log).stderr(stderr);
+        }
+        Ok(command)
+    }
+
+    /// One `POST /{function}` with the host's timer body; `retry` adds `Metadata.RetryContext`. Outputs are not
+    /// applied: use [`run_timer`](Self::run_timer) for what the host does end to end.
+    pub async fn invoke(&self, function: &str, retry: Option<RetryContext>) -> Result<Invocation, DriverError> {
+        let spec = self.app.function(function)?;
+        let data = self.next_timer_data(spec);
+        self.post(spec, &data, retry).await
+    }
+
+    /// What the host does for one timer firing: invoke; on failure (non-2xx, non-JSON, no answer, or a failed
+    /// output write) invoke again under the function's `retry` policy, with the same trigger data and a
+    /// `RetryContext`; write the outputs of the first attempt that fully succeeds into the sinks.
+    ///
+    /// Fails only when the function is unknown or the handler is not running at the start.
+    pub async fn run_timer(&self, function: &str) -> Result<TimerRun, DriverError> {
+        let spec = self.app.function(function)?;
+        if !self.is_running() {
+            return Err(DriverError::NotRunning);
+        }
+        let data = self.next_timer_data(spec);
+        let max_retry_count = spec.retry.as_ref().map_or(0, |p| p.max_retry_count);
+        let retries = u32::try_from(max_retry_count).unwrap_or(UNLIMITED_RETRY_CAP);
+        let mut attempts = Vec::new();
+        for retry_count in 0..=retries {
+            let retry =
+                (retry_count > 0).then_some(RetryContext { retry_count: i64::from(retry_count), max_retry_count });
+            if retry.is_some() && !self.options.retry_delay.is_zero() {
+                tokio::time::sleep(self.options.retry_delay).await;
+            }
+            let (invocation, outcome) = match self.post(spec, &data, retry).await {
+                Ok(invocation) if invocation.succeeded() => {
+                    let outcome = self.apply(spec, &invocation);
+                    (Some(invocation), outcome)
+                }
+                Ok(invocation) => {
+                    let reason = invocation.failure_reason();
+                    (Some(invocation), AttemptOutcome::HandlerFailed { reason })
+                }
+                Err(err @ (DriverError::Request { .. } | DriverError::NotRunning)) => {
+                    (None, AttemptOutcome::HandlerFailed { reason: err.to_string() })
+                }
+                Err(err) => return Err(err),
+            };
+            let applied = outcome == AttemptOutcome::Applied;
+            attempts.push(Attempt { retry, invocation, outcome });
+            if applied {
+                let applied = attempts
+                    .last()
+                    .and_then(|a| a.invocation.as_ref())
+                    .map(|invocation| writes(spec, invocation))
+                    .unwrap_or_default();
+                return Ok(TimerRun { attempts, succeeded: true, applied });
+            }
+        }
+        Ok(TimerRun { attempts, succeeded: false, applied: BTreeMap::new() })
+    }
+
+    /// Fault injection: the next `times` writes to output binding `binding` fail, as during a queue outage.
+    /// A write happens only for a non-empty value, so an attempt that outputs nothing there consumes nothing.
+    pub fn fail_output_writes(&self, binding: &str, times: u32) {
+        *self.sinks().failures_left.entry(binding.to_string()).or_default() += times;
+    }
+
+    /// Every message written to `binding` so far, in order, across timer runs and handler restarts.
+    pub fn delivered(&self, binding: &str) -> Vec<Value> {
+        self.sinks().delivered.get(binding).cloned().unwrap_or_default()
+    }
+
+    /// SIGKILLs the handler, as a crash or an OOM kill would, and reaps it.
+    pub fn kill(&self) {
+        let mut process = self.process();
+        if let Some(mut child) = process.child.take() {
+            if embedded::send_signal(&mut child, Signal::Kill).is_ok() {
+                process.last_exit = child.wait().ok();
+            }
+        }
+    }
+
+    /// Sends SIGTERM, as the host does on shutdown or scale-in, and waits for the exit up to
+    /// `shutdown_timeout`; past it the handler is killed and [`DriverError::ShutdownTimeout`] returned.
+    pub async fn terminate(&self) -> Result<ExitStatus, DriverError> {
+        let io = |action: &str| {
+            let action = action.to_string();
+            move |source| DriverError::Io { action, source }
+        };
+        {
+            let mut process = self.process();
+            let Some(child) = process.child.as_mut() else {
+                return process.last_exit.ok_or(DriverError::NotRunning);
+            };
+            embedded::send_signal(child, Signal::Terminate).map_err(io("cannot send SIGTERM to the handler"))?;
+        }
+        let started = Instant::now();
+        loop {
+            {
+                let mut process = self.process();
+                let status = match process.child.as_mut() {
+                    Some(child) => child.try_wait().map_err(io("waiting for the handler"))?,
+                    None => return process.last_exit.ok_or(DriverError::NotRunning),
+                };
+                if let Some(status) = status {
+                    process.child = None;
+                    process.last_exit = Some(status);
+                    return Ok(status);
+                }
+            }
+            if started.elapsed() >= self.options.shutdown_timeout {
+                self.kill();
+                return Err(DriverError::ShutdownTimeout { waited: started.elapsed() });
+            }
+            tokio::time::sleep(READY_POLL_INTERVAL).await;
+        }
+    }
+
+    /// Starts the handler again (killing it first if it still runs), with the same environment and worker id
+    /// on a new port, and waits until it is ready. Sinks and fault injections are kept.
+    pub async fn restart(&self) -> Result<(), DriverError> {
+        self.kill();
+        self.spawn_and_wait().await
+    }
+
+    /// The exit status of the last handler process that ended, if any.
+    pub fn last_exit(&self) -> Option<ExitStatus> {
+        self.process().last_exit
+    }
+
+    /// The timer trigger's value for a new firing of `spec`, keyed by the trigger binding's name.
+    fn next_timer_data(&self, spec: &FunctionSpec) -> Value {
+        let now = OffsetDateTime::now_utc();
+        let last = self.sinks().last_fired.insert(spec.name.clone(), now);
+        wire::timer_data(spec.trigger().map_or("timer", |t| t.name.as_str()), last, now)
+    }
+
+    async fn post(
+        &self,
+        spec: &FunctionSpec,
+        data: &Value,
+        retry: Option<RetryContext>,
+    ) -> Result<Invocation, DriverError> {
+        let port = {
+            let process = self.process();
+            if process.child.is_none() {
+                return Err(DriverError::NotRunning);
+            }
+            process.port
+        };
+        let request = wire::request(&spec.name, data, retry);
+        let invocation_id = uuid::Uuid::new_v4().to_string();
+        let timeout = self.options.invoke_timeout.unwrap_or_else(|| {
+            self.app.function_timeout.map_or(Duration::from_secs(24 * 3600), |t| t + Duration::from_secs(60))
+        });
+        let started = Instant::now();
+        let sent = async {
+            let response = self
+                .client
+                .post(format!("http://127.0.0.1:{port}/{}", spec.name))
+                .header("X-Azure-Functions-InvocationId", &invocation_id)
+                .json(&request)
+                .timeout(timeout)
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            Ok::<_, reqwest::Error>((status, response.text().await?))
+        };
+        let (status, body) = sent.await.map_err(|source| DriverError::Request {
+            function: spec.name.clone(),
+            source,
+            output: self.output_tail(),
+        })?;
+        let mut invocation = Invocation {
+            invocation_id,
+            request,
+            status,
+            outputs: BTreeMap::new(),
+            logs: Vec::new(),
+            return_value: None,
+            body,
+            decode_error: None,
+            elapsed: started.elapsed(),
+        };
+        if (200..300).contains(&status) {
+            match wire::decode_answer(&invocation.body) {
+                Ok((outputs, logs, return_value)) => {
+                    invocation.outputs = outputs;
+                    invocation.logs = logs;
+                    invocation.return_value = return_value;
+                }
+                Err(reason) => invocation.decode_error = Some(reason),
+            }
+        }
+        Ok(invocation)
+    }
+
+    /// Writes an attempt's outputs, all or nothing, consuming injected failures in binding order.
+    fn apply(&self, spec: &FunctionSpec, invocation: &Invocation) -> AttemptOutcome {
+        let mut sinks = self.sinks();
+        for binding in spec.outputs() {
+            let Some(value) = output_value(binding, invocation) else {
+                continue;
+            };
+            if value.is_string() {
+                return AttemptOutcome::OutputWriteFailed {
+                    binding: binding.name.clone(),
+                    reason: "the output is a bare string, which the host tries to base64-decode; send an object \
+                             or an array"
+                        .into(),
+                };
+            }
+            if messages(value).is_empty() {
+                continue;
+            }
+            if let Some(left) = sinks.failures_left.get_mut(&binding.name).filter(|left| **left > 0) {
+                *left -= 1;
+                return AttemptOutcome::OutputWriteFailed {
+                    binding: binding.name.clone(),
+                    reason: "injected write failure (fail_output_writes)".into(),
+                };
+            }
+        }
+        for (binding, values) in writes(spec, invocation) {
+            sinks.delivered.entry(binding).or_default().extend(values);
+        }
+        AttemptOutcome::Applied
+    }
+}
+
+impl Drop for HostDriver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The value the host hands to `binding`: `ReturnValue` for `$return`, else `Outputs[name]`.
+fn output_value<'a>(binding: &Binding, invocation: &'a Invocation) -> Option<&'a Value> {
+    if binding.name == "$return" {
+        invocation.return_value.as_ref()
+    } else {
+        invocation.outputs.get(&binding.name)
+    }
+}
+
+/// An array is several messages or rows; null is none; anything else is one.
+fn messages(value: &Value) -> Vec<Value> {
+    match value {
+        Value::Null => Vec::new(),
+        Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    }
+}
+
+fn writes(spec: &FunctionSpec, invocation: &Invocation) -> BTreeMap<String, Vec<Value>> {
+    let mut out = BTreeMap::new();
+    for binding in spec.outputs() {
+        if let Some(values) = output_value(binding, invocation).map(messages).filter(|v| !v.is_empty()) {
+            out.insert(binding.name.clone(), values);
+        }
+    }
+    out
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((index, _)) => &text[..index],
+        None => text,
+    }
+}
+
+/// Plain HTTP to loopback never uses TLS, but reqwest's rustls backend without a built-in provider panics when a
+/// client is built unless one is configured; pass ring explicitly rather than install a process-wide default.
+fn http_client() -> Result<reqwest::Client, DriverError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| DriverError::Client(err.to_string()))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|err| DriverError::Client(err.to_string()))
+}

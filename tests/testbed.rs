@@ -1,0 +1,516 @@
+//! Tests of the test bed itself: the embedded PostgreSQL and Azurite, the shared fixture, and the host driver.
+//!
+//! The driver is tested here against a stand-in handler (a 30-line Python HTTP server written into the app
+//! folder), because these tests are about what the *driver* does: readiness, the host's request body, retries,
+//! fault injection, kill/restart/terminate. End-to-end tests of the real `handler` binary live in their own test
+//! binaries and use `support::handler_exe()`.
+
+mod support;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use sql_pseudo_trigger::driver::{AttemptOutcome, DriverError, DriverOptions, HostDriver};
+use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, LaunchError};
+use sql_pseudo_trigger::protocol::RetryContext;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::{fixture, AppBuilder, AppFolder};
+
+// ---------------------------------------------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn postgres_starts_and_answers_a_query_in_a_fresh_database() {
+    // GIVEN the shared server WHEN two tests ask for fresh databases
+    let first = fixture().fresh_database("testbed").await;
+    let second = fixture().fresh_database("testbed").await;
+    assert_ne!(first, second);
+
+    // THEN each answers queries as its own database
+    let db = embedded::connect(&first).await.expect("connects");
+    let row = db.query_one("SELECT current_database(), 40 + 2", &[]).await.expect("answers");
+    assert!(first.ends_with(row.get::<_, &str>(0)));
+    assert_eq!(row.get::<_, i32>(1), 42);
+    if fixture().postgres_is_embedded() {
+        let wal_level = db.query_one("SHOW wal_level", &[]).await.expect("answers");
+        assert_eq!(wal_level.get::<_, &str>(0), "logical");
+    }
+}
+
+#[tokio::test]
+async fn postgres_restart_and_immediate_stop_keep_committed_data_on_the_same_port() {
+    // GIVEN a server of our own with a committed row
+    let launched = Instant::now();
+    let mut pg = EmbeddedPostgres::start().expect("starts");
+    println!("{}: launched in {:?}, ready {:?} after spawn", pg.version(), launched.elapsed(), pg.started_in());
+    let port = pg.port();
+    let url = pg.create_database("kept").expect("creates");
+    let db = embedded::connect(&url).await.expect("connects");
+    db.batch_execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1)").await.expect("writes");
+
+    // WHEN it restarts cleanly THEN the row is there and the old connection is gone
+    pg.restart().expect("restarts");
+    assert_eq!(pg.port(), port);
+    assert!(db.simple_query("SELECT 1").await.is_err());
+    let db = embedded::connect(&url).await.expect("reconnects");
+    assert_eq!(db.query_one("SELECT count(*) FROM t", &[]).await.expect("reads").get::<_, i64>(0), 1);
+
+    // WHEN it is stopped crash-like (immediate shutdown) and started again THEN recovery keeps the data too
+    db.batch_execute("INSERT INTO t VALUES (2)").await.expect("writes");
+    pg.stop_immediately().expect("stops");
+    assert!(!pg.is_running());
+    assert!(embedded::connect(&url).await.is_err());
+    pg.start_again().expect("recovers");
+    println!("recovered from an immediate stop in {:?}", pg.started_in());
+    let db = embedded::connect(&url).await.expect("reconnects");
+    assert_eq!(db.query_one("SELECT count(*) FROM t", &[]).await.expect("reads").get::<_, i64>(0), 2);
+
+    // AND dropping the server removes its data directory
+    let data = pg.data_dir();
+    drop(pg);
+    assert!(!data.exists());
+}
+
+#[tokio::test]
+async fn create_database_refuses_names_that_need_quoting() {
+    let err = embedded::create_database(&fixture().postgres_url(), "Robert'); DROP").await.expect_err("refused");
+    assert!(matches!(err, LaunchError::BadDatabaseName { .. }), "{err}");
+}
+
+#[test]
+fn a_wrong_pg_bin_dir_is_an_error_that_names_the_fix() {
+    // Run in a child process: changing the environment of this multi-threaded process would race.
+    let output = run_role("wrong_pg_bin_dir_role", &[("PG_BIN_DIR", "/nonexistent")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("PG_BIN_DIR=/nonexistent does not hold both initdb and postgres"), "{stdout}");
+}
+
+#[test]
+#[ignore = "a role played in a child process by a_wrong_pg_bin_dir_is_an_error_that_names_the_fix"]
+fn wrong_pg_bin_dir_role() {
+    if !playing("wrong_pg_bin_dir_role") {
+        return;
+    }
+    if let Err(err) = EmbeddedPostgres::start() {
+        println!("{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Azurite
+// ---------------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn azurite_answers_and_checks_signatures() {
+    let endpoint = fixture().azurite_blob_endpoint();
+    assert!(fixture().azurite_connection_string().contains(&format!("BlobEndpoint={endpoint}")));
+
+    // An unsigned request is refused by Azurite itself, not by something else on the port.
+    let response = support::http_client().get(format!("{endpoint}?comp=list")).send().await.expect("answers");
+    assert_eq!(response.status().as_u16(), 403);
+
+    // A signed one is served.
+    let response = signed(reqwest::Method::GET, &endpoint, "?comp=list", &[], Vec::new()).await;
+    assert_eq!(response.status().as_u16(), 200, "{:?}", response.text().await);
+}
+
+#[tokio::test]
+async fn persistent_azurite_keeps_blobs_across_a_restart_and_in_memory_azurite_does_not() {
+    for persistent in [true, false] {
+        // GIVEN an Azurite of our own holding one blob
+        let launched = Instant::now();
+        let mut azurite = if persistent { Azurite::start_persistent() } else { Azurite::start() }.expect("starts");
+        println!("azurite (persistent: {persistent}) launched in {:?}", launched.elapsed());
+        let endpoint = azurite.blob_endpoint();
+        let created = signed(reqwest::Method::PUT, &endpoint, "/state?restype=container", &[], Vec::new()).await;
+        assert_eq!(created.status().as_u16(), 201);
+        let blob_type = [("x-ms-blob-type", "BlockBlob")];
+        let put = signed(reqwest::Method::PUT, &endpoint, "/state/f.json", &blob_type, b"{\"v\":1}".to_vec()).await;
+        assert_eq!(put.status().as_u16(), 201);
+
+        // WHEN it stops and starts again on the same port
+        let port = azurite.port();
+        azurite.stop().expect("stops");
+        assert!(support::http_client().get(&endpoint).send().await.is_err());
+        azurite.start_again().expect("starts again");
+        assert_eq!(azurite.port(), port);
+
+        // THEN the blob survives only when persistent
+        let got = signed(reqwest::Method::GET, &endpoint, "/state/f.json", &[], Vec::new()).await;
+        if persistent {
+            assert_eq!(got.status().as_u16(), 200);
+            assert_eq!(got.text().await.expect("body"), "{\"v\":1}");
+        } else {
+            assert_eq!(got.status().as_u16(), 404);
+        }
+    }
+}
+
+/// A SharedKey-signed request with the dev account, enough to create containers and blobs.
+async fn signed(
+    method: reqwest::Method,
+    endpoint: &str,
+    path_and_query: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> reqwest::Response {
+    let url = reqwest::Url::parse(&format!("{endpoint}{path_and_query}")).expect("a valid URL");
+    let date = time::OffsetDateTime::now_utc()
+        .format(time::macros::format_description!(
+            "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+        ))
+        .expect("formats");
+    let mut ms_headers: Vec<(String, String)> =
+        vec![("x-ms-date".into(), date), ("x-ms-version".into(), "2025-11-05".into())];
+    ms_headers.extend(headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.to_string())));
+    ms_headers.sort();
+    let length = if body.is_empty() { String::new() } else { body.len().to_string() };
+    let mut query: Vec<(String, String)> = url.query_pairs().map(|(k, v)| (k.to_ascii_lowercase(), v.into())).collect();
+    query.sort();
+    let mut to_sign = format!("{method}\n\n\n{length}\n\n\n\n\n\n\n\n\n");
+    for (name, value) in &ms_headers {
+        to_sign.push_str(&format!("{name}:{value}\n"));
+    }
+    // Path-style URLs name the account twice: once as the account, once as the first path segment.
+    to_sign.push_str(&format!("/{}{}", embedded::DEV_ACCOUNT, url.path()));
+    for (name, value) in &query {
+        to_sign.push_str(&format!("\n{name}:{value}"));
+    }
+    let key =
+        base64::engine::general_purpose::STANDARD.decode(embedded::DEV_ACCOUNT_KEY).expect("the dev key is base64");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(to_sign.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+
+    let mut request = support::http_client().request(method, url);
+    for (name, value) in &ms_headers {
+        request = request.header(name, value);
+    }
+    request
+        .header("Authorization", format!("SharedKey {}:{signature}", embedded::DEV_ACCOUNT))
+        .body(body)
+        .send()
+        .await
+        .expect("Azurite answers")
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Children die with the test process
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn children_die_with_the_test_process() {
+    // GIVEN a child test process that starts PostgreSQL (as another user, when root) and Azurite, then aborts
+    let output = run_role("orphaning_parent_role", &[]);
+    assert!(!output.status.success(), "the role process aborts");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let pids: Vec<u32> = stdout
+        .lines()
+        // libtest prints "test orphaning_parent_role ... " on the same line as the first pid.
+        .filter_map(|line| line.split_once("child pid: ").map(|(_, pid)| pid))
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "both servers started: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+
+    // THEN the kernel takes both servers down with it
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|pid| process_alive(*pid)) {
+        assert!(Instant::now() < deadline, "children {pids:?} outlived their parent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "a role played in a child process by children_die_with_the_test_process"]
+fn orphaning_parent_role() {
+    if !playing("orphaning_parent_role") {
+        return;
+    }
+    let pg = EmbeddedPostgres::start().expect("PostgreSQL starts");
+    let azurite = Azurite::start().expect("Azurite starts");
+    for pid in [pg.pid(), azurite.pid()].into_iter().flatten() {
+        println!("child pid: {pid}");
+    }
+    // No destructor runs: only the parent-death signal can stop the servers now.
+    std::process::abort();
+}
+
+/// Runs one `#[ignore]`d role test of this binary in a child process.
+fn run_role(role: &str, env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(std::env::current_exe().expect("the test binary knows its path"))
+        .args(["--exact", role, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env("TESTBED_ROLE", role)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the test binary runs")
+}
+
+/// Roles run only in the child process made for them, never under `cargo test -- --include-ignored`.
+fn playing(role: &str) -> bool {
+    std::env::var("TESTBED_ROLE").is_ok_and(|r| r == role)
+}
+
+/// Alive and not a zombie: a container's init may be slow to reap.
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The host driver, against a stand-in handler
+// ---------------------------------------------------------------------------------------------------------------
+
+/// A stand-in custom handler: answers GET with 404, fails the first `STANDIN_FAIL_FIRST` POSTs with 500, and
+/// answers the others with one `changes` message plus an `echo` of what it received (an output with no
+/// binding, which the host ignores). Exits 0 on SIGTERM.
+const STANDIN: &str = r#"#!/usr/bin/env python3
+import json, os, signal, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(int(os.environ.get("STANDIN_DELAY_MS", "0")) / 1000)
+fail_first, posts = int(os.environ.get("STANDIN_FAIL_FIRST", "0")), 0
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args): pass
+    def reply(self, code, data):
+        self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self): self.reply(404, b"")
+    def do_POST(self):
+        global posts
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        posts += 1
+        if posts <= fail_first: return self.reply(500, b"transient failure")
+        retry = body["Metadata"].get("RetryContext")
+        echo = {"request": body, "path": self.path, "id": self.headers.get("X-Azure-Functions-InvocationId"),
+                "setting": os.environ.get("SAMPLE_SETTING"), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                "root": os.environ.get("FUNCTIONS_APP_ROOT_PATH")}
+        out = {"Outputs": {"changes": [{"post": posts, "retry": retry and retry["RetryCount"]}], "echo": echo},
+               "Logs": ["post %d" % posts], "ReturnValue": None}
+        self.reply(200, json.dumps(out).encode())
+port = int(os.environ["FUNCTIONS_CUSTOMHANDLER_PORT"])
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"#;
+
+const FUNCTION: &str = "OrdersChanged";
+
+/// An app with one timer function, a stand-in handler script, and `SAMPLE_SETTING` in local.settings.json.
+fn standin_app(max_retry_count: Option<i64>) -> (AppFolder, PathBuf) {
+    let app = AppBuilder::new()
+        .host_json(json!({
+            "version": "2.0",
+            "functionTimeout": "00:00:30",
+            "customHandler": { "description": { "defaultExecutablePath": "standin.py", "arguments": ["--mode=%SAMPLE_SETTING%"] } }
+        }))
+        .function(FUNCTION, support::timer_function_json(max_retry_count), None)
+        .setting("SAMPLE_SETTING", "from-local-settings")
+        .file("standin.py", STANDIN)
+        .write();
+    let script = app.root().join("standin.py");
+    make_executable(&script);
+    (app, script)
+}
+
+fn make_executable(path: &Path) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+async fn start_standin(app: &AppFolder, script: &Path, env: &[(&str, &str)]) -> HostDriver {
+    let mut options = DriverOptions::new(app.root(), script);
+    options.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    HostDriver::start(options).await.expect("the stand-in handler starts")
+}
+
+#[tokio::test]
+async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
+    // GIVEN a handler that takes 300 ms to listen, and a setting both in local.settings.json and the options
+    let (app, script) = standin_app(None);
+    let driver = start_standin(&app, &script, &[("STANDIN_DELAY_MS", "300")]).await;
+
+    // THEN readiness waited for it
+    assert!(driver.ready_after() >= Duration::from_millis(300), "{:?}", driver.ready_after());
+
+    // WHEN the timer fires
+    let invocation = driver.invoke(FUNCTION, None).await.expect("answers");
+    assert!(invocation.succeeded(), "{invocation:?}");
+    let echo = &invocation.outputs["echo"];
+
+    // THEN the handler saw the host's environment, folder, arguments, path and header
+    assert_eq!(echo["setting"], "from-local-settings");
+    assert_eq!(echo["argv"], json!(["--mode=from-local-settings"]));
+    let root = app.root().display().to_string();
+    assert_eq!(echo["root"], root.as_str());
+    assert_eq!(echo["cwd"], root.as_str());
+    assert_eq!(echo["path"], format!("/{FUNCTION}"));
+    assert_eq!(echo["id"], invocation.invocation_id.as_str());
+    assert_eq!(invocation.logs, ["post 1"]);
+
+    // AND the body is the host's timer body: first run's Last has no offset, no RetryContext
+    let body = &echo["request"];
+    assert_eq!(body["Data"]["timer"]["ScheduleStatus"]["Last"], "0001-01-01T00:00:00");
+    assert_eq!(body["Data"]["timer"]["Schedule"]["AdjustForDST"], true);
+    assert_eq!(body["Data"]["timer"]["IsPastDue"], false);
+    assert_eq!(body["Metadata"]["sys"]["MethodName"], FUNCTION);
+    let utc_now = body["Metadata"]["sys"]["UtcNow"].as_str().expect("a string");
+    assert_eq!((utc_now.len(), &utc_now[19..20], &utc_now[27..]), (28, ".", "Z"), "{utc_now}");
+    assert!(body["Metadata"].get("RetryContext").is_none());
+
+    // WHEN it fires again, as a retry THEN Last is the previous firing and the retry context is there
+    let retry = RetryContext { retry_count: 1, max_retry_count: 3 };
+    let again = driver.invoke(FUNCTION, Some(retry)).await.expect("answers");
+    let body = &again.outputs["echo"]["request"];
+    let last = body["Data"]["timer"]["ScheduleStatus"]["Last"].as_str().expect("a string");
+    assert_eq!((last.len(), &last[19..20], &last[27..]), (33, ".", "+00:00"), "{last}");
+    assert_eq!(body["Metadata"]["RetryContext"]["RetryCount"], 1);
+    assert_eq!(body["Metadata"]["RetryContext"]["MaxRetryCount"], 3);
+    assert!(body["Metadata"]["RetryContext"]["Exception"]["ClassName"].is_string());
+    assert_ne!(again.invocation_id, invocation.invocation_id);
+
+    // AND invoke alone applies nothing
+    assert!(driver.delivered("changes").is_empty());
+}
+
+#[tokio::test]
+async fn options_env_wins_over_local_settings() {
+    let (app, script) = standin_app(None);
+    let driver = start_standin(&app, &script, &[("SAMPLE_SETTING", "from-options")]).await;
+    let invocation = driver.invoke(FUNCTION, None).await.expect("answers");
+    assert_eq!(invocation.outputs["echo"]["setting"], "from-options");
+}
+
+#[tokio::test]
+async fn run_timer_retries_a_failing_handler_and_applies_only_the_successful_attempt() {
+    // GIVEN a retry policy of 3 and a handler whose first two answers are 500
+    let (app, script) = standin_app(Some(3));
+    let driver = start_standin(&app, &script, &[("STANDIN_FAIL_FIRST", "2")]).await;
+
+    // WHEN the timer fires
+    let run = driver.run_timer(FUNCTION).await.expect("runs");
+
+    // THEN the host retried twice with a RetryContext and wrote only the third answer
+    assert!(run.succeeded);
+    assert_eq!(run.attempt_count(), 3);
+    assert!(matches!(run.attempts[0].outcome, AttemptOutcome::HandlerFailed { .. }));
+    assert_eq!(run.attempts[0].retry, None);
+    assert_eq!(run.attempts[2].retry.map(|r| (r.retry_count, r.max_retry_count)), Some((2, 3)));
+    assert_eq!(run.attempts[2].outcome, AttemptOutcome::Applied);
+    assert_eq!(driver.delivered("changes"), [json!({ "post": 3, "retry": 2 })]);
+    assert_eq!(run.applied["changes"], [json!({ "post": 3, "retry": 2 })]);
+    // The retries carried the first attempt's trigger data, as the host does.
+    let requests: Vec<&Value> = run.attempts.iter().flat_map(|a| &a.invocation).map(|i| &i.request).collect();
+    assert!(requests.iter().all(|r| r["Data"] == requests[0]["Data"]));
+    // Outputs without a binding (`echo`) are not written anywhere.
+    assert!(driver.delivered("echo").is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_output_write_is_retried_and_written_once() {
+    // GIVEN a retry policy and a queue that fails the next write
+    let (app, script) = standin_app(Some(2));
+    let driver = start_standin(&app, &script, &[]).await;
+    driver.fail_output_writes("changes", 1);
+
+    // WHEN the timer fires
+    let run = driver.run_timer(FUNCTION).await.expect("runs");
+
+    // THEN the handler answered twice, the first answer was lost, the second written
+    assert!(run.succeeded);
+    assert!(
+        matches!(&run.attempts[0].outcome, AttemptOutcome::OutputWriteFailed { binding, .. } if binding == "changes")
+    );
+    assert_eq!(run.attempts[1].outcome, AttemptOutcome::Applied);
+    assert_eq!(driver.delivered("changes"), [json!({ "post": 2, "retry": 1 })]);
+}
+
+#[tokio::test]
+async fn without_a_retry_policy_a_failed_write_loses_that_firing() {
+    let (app, script) = standin_app(None);
+    let driver = start_standin(&app, &script, &[]).await;
+    driver.fail_output_writes("changes", 1);
+
+    let lost = driver.run_timer(FUNCTION).await.expect("runs");
+    assert!(!lost.succeeded);
+    assert_eq!(lost.attempt_count(), 1);
+    assert!(driver.delivered("changes").is_empty());
+
+    let next = driver.run_timer(FUNCTION).await.expect("runs");
+    assert!(next.succeeded);
+    assert_eq!(driver.delivered("changes"), [json!({ "post": 2, "retry": null })]);
+}
+
+#[tokio::test]
+async fn kill_restart_and_terminate_control_the_handler_process() {
+    let (app, script) = standin_app(Some(1));
+    let driver = start_standin(&app, &script, &[]).await;
+    let first_pid = driver.pid().expect("running");
+
+    // WHEN killed THEN the process is gone and timers cannot fire
+    driver.kill();
+    assert!(!process_alive(first_pid));
+    assert!(matches!(driver.run_timer(FUNCTION).await, Err(DriverError::NotRunning)));
+
+    // WHEN restarted THEN it serves again, sinks kept
+    driver.restart().await.expect("restarts");
+    assert_ne!(driver.pid(), Some(first_pid));
+    assert!(driver.run_timer(FUNCTION).await.expect("runs").succeeded);
+    assert_eq!(driver.delivered("changes").len(), 1);
+
+    // WHEN terminated THEN it exits by itself (the stand-in exits 0 on SIGTERM)
+    let status = driver.terminate().await.expect("exits");
+    assert!(status.success(), "{status}");
+    assert!(!driver.is_running());
+}
+
+#[tokio::test]
+async fn a_handler_that_exits_at_start_is_reported_with_its_output() {
+    let (app, _) = standin_app(None);
+    let script = app.root().join("crash.sh");
+    std::fs::write(&script, "#!/bin/sh\necho 'cannot read settings' >&2\nexit 3\n").expect("writes");
+    make_executable(&script);
+
+    let err = HostDriver::start(DriverOptions::new(app.root(), &script)).await.expect_err("fails");
+    assert!(matches!(err, DriverError::ExitedBeforeReady { .. }), "{err}");
+    assert!(err.to_string().contains("cannot read settings"), "{err}");
+}
+
+#[tokio::test]
+async fn a_handler_that_never_listens_times_out_and_is_killed() {
+    let (app, _) = standin_app(None);
+    let script = app.root().join("mute.sh");
+    std::fs::write(&script, "#!/bin/sh\nexec sleep 60\n").expect("writes");
+    make_executable(&script);
+    let mut options = DriverOptions::new(app.root(), &script);
+    options.ready_timeout = Duration::from_millis(300);
+
+    let started = Instant::now();
+    let err = HostDriver::start(options).await.expect_err("times out");
+    assert!(matches!(err, DriverError::NotReady { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn bad_app_folders_are_reported_with_the_file_and_the_fix() {
+    let missing_host = AppBuilder::new().write();
+    std::fs::remove_file(missing_host.root().join("host.json")).expect("removes");
+    let err = HostDriver::start(DriverOptions::new(missing_host.root(), "/bin/true")).await.expect_err("fails");
+    assert!(err.to_string().contains("host.json"), "{err}");
+
+    let bad_function = AppBuilder::new().function("F", json!({ "bindings": {} }), None).write();
+    let err = HostDriver::start(DriverOptions::new(bad_function.root(), "/bin/true")).await.expect_err("fails");
+    assert!(err.to_string().contains("function.json is not valid"), "{err}");
+
+    let (app, script) = standin_app(None);
+    let driver = start_standin(&app, &script, &[]).await;
+    let err = driver.run_timer("Nope").await.expect_err("unknown");
+    assert!(err.to_string().contains(&format!("functions found: {FUNCTION}")), "{err}");
+
+    let err =
+        HostDriver::start(DriverOptions::new(app.root(), app.root().join("no-such-handler"))).await.expect_err("fails");
+    assert!(err.to_string().contains("cargo build --bin handler"), "{err}");
+}

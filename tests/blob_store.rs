@@ -2,24 +2,20 @@
 //! of a wrong key, an outage, and the round-trip latency of load and save.
 //!
 //! Azurite comes from `TEST_AZURITE_CONNECTION_STRING` when set; otherwise each test starts its own
-//! in-memory `azurite-blob` from tools/node_modules (installed by `npm install --prefix tools`), so tests
-//! stay independent and can stop their server.
+//! in-memory server through the test bed (`embedded::Azurite`), so tests stay independent and can stop it.
 
 use sql_pseudo_trigger::config::Secret;
 use sql_pseudo_trigger::state::{BlobStore, Etag, StateStore, StoreError};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DEV_KEY: &str = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+const DEV_KEY: &str = sql_pseudo_trigger::embedded::DEV_ACCOUNT_KEY;
 
-// TODO(testbed): use support::fixture() (sql_pseudo_trigger::embedded::Azurite) once it lands; this launcher
-// is deliberately minimal.
+/// Azurite for one test: `TEST_AZURITE_CONNECTION_STRING` when set, else a private in-memory server from the
+/// test bed (a parent-death-signalled child), so a test may stop it.
 struct Azurite {
-    child: Option<Child>,
-    workspace: Option<PathBuf>,
+    server: Option<sql_pseudo_trigger::embedded::Azurite>,
     connection_string: String,
 }
 
@@ -27,42 +23,17 @@ impl Azurite {
     fn start() -> Azurite {
         let _ = rustls::crypto::ring::default_provider().install_default();
         if let Ok(cs) = std::env::var("TEST_AZURITE_CONNECTION_STRING") {
-            return Azurite { child: None, workspace: None, connection_string: cs };
+            return Azurite { server: None, connection_string: cs };
         }
-        let bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/node_modules/.bin/azurite-blob");
-        assert!(bin.exists(), "{} is missing: run `npm install --prefix tools`", bin.display());
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let workspace = std::env::temp_dir().join(format!("azurite-blob-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&workspace).expect("workspace");
-        let mut child = Command::new(&bin)
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .args(["--inMemoryPersistence", "--disableTelemetry", "--silent"])
-            .current_dir(&workspace)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn azurite-blob");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline || child.try_wait().is_ok_and(|status| status.is_some()) {
-                let _ = child.kill();
-                let _ = std::fs::remove_dir_all(&workspace);
-                panic!("azurite-blob did not listen on port {port} (run it by hand with the same flags to see why)");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let connection_string = format!(
-            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={DEV_KEY};\
-             BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"
-        );
-        Azurite { child: Some(child), workspace: Some(workspace), connection_string }
+        let server = sql_pseudo_trigger::embedded::Azurite::start().expect("Azurite starts (scripts/test installs it)");
+        let connection_string = server.connection_string();
+        Azurite { server: Some(server), connection_string }
     }
 
     /// Stops the server; a shared server from the environment is replaced by an endpoint nobody listens on.
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut server) = self.server.take() {
+            server.stop().expect("Azurite stops");
         } else {
             let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
             self.connection_string = format!(
@@ -73,15 +44,6 @@ impl Azurite {
 
     fn store(&self, container: &str) -> BlobStore {
         BlobStore::from_connection_string(&Secret::new(self.connection_string.clone()), container).expect("store")
-    }
-}
-
-impl Drop for Azurite {
-    fn drop(&mut self) {
-        self.stop();
-        if let Some(dir) = self.workspace.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
     }
 }
 

@@ -85,3 +85,55 @@ async fn sigterm_exits_cleanly() {
     let status = host.terminate().await.expect("terminates");
     assert!(status.success(), "exit status {status:?}\n{}", host.output());
 }
+
+#[tokio::test]
+async fn sigterm_lets_the_invocation_in_flight_finish_before_exiting() {
+    // GIVEN an invocation stuck in its fetch: another session holds an exclusive lock on the table (on a
+    // private server, since an open transaction holds back the guard of every database in a cluster)
+    let server = tokio::task::spawn_blocking(sql_pseudo_trigger::embedded::EmbeddedPostgres::start)
+        .await
+        .expect("join")
+        .expect("a private PostgreSQL starts");
+    let url = sql_pseudo_trigger::embedded::create_database(&server.url(), "drain").await.expect("database");
+    let orders = Orders::on(url).await;
+    orders.insert(1..=3).await;
+    let app = orders_app(&orders, &unique_app_name("drain"), json!({}), &[]);
+    let host = std::sync::Arc::new(start(&app).await);
+    // The first tick validates the table and creates the state, so the next one goes straight to the fetch.
+    host.invoke(FUNCTION, None).await.expect("first tick");
+    let locker = sql_pseudo_trigger::embedded::connect(&orders.url).await.expect("connect");
+    locker.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+    let pending = {
+        let host = host.clone();
+        tokio::spawn(async move { host.invoke(FUNCTION, None).await })
+    };
+    // Wait until the fetch is really blocked on the lock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = locker
+            .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'orders'::regclass", &[])
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the invocation never reached the table");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // WHEN the host sends SIGTERM while that invocation is in flight, and the lock is released afterwards
+    let terminating = {
+        let host = host.clone();
+        tokio::spawn(async move { host.terminate().await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!terminating.is_finished(), "the process must not exit with an invocation in flight");
+    locker.batch_execute("COMMIT").await.expect("unlock");
+
+    // THEN the invocation completes with its answer and the process exits cleanly
+    let answer = pending.await.expect("join").expect("the in-flight invocation is answered");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let status = terminating.await.expect("join").expect("terminates");
+    assert!(status.success(), "exit status {status:?}\n{}", host.output());
+}

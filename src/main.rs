@@ -171,9 +171,21 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
         ready_ms = started.elapsed().as_secs_f64() * 1000.0,
         "handler ready"
     );
+    // Check every function's table and state now, in the background, so a misconfiguration shows in the log
+    // at start rather than at the first timer firing; ticks refuse with the same errors until it is fixed.
+    for trigger in app.triggers().cloned().collect::<Vec<_>>() {
+        tokio::spawn(async move {
+            match trigger.preflight().await {
+                Ok(()) => tracing::info!(function = %trigger.name(), "start-up check passed"),
+                Err(e) => tracing::error!(function = %trigger.name(), error = %e, hint = e.hint(), "start-up check failed"),
+            }
+        });
+    }
     for other in &app.config.other_functions {
         tracing::warn!(function = %other, "function folder has no sqltrigger.json; this handler will answer 404 for it");
     }
+    // Only now, with the listener bound and readiness logged: metrics never delay the host's readiness probe.
+    let telemetry = sql_pseudo_trigger::telemetry::start(&app);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, sql_pseudo_trigger::server::router(app))
@@ -184,6 +196,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     let mut server = Box::pin(server);
     tokio::select! {
         result = &mut server => {
+            sql_pseudo_trigger::telemetry::stop(telemetry).await;
             if let Err(e) = result {
                 tracing::error!("server failed: {e}");
                 return ExitCode::FAILURE;
@@ -194,7 +207,10 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     }
     tracing::info!("shutting down: finishing the invocation in flight (at most {DRAIN_TIMEOUT:?})");
     let _ = stop_tx.send(());
-    match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, server).await;
+    // After the drain, so the last export includes the tick that finished during it.
+    sql_pseudo_trigger::telemetry::stop(telemetry).await;
+    match drained {
         Ok(_) => {
             tracing::info!("shut down cleanly");
             ExitCode::SUCCESS
@@ -217,18 +233,14 @@ async fn run(
 ) -> Result<(), String> {
     use sql_pseudo_trigger::sink;
     let app = Arc::new(sql_pseudo_trigger::cli::load_app(app_root, env).map_err(|e| e.to_string())?);
-    let mut sinks = Vec::new();
-    let mut problems = Vec::new();
-    for trigger in app.triggers() {
-        let f = trigger.config();
-        match sink::from_options(&f.name, f.source.options.get("sink"), &app.config.env) {
-            Ok(s) => sinks.push((trigger.clone(), s)),
-            Err(e) => problems.push(e),
-        }
-    }
-    if !problems.is_empty() {
-        return Err(sql_pseudo_trigger::config::ConfigErrors(problems).to_string());
-    }
+    // Each function's sink was built (and its options checked) with the app; stdout JSON lines by default.
+    let sinks: Vec<_> = app
+        .triggers()
+        .map(|t| {
+            let sink = app.sink(t.name()).cloned().unwrap_or_else(|| Arc::new(sink::StdoutSink::new()));
+            (t.clone(), sink)
+        })
+        .collect();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(port) = admin_port {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
@@ -245,8 +257,10 @@ async fn run(
         tracing::info!("stopping: finishing the batch in hand");
         let _ = stop_tx.send(true);
     });
+    let telemetry = sql_pseudo_trigger::telemetry::start(&app);
     let options = sql_pseudo_trigger::runner::RunOptions { once };
     let summary = sql_pseudo_trigger::runner::run(app, sinks, options, stop_rx).await;
+    sql_pseudo_trigger::telemetry::stop(telemetry).await;
     tracing::info!(
         delivered = summary.delivered,
         batches = summary.batches,

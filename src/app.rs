@@ -1,7 +1,10 @@
 //! The assembled application: validated configuration turned into one [`Trigger`] per function, sharing one
-//! state store. Building it opens no connection; sources and stores connect on first use.
+//! state store, and the sink of each function that names one. Building it opens no connection; sources,
+//! stores and sinks connect on first use.
 
 use crate::config::{AppConfig, ConfigError, ConfigErrors, SourceKind, StateStoreKind};
+use crate::sink::Sink;
+use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
 use crate::source::Source;
 use crate::state::{BlobStore, FileStore, StateStore};
@@ -15,6 +18,8 @@ pub struct App {
     pub store: Arc<dyn StateStore>,
     /// By lower-cased function name: the host's routes are case-insensitive.
     triggers: BTreeMap<String, Arc<Trigger>>,
+    /// By lower-cased function name: the sinks `"sink"` in sqltrigger.json asks for.
+    sinks: BTreeMap<String, Arc<dyn Sink>>,
     pub owner: String,
 }
 
@@ -29,7 +34,16 @@ impl App {
         let owner = instance_id(&config);
         let mut errors = Vec::new();
         let mut triggers = BTreeMap::new();
+        let mut sinks = BTreeMap::new();
         for f in &config.functions {
+            if let Some(options) = f.source.options.get("sink") {
+                match crate::sink::from_options(&f.name, Some(options), &config.env) {
+                    Ok(sink) => {
+                        sinks.insert(f.name.to_ascii_lowercase(), sink);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
             let source: Arc<dyn Source> = match f.source.kind {
                 SourceKind::PostgresCursor => match PostgresCursor::new(f.source.clone()) {
                     Ok(s) => Arc::new(s),
@@ -38,13 +52,20 @@ impl App {
                         continue;
                     }
                 },
-                SourceKind::MssqlChangeTracking | SourceKind::MssqlRowversion => {
-                    errors.push(ConfigError::new(
-                        format!("source in {}/sqltrigger.json", f.name),
-                        format!("{} is not available in this build yet; use postgres-cursor", f.source.kind.as_str()),
-                    ));
-                    continue;
-                }
+                SourceKind::MssqlChangeTracking => match MssqlChangeTracking::new(f.source.clone()) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
+                        continue;
+                    }
+                },
+                SourceKind::MssqlRowversion => match MssqlRowversion::new(f.source.clone()) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
+                        continue;
+                    }
+                },
             };
             let trigger = Trigger::new(f.clone(), &config.app_name, source, store.clone(), owner.clone());
             triggers.insert(f.name.to_ascii_lowercase(), Arc::new(trigger));
@@ -52,11 +73,16 @@ impl App {
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
-        Ok(Self { config, store, triggers, owner })
+        Ok(Self { config, store, triggers, sinks, owner })
     }
 
     pub fn trigger(&self, name: &str) -> Option<&Arc<Trigger>> {
         self.triggers.get(&name.to_ascii_lowercase())
+    }
+
+    /// The sink a function's sqltrigger.json names, if it names one.
+    pub fn sink(&self, name: &str) -> Option<&Arc<dyn Sink>> {
+        self.sinks.get(&name.to_ascii_lowercase())
     }
 
     pub fn triggers(&self) -> impl Iterator<Item = &Arc<Trigger>> {

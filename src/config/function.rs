@@ -107,6 +107,17 @@ pub struct FunctionConfig {
     pub settings: TriggerSettings,
 }
 
+impl FunctionConfig {
+    /// What each output binding receives (`outputs` in sqltrigger.json over the defaults by binding type).
+    /// Checked at load, so the fallback to the defaults is never taken for a loaded configuration.
+    pub fn output_routes(&self) -> Vec<super::OutputRoute> {
+        let file = format!("{}/sqltrigger.json", self.name);
+        super::outputs::routes(&self.outputs, &self.source.options, &file)
+            .or_else(|_| super::outputs::routes(&self.outputs, &Map::new(), &file))
+            .unwrap_or_default()
+    }
+}
+
 /// The HTTP-triggered function that serves the admin routes (`sqltrigger.json` = `{"admin": true}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminFunction {
@@ -236,10 +247,28 @@ pub(super) fn load(
         }
     }
     if settings.delivery_mode == DeliveryMode::Sink {
+        // The handler answers no outputs in sink mode: a mapping would silently do nothing.
+        if options.contains_key("outputs") {
+            errors.push(ConfigError::new(
+                format!("outputs in {trig_file}"),
+                "has no effect with deliveryMode sink (the handler delivers to its sink and answers no outputs); remove it, or use deferred delivery",
+            ));
+        }
+        // Under the host stdout is the host's log, not a destination.
+        let sink_type = options.get("sink").map(|s| s.get("type").and_then(Value::as_str).unwrap_or(""));
+        if host && matches!(sink_type, None | Some("stdout")) {
+            errors.push(ConfigError::new(
+                format!("sink in {trig_file}"),
+                "deliveryMode sink under the Functions host needs a sink to deliver to: add \"sink\": {\"type\": \"postgres\", \"tableName\": ..., \"connectionStringSetting\": ...} (or mssql, webhook)",
+            ));
+        }
+    } else if options.get("sink").and_then(|s| s.get("exactlyOnce")) == Some(&Value::Bool(true)) {
         errors.push(ConfigError::new(
-            format!("deliveryMode in {trig_file}"),
-            "sink delivery is not available in this build yet; use deferred (at-least-once through the output bindings)",
+            format!("sink in {trig_file}"),
+            "exactlyOnce needs deliveryMode sink: the batch's checkpoint is written in the sink's transaction; set \"deliveryMode\": \"sink\"",
         ));
+    } else if let Err(problems) = super::outputs::routes(&outputs, &options, &trig_file) {
+        errors.extend(problems);
     }
     if host && settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
         errors.push(ConfigError::new(
@@ -359,8 +388,15 @@ fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<C
     let start_from = match text("startFrom").as_deref() {
         None | Some("earliest") => StartFrom::Earliest,
         Some("now") => StartFrom::Now,
+        // The SQL Server change-tracking source walks the table first, then follows changes; it reads the
+        // option itself, and to the engine the start is "before everything".
+        Some("snapshot") if kind == SourceKind::MssqlChangeTracking => StartFrom::Earliest,
+        Some("snapshot") => {
+            problem("startFrom", "snapshot is available for mssql-change-tracking only; use earliest or now".into());
+            StartFrom::Earliest
+        }
         Some(other) => {
-            problem("startFrom", format!("{other:?} is not a start; use earliest or now"));
+            problem("startFrom", format!("{other:?} is not a start; use earliest, now or (SQL Server change tracking) snapshot"));
             StartFrom::Earliest
         }
     };

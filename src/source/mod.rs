@@ -13,6 +13,7 @@
 //! - Sources connect lazily: nothing here runs at process start.
 
 pub mod memory;
+pub mod mssql;
 pub mod postgres;
 
 use crate::change::Change;
@@ -38,6 +39,10 @@ pub struct Fetched {
     pub changes: Vec<Change>,
     /// The position of the last change returned; `None` when `changes` is empty.
     pub last: Option<Position>,
+    /// With no changes: a later position the source proved empty up to, which the engine may record now and
+    /// then so a quiet table's stored position does not age out of the source's retention (SQL Server change
+    /// tracking). `None` when the source has nothing to say.
+    pub advance: Option<Position>,
 }
 
 #[derive(Debug, thiserror::Error)]

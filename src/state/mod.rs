@@ -15,10 +15,12 @@
 //! - Stores count the remote operations they perform, so ticks can report their cost.
 
 mod blob;
+mod faulty;
 mod file;
 mod memory;
 
 pub use blob::BlobStore;
+pub use faulty::{Fault, FaultyStore, StoreOp};
 pub use file::FileStore;
 pub use memory::MemoryStore;
 

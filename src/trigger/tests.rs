@@ -130,14 +130,8 @@ struct Answer {
     store_operations: u64,
 }
 
-/// One output write that reached the destination.
-#[derive(Debug, Clone)]
-struct Landed {
-    kind: OutcomeKind,
-    rows: Vec<Row>,
-}
-
-type Sink = Arc<StdMutex<Vec<Landed>>>;
+/// The destination: one entry per output write that reached it.
+type Sink = Arc<StdMutex<Vec<Vec<Row>>>>;
 
 /// The database, the state store and the destination, shared by every process.
 #[derive(Debug, Default)]
@@ -195,7 +189,7 @@ impl World {
 
     /// Every write that reached the destination, in order, one entry per output write.
     fn batches(&self) -> Vec<Vec<Row>> {
-        self.sink.lock().expect("sink").iter().map(|l| l.rows.clone()).collect()
+        self.sink.lock().expect("sink").clone()
     }
 
     fn delivered(&self) -> Vec<Row> {
@@ -208,18 +202,17 @@ impl World {
         all.len() - all.iter().collect::<BTreeSet<_>>().len()
     }
 
+    /// Committed rows whose latest version never reached the destination.
+    fn lost(&self) -> Vec<Row> {
+        let delivered: BTreeSet<Row> = self.delivered().into_iter().collect();
+        let latest = self.latest.lock().expect("latest");
+        latest.iter().map(|(k, v)| (*k, *v)).filter(|r| !delivered.contains(r)).collect()
+    }
+
     /// Every committed row's latest version reached the destination at least once.
     fn assert_nothing_lost(&self) {
-        let delivered: BTreeSet<Row> = self.delivered().into_iter().collect();
-        let missing: Vec<Row> = self
-            .latest
-            .lock()
-            .expect("latest")
-            .iter()
-            .map(|(k, v)| (*k, *v))
-            .filter(|r| !delivered.contains(r))
-            .collect();
-        assert!(missing.is_empty(), "lost: {missing:?}; delivered: {:?}", self.batches());
+        let lost = self.lost();
+        assert!(lost.is_empty(), "lost: {lost:?}; delivered: {:?}", self.batches());
     }
 
     async fn try_state(&self) -> Option<StateDoc> {
@@ -261,7 +254,7 @@ impl Process {
             Output::Fails | Output::Lost => 0,
         };
         if landed > 0 {
-            self.sink.lock().expect("sink").push(Landed { kind: out.kind, rows: rows[..landed].to_vec() });
+            self.sink.lock().expect("sink").push(rows[..landed].to_vec());
         }
         Ok(Answer { kind: out.kind, batch_id: out.batch_id, rows, store_operations: out.store_operations })
     }
@@ -969,7 +962,8 @@ async fn invoke(node: Node, world: Arc<World>, ledger: Arc<StdMutex<Ledger>>, ou
     let result = node.process.tick(retry, output).await;
     let faulted = node.process.store.faults_injected() != faults_before;
 
-    // The checkpoint never moves backward, and a batch in flight always starts at the checkpoint.
+    // The checkpoint never moves backward, and a batch in flight starts at the checkpoint (no operator
+    // re-sends a quarantined batch in this run, the one case where it would not).
     let doc = world.try_state().await;
     let mut l = ledger.lock().expect("ledger");
     if let Some(doc) = &doc {
@@ -981,6 +975,8 @@ async fn invoke(node: Node, world: Arc<World>, ledger: Arc<StdMutex<Ledger>>, ou
         }
     }
 
+    // A re-delivery needs a reason. Without one (a normal invocation right after this same process's own
+    // written, non-final answer, nobody in between, no injected fault) the engine must acknowledge instead.
     let me = (node.slot, node.generation);
     let interleaved = l.completed != completed_before;
     let clean =
@@ -1113,13 +1109,17 @@ async fn two_owners_run(seed: u64) -> Ledger {
     }
     assert!(drained, "seed {seed}: the drain did not finish: {:?}", world.state().await);
 
-    world.assert_nothing_lost();
+    let lost = world.lost();
+    assert!(lost.is_empty(), "seed {seed}: lost {lost:?}");
     // Every duplicate sits in a re-delivered batch (new batches never repeat a change, checked per tick),
     // so duplicates are at most one batch per re-delivery. Each re-delivery needs a reason, something that
     // made its batch's outcome unknown to the process that sent it: a failed invocation (the host retries),
     // a change of process (a takeover), a restart, or an answer on the host's final retry (re-sent once
     // more because a failure of its write would go unreported). Each reason accounts for at most one
-    // re-delivery.
+    // re-delivery. Measured over seeds 1-100 both bounds hold with room: re-deliveries reach at most half
+    // the reasons (leases of zero length make most changes of process a takeover), duplicates at most half
+    // of BATCH per re-delivery (updated rows leave a re-sent batch). The tight check is the per-tick one
+    // in `invoke`: no re-delivery without a reason, no new batch repeating a change.
     // A hook that never fired still holds the ledger, so take its contents rather than the ledger itself.
     let l = std::mem::take(&mut *ledger.lock().expect("ledger"));
     let reasons = l.failed_invocations + l.owner_switches + l.restarts + l.final_answers;
@@ -1129,10 +1129,13 @@ async fn two_owners_run(seed: u64) -> Ledger {
     l
 }
 
+/// A hundred seeds take about two seconds. Before `Trigger::tick` forgot its answer on a retry, 34 of the
+/// first 1000 seeds lost a change (7 of these 100: 24, 62, 69, 72, 73, 76 and 98), so this is a guard, not
+/// a demonstration; `a_batch_whose_retries_all_failed_inside_the_handler_...` pins that bug down exactly.
 #[tokio::test]
 async fn two_owners_interleaving_with_random_failures_lose_nothing_and_never_move_the_checkpoint_back() {
     let mut totals = Ledger::default();
-    for seed in 1..=8 {
+    for seed in 1..=100 {
         let l = two_owners_run(seed).await;
         totals.completed += l.completed;
         totals.redeliveries += l.redeliveries;

@@ -15,7 +15,7 @@ pub use sql::Guard;
 
 use super::{Fetched, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
-use crate::config::SourceSpec;
+use crate::config::{Secret, SourceSpec};
 use crate::ident::Ident;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use sha2::{Digest, Sha256};
@@ -36,30 +36,7 @@ pub struct PostgresCursor {
 impl PostgresCursor {
     /// Builds the source without connecting: the pool opens connections on first use.
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
-        let mut config: tokio_postgres::Config = spec.connection.expose().parse().map_err(|e| {
-            SourceError::Invalid(format!(
-                "app setting {} is not a PostgreSQL connection string ({e}); use postgres://user:password@host:5432/db or key=value form",
-                spec.connection_setting
-            ))
-        })?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(10));
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("sql-pseudo-trigger");
-        }
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            ManagerConfig { recycling_method: RecyclingMethod::Fast },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(Duration::from_secs(15)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| SourceError::Invalid(format!("cannot build the connection pool: {e}")))?;
+        let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE).map_err(SourceError::Invalid)?;
         Ok(Self { spec, pool, shape: OnceCell::new() })
     }
 
@@ -256,7 +233,7 @@ impl PostgresCursor {
                 last = Some(serde_json::Value::Array(texts));
             }
         }
-        Ok(Fetched { changes, last })
+        Ok(Fetched { changes, last, advance: None })
     }
 }
 
@@ -335,6 +312,31 @@ impl Source for PostgresCursor {
         .map_err(|e| db_error(e, &self.spec.table))?;
         Ok(row.get::<_, i64>(0).max(0) as u64)
     }
+}
+
+/// A pool of at most `size` connections to the database in app setting `setting`, opening none until used.
+/// Shared by the source and the PostgreSQL sink, so both read connection strings the same way.
+pub fn pool(setting: &str, connection: &Secret, size: usize) -> Result<Pool, String> {
+    let mut config: tokio_postgres::Config = connection.expose().parse().map_err(|e| {
+        format!(
+            "app setting {setting} is not a PostgreSQL connection string ({e}); use postgres://user:password@host:5432/db or key=value form"
+        )
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("sql-pseudo-trigger");
+    }
+    let manager =
+        Manager::from_config(config, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(size)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(15)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| format!("cannot build the connection pool: {e}"))
 }
 
 /// Classifies a PostgreSQL error: what a retry can fix is `Unavailable`, the rest says what to change.

@@ -1,0 +1,308 @@
+//! Golden tests: every statement the SQL Server sources emit, per option combination, compared as exact
+//! text with the reviewed files in `tests/golden/mssql/`. The wire tests (`tests/mssql_wire.rs`) register
+//! the same files with the mock server, so what was reviewed is what goes on the wire.
+//!
+//! Updating is deliberate: a changed statement fails here with the path and both texts; rerun with
+//! `UPDATE_GOLDEN=1 cargo test --lib source::mssql` to rewrite the files, then review `git diff`.
+
+use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn id(s: &str) -> Ident {
+    Ident::new(s).expect("valid identifier")
+}
+
+fn key(name: &str, ty: SqlType) -> KeyColumn {
+    KeyColumn { name: id(name), ty }
+}
+
+fn item(name: &str, column_id: i32) -> ItemColumn {
+    ItemColumn { name: id(name), column_id }
+}
+
+/// The table the wire tests serve: upper-case names, because the mock matches parameterized statements by
+/// their upper-cased text.
+pub(super) fn orders() -> CtShape {
+    CtShape {
+        table: TableName::parse("[DBO].[ORDERS]").expect("parses"),
+        key: vec![key("ID", SqlType::new("int"))],
+        item: vec![item("ID", 1), item("NAME", 2), item("PRICE", 3), item("PHOTO", 4), item("CREATED_AT", 5)],
+        snapshot: true,
+        skip_context: false,
+        metadata: false,
+    }
+}
+
+/// Every option on: composite key with spaces, brackets and non-ASCII letters, column selection, context
+/// filter, metadata, READ COMMITTED.
+fn order_lines() -> CtShape {
+    CtShape {
+        table: TableName::parse("[Sales Ünïcode].[Order]] Lines]").expect("parses"),
+        key: vec![key("Order Id", SqlType::new("bigint")), key("Line №", SqlType::new("nvarchar").with_length(20))],
+        item: vec![item("Order Id", 1), item("Line №", 2), item("Qty", 4)],
+        snapshot: false,
+        skip_context: true,
+        metadata: true,
+    }
+}
+
+fn hostile() -> CtShape {
+    CtShape {
+        table: TableName::parse("[x]]; DROP TABLE y;--]").expect("parses"),
+        key: vec![key("id]; --", SqlType::new("uniqueidentifier"))],
+        item: vec![item("id]; --", 1), item("v", 2)],
+        snapshot: true,
+        skip_context: false,
+        metadata: false,
+    }
+}
+
+pub(super) fn items() -> RvShape {
+    RvShape {
+        table: TableName::parse("[DBO].[ITEMS]").expect("parses"),
+        key: vec![key("ID", SqlType::new("int"))],
+        version: id("RV"),
+        item: vec![id("ID"), id("TITLE"), id("IS_DELETED")],
+        soft_delete: Some((id("IS_DELETED"), true)),
+        inserted: None,
+        snapshot: true,
+    }
+}
+
+fn items_with_options() -> RvShape {
+    RvShape {
+        table: TableName::parse("[app].[Item Log]").expect("parses"),
+        key: vec![
+            key("Tenant", SqlType::new("varchar").with_length(10)),
+            key("At", SqlType::new("datetime2").with_datetime_precision(7)),
+        ],
+        version: id("Row Version"),
+        item: vec![id("Tenant"), id("At"), id("Body")],
+        soft_delete: Some((id("Deleted At"), false)),
+        inserted: Some((id("Created Version"), true)),
+        snapshot: false,
+    }
+}
+
+/// Every statement, by golden file name.
+fn all() -> BTreeMap<&'static str, Statement> {
+    let o = orders();
+    let l = order_lines();
+    let r = items();
+    let ro = items_with_options();
+    let db = Statement { sql: DATABASE.to_string(), slots: vec![] };
+    BTreeMap::from([
+        ("catalog_database", db),
+        ("catalog_table", table()),
+        ("catalog_columns", columns()),
+        ("ct_versions", versions()),
+        ("ct_fetch_start", o.changes(After::Start, Upto::Current)),
+        ("ct_fetch_after_key", o.changes(After::Key, Upto::Current)),
+        ("ct_refetch_start_to_version", o.changes(After::Start, Upto::Version)),
+        ("ct_refetch_start_to_key", o.changes(After::Start, Upto::Key)),
+        ("ct_refetch_key_to_version", o.changes(After::Key, Upto::Version)),
+        ("ct_refetch_key_to_key", o.changes(After::Key, Upto::Key)),
+        ("ct_pending_start", o.pending(After::Start)),
+        ("ct_pending_after_key", o.pending(After::Key)),
+        ("ct_walk_first", o.walk(false, false)),
+        ("ct_walk_after", o.walk(true, false)),
+        ("ct_walk_upto", o.walk(false, true)),
+        ("ct_walk_range", o.walk(true, true)),
+        ("ct_walk_pending_first", o.walk_pending(false)),
+        ("ct_walk_pending_after", o.walk_pending(true)),
+        ("ct_options_fetch_after_key", l.changes(After::Key, Upto::Current)),
+        (
+            "ct_meta_fetch_start",
+            CtShape { skip_context: true, metadata: true, ..orders() }.changes(After::Start, Upto::Current),
+        ),
+        ("ct_options_refetch_key_to_key", l.changes(After::Key, Upto::Key)),
+        ("ct_options_pending_after_key", l.pending(After::Key)),
+        ("ct_options_walk_range", l.walk(true, true)),
+        ("ct_hostile_fetch_after_key", hostile().changes(After::Key, Upto::Current)),
+        ("rv_fetch_start", r.changes(After::Start, false)),
+        ("rv_fetch_after_version", r.changes(After::Version, false)),
+        ("rv_fetch_after_key", r.changes(After::Key, false)),
+        ("rv_refetch_start_to_key", r.changes(After::Start, true)),
+        ("rv_refetch_key_to_key", r.changes(After::Key, true)),
+        ("rv_refetch_version_to_key", r.changes(After::Version, true)),
+        ("rv_pending_start", r.pending(After::Start)),
+        ("rv_pending_after_version", r.pending(After::Version)),
+        ("rv_pending_after_key", r.pending(After::Key)),
+        ("rv_newest", RvShape::newest()),
+        ("rv_options_fetch_after_key", ro.changes(After::Key, false)),
+        ("rv_options_fetch_start", ro.changes(After::Start, false)),
+    ])
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mssql")
+}
+
+/// The file text: one comment line naming each parameter, then the statement on one line.
+fn render(s: &Statement) -> String {
+    let params: Vec<String> = s.slots.iter().enumerate().map(|(i, slot)| format!("@P{} = {slot:?}", i + 1)).collect();
+    let header = if params.is_empty() { "-- no parameters".to_string() } else { format!("-- {}", params.join(", ")) };
+    format!("{header}\n{}\n", s.sql)
+}
+
+#[test]
+fn every_statement_matches_its_reviewed_golden_file() {
+    let update = std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1");
+    let dir = dir();
+    let mut failures = Vec::new();
+    let statements = all();
+    for (name, statement) in &statements {
+        let path = dir.join(format!("{name}.sql"));
+        let want = render(statement);
+        if update {
+            std::fs::create_dir_all(&dir).expect("create golden dir");
+            std::fs::write(&path, &want).expect("write golden file");
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(have) if have == want => {}
+            Ok(have) => failures.push(format!("{}:\n  file: {have}\n  code: {want}", path.display())),
+            Err(e) => failures.push(format!("{}: {e}", path.display())),
+        }
+    }
+    if !update {
+        for entry in std::fs::read_dir(&dir).expect("golden dir exists").flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = file.strip_suffix(".sql") {
+                if !statements.contains_key(stem) {
+                    failures.push(format!("{file} is not produced by any statement: delete it"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "golden statements differ; if the change is intended, run UPDATE_GOLDEN=1 cargo test --lib source::mssql and review git diff:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// String literals in a statement: only the fixed ones below may appear. Anything else would be a value
+/// spliced into the text.
+fn literals(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = sql.char_indices().peekable();
+    let mut in_ident = false;
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '[' if !in_ident => in_ident = true,
+            ']' if in_ident => {
+                if chars.peek().map(|(_, c)| *c) == Some(']') {
+                    chars.next();
+                } else {
+                    in_ident = false;
+                }
+            }
+            '\'' if !in_ident => {
+                let mut lit = String::new();
+                for (_, c) in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    lit.push(c);
+                }
+                let prefixed = i > 0 && &sql[i - 1..i] == "N";
+                out.push(if prefixed { format!("N'{lit}'") } else { format!("'{lit}'") });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn no_statement_splices_a_value() {
+    const FIXED: &[&str] = &[
+        "N'D'",
+        "N'I'",
+        "N''",
+        "N'BASE TABLE'",
+        "N'OBJECT'",
+        "N'SELECT'",
+        "N'VIEW CHANGE TRACKING'",
+        "N'PRIMARY KEY'",
+        "N'COLUMNID'",
+    ];
+    for (name, s) in all() {
+        for lit in literals(&s.sql) {
+            assert!(FIXED.contains(&lit.as_str()), "{name} contains the literal {lit}: values must be parameters");
+        }
+    }
+}
+
+#[test]
+fn parameterized_statements_are_upper_case_outside_identifiers() {
+    // Valid in case-sensitive databases (INFORMATION_SCHEMA is upper case there) and matchable by the mock.
+    for (name, s) in all() {
+        if s.slots.is_empty() && name == "catalog_database" {
+            continue;
+        }
+        let mut outside = String::new();
+        let mut depth = false;
+        let mut chars = s.sql.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '[' if !depth => depth = true,
+                ']' if depth => {
+                    if chars.peek() == Some(&']') {
+                        chars.next();
+                    } else {
+                        depth = false;
+                    }
+                }
+                c if !depth => outside.push(c),
+                _ => {}
+            }
+        }
+        assert!(
+            !outside.chars().any(|c| c.is_ascii_lowercase()),
+            "{name} has lower case outside identifiers: {outside}"
+        );
+    }
+}
+
+#[test]
+fn a_hostile_table_name_is_quoted_never_spliced() {
+    let s = hostile().changes(After::Key, Upto::Current).sql;
+    assert!(s.contains("CHANGETABLE(CHANGES [x]]; DROP TABLE y;--], @P3)"), "{s}");
+    assert!(s.contains("LEFT JOIN [x]]; DROP TABLE y;--] AS T ON T.[id]]; --] = CT.[id]]; --]"), "{s}");
+    assert!(!s.replace("[x]]; DROP TABLE y;--]", "").contains("DROP TABLE"));
+}
+
+#[test]
+fn the_keyset_is_expanded_and_bounded_for_a_seek() {
+    let s = order_lines().changes(After::Key, Upto::Current).sql;
+    assert!(s.contains(
+        "(CT.SYS_CHANGE_VERSION >= @P4 AND (CT.SYS_CHANGE_VERSION > @P4 OR (CT.SYS_CHANGE_VERSION = @P4 AND \
+(CT.[Order Id] > CONVERT(BIGINT, @P5) OR (CT.[Order Id] = CONVERT(BIGINT, @P5) AND CT.[Line №] > CONVERT(NVARCHAR(20), @P6))))))"
+    ), "{s}");
+    assert!(s.contains("(CT.SYS_CHANGE_CONTEXT IS NULL OR CT.SYS_CHANGE_CONTEXT <> @P7)"), "{s}");
+    assert!(!s.starts_with("SET TRANSACTION"), "READ COMMITTED reads add no isolation prefix");
+}
+
+#[test]
+fn parameters_are_numbered_in_binding_order() {
+    let s = orders().changes(After::Key, Upto::Key);
+    assert_eq!(
+        s.slots,
+        vec![
+            Slot::Table,
+            Slot::Limit,
+            Slot::Base,
+            Slot::AfterVersion,
+            Slot::AfterKey(0),
+            Slot::UptoVersion,
+            Slot::UptoKey(0)
+        ]
+    );
+    for n in 1..=s.slots.len() {
+        assert!(s.sql.contains(&format!("@P{n}")), "@P{n} is unused");
+    }
+    assert!(!s.sql.contains(&format!("@P{}", s.slots.len() + 1)));
+}

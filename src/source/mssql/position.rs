@@ -1,0 +1,122 @@
+//! Positions of the SQL Server sources, as the opaque JSON the engine stores.
+//!
+//! Change tracking: `{"phase":"changes","base":B,"last":{"version":V,"key":[...]}}` means "every net
+//! change reported by `CHANGETABLE(CHANGES t, B)` up to `(V, key)` in `(version, key)` order was
+//! delivered"; without `last` it means "everything up to version B". `{"phase":"snapshot","base":B,
+//! "key":[...]}` is a walk of the current rows (startFrom snapshot, or a resync) that continues with the
+//! changes after B, the version read before the walk began.
+//!
+//! Rowversion: `{"rv":R,"key":[...]}`: every row up to `(R, key)` in `(rowversion, key)` order; without
+//! `key`, every row up to rowversion R.
+//!
+//! Key values are texts (see `types`): a position stays readable in the state document and a change of the
+//! key's type is caught by the source fingerprint, not by a misparse.
+
+use crate::source::{Position, SourceError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Last {
+    pub version: i64,
+    pub key: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "lowercase", deny_unknown_fields)]
+pub enum CtPosition {
+    Changes {
+        base: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last: Option<Last>,
+    },
+    Snapshot {
+        base: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Vec<String>>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RvPosition {
+    pub rv: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Vec<String>>,
+}
+
+fn misfit(p: &Position, table: &str, why: &str) -> SourceError {
+    SourceError::Invalid(format!(
+        "stored position {p} does not fit {table} ({why}); the state was written by another source or version: reset it with `handler state reset <function> --to now --confirm`"
+    ))
+}
+
+impl CtPosition {
+    /// Reads a stored position. `Ok(None)` for `null` (before everything).
+    pub fn parse(p: &Position, key_len: usize, table: &str) -> Result<Option<Self>, SourceError> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        let pos: Self = serde_json::from_value(p.clone()).map_err(|e| misfit(p, table, &e.to_string()))?;
+        let len = match &pos {
+            Self::Changes { last: Some(l), .. } => Some(l.key.len()),
+            Self::Snapshot { key: Some(k), .. } => Some(k.len()),
+            _ => None,
+        };
+        if len.is_some_and(|n| n != key_len) {
+            return Err(misfit(p, table, &format!("expected {key_len} key value(s)")));
+        }
+        Ok(Some(pos))
+    }
+
+    pub fn to_json(&self) -> Position {
+        serde_json::to_value(self).unwrap_or(Position::Null)
+    }
+}
+
+impl RvPosition {
+    pub fn parse(p: &Position, key_len: usize, table: &str) -> Result<Option<Self>, SourceError> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        let pos: Self = serde_json::from_value(p.clone()).map_err(|e| misfit(p, table, &e.to_string()))?;
+        if pos.key.as_ref().is_some_and(|k| k.len() != key_len) {
+            return Err(misfit(p, table, &format!("expected {key_len} key value(s)")));
+        }
+        Ok(Some(pos))
+    }
+
+    pub fn to_json(&self) -> Position {
+        serde_json::to_value(self).unwrap_or(Position::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn positions_round_trip_as_readable_json() {
+        let p = CtPosition::Changes { base: 10, last: Some(Last { version: 12, key: vec!["7".into()] }) };
+        assert_eq!(p.to_json(), json!({"phase": "changes", "base": 10, "last": {"version": 12, "key": ["7"]}}));
+        assert_eq!(CtPosition::parse(&p.to_json(), 1, "t").expect("parses"), Some(p));
+        let s = CtPosition::Snapshot { base: 5, key: None };
+        assert_eq!(s.to_json(), json!({"phase": "snapshot", "base": 5}));
+        assert_eq!(CtPosition::parse(&Position::Null, 1, "t").expect("null"), None);
+    }
+
+    #[test]
+    fn a_foreign_or_misshapen_position_is_refused_with_the_way_out() {
+        let e = CtPosition::parse(&json!(["1", "2"]), 1, "dbo.T").unwrap_err().to_string();
+        assert!(e.contains("does not fit dbo.T") && e.contains("handler state reset"), "{e}");
+        let e = CtPosition::parse(
+            &json!({"phase": "changes", "base": 1, "last": {"version": 2, "key": ["a", "b"]}}),
+            1,
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("expected 1 key value"), "{e}");
+        assert!(RvPosition::parse(&json!({"rv": 3, "key": ["1"]}), 1, "t").expect("valid").is_some());
+    }
+}

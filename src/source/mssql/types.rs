@@ -1,0 +1,153 @@
+//! Column types as the catalog reports them, and the two things the source needs from a type: whether the
+//! trigger can put it in `Item`, and how a key value round-trips through text in a stored position.
+//!
+//! Positions hold key values as text (like the PostgreSQL source) so one code path serves every key type.
+//! The text is made by `CONVERT(NVARCHAR(MAX), value, style)` and read back by `CONVERT(TYPE, @Pn, style)`;
+//! the style is chosen per type so the round trip is exact (the default styles drop datetime milliseconds,
+//! money's last two digits and float digits). Type names in statements come only from the fixed list
+//! below, never from catalog text.
+
+/// A column's type from `INFORMATION_SCHEMA.COLUMNS` (`DATA_TYPE` is the base system type, also for alias
+/// types).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlType {
+    /// Lower-case system type name (`int`, `nvarchar`, `datetime2`, `geography`, ...).
+    pub name: String,
+    /// `CHARACTER_MAXIMUM_LENGTH`: characters or bytes, -1 for `(max)`.
+    pub max_length: Option<i32>,
+    pub precision: Option<i32>,
+    pub scale: Option<i32>,
+    /// `DATETIME_PRECISION`: fractional-second digits of `time`, `datetime2` and `datetimeoffset`.
+    pub datetime_precision: Option<i32>,
+}
+
+/// Types `FOR JSON` cannot serialize (CLR types) or that have no stable JSON form. The official trigger
+/// rejects the first three; `sql_variant` is rejected too because its JSON shape changes with each value.
+pub const UNSUPPORTED: &[&str] = &["geography", "geometry", "hierarchyid", "sql_variant"];
+
+impl SqlType {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_ascii_lowercase(),
+            max_length: None,
+            precision: None,
+            scale: None,
+            datetime_precision: None,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn with_length(mut self, length: i32) -> Self {
+        self.max_length = Some(length);
+        self
+    }
+
+    #[cfg(test)]
+    pub fn with_precision(mut self, precision: i32, scale: i32) -> Self {
+        self.precision = Some(precision);
+        self.scale = Some(scale);
+        self
+    }
+
+    #[cfg(test)]
+    pub fn with_datetime_precision(mut self, digits: i32) -> Self {
+        self.datetime_precision = Some(digits);
+        self
+    }
+
+    /// True when the trigger cannot put this column in `Item`.
+    pub fn is_unsupported(&self) -> bool {
+        UNSUPPORTED.contains(&self.name.as_str())
+    }
+
+    /// The `CONVERT` style that makes the text form of a value exact, if the default is not.
+    pub fn text_style(&self) -> Option<u8> {
+        match self.name.as_str() {
+            // 0x-prefixed hex; style 1 converts back as well.
+            "binary" | "varbinary" => Some(1),
+            // ODBC canonical with all fractional digits (and the offset for datetimeoffset).
+            "date" | "time" | "datetime" | "datetime2" | "smalldatetime" | "datetimeoffset" => Some(121),
+            // 17 significant digits: the documented lossless style.
+            "float" | "real" => Some(3),
+            // Four decimals, no thousands separators (the default style keeps only two).
+            "money" | "smallmoney" => Some(2),
+            _ => None,
+        }
+    }
+
+    /// The type to `CONVERT` a key's text back to, in upper case. `Err` names why the type cannot be a key
+    /// the trigger pages over.
+    pub fn convert_target(&self) -> Result<String, String> {
+        let sized = |n: &str| match self.max_length {
+            Some(-1) => Ok(format!("{n}(MAX)")),
+            Some(len) if len > 0 => Ok(format!("{n}({len})")),
+            _ => Err(format!("{} has no length in the catalog", self.name)),
+        };
+        let upper = self.name.to_ascii_uppercase();
+        match self.name.as_str() {
+            "bigint" | "int" | "smallint" | "tinyint" | "bit" | "money" | "smallmoney" | "float" | "real" | "date"
+            | "datetime" | "smalldatetime" | "uniqueidentifier" => Ok(upper),
+            "decimal" | "numeric" => match (self.precision, self.scale) {
+                (Some(p), Some(s)) if (1..=38).contains(&p) && (0..=p).contains(&s) => Ok(format!("{upper}({p},{s})")),
+                _ => Err(format!("{} has no precision and scale in the catalog", self.name)),
+            },
+            "time" | "datetime2" | "datetimeoffset" => match self.datetime_precision {
+                Some(d) if (0..=7).contains(&d) => Ok(format!("{upper}({d})")),
+                _ => Ok(upper),
+            },
+            "char" | "varchar" | "nchar" | "nvarchar" | "binary" | "varbinary" => sized(&upper),
+            other => Err(format!("{other} cannot be a key the trigger pages over")),
+        }
+    }
+
+    /// `CONVERT(NVARCHAR(MAX), expr[, style])`: the exact text of a key value.
+    pub fn to_text(&self, expr: &str) -> String {
+        match self.text_style() {
+            Some(style) => format!("CONVERT(NVARCHAR(MAX), {expr}, {style})"),
+            None => format!("CONVERT(NVARCHAR(MAX), {expr})"),
+        }
+    }
+
+    /// `CONVERT(TYPE, @Pn[, style])`: a key value back from its text. Only valid for key types.
+    pub fn parse_text(&self, param: &str) -> String {
+        let target = self.convert_target().unwrap_or_else(|_| "NVARCHAR(MAX)".to_string());
+        match self.text_style() {
+            Some(style) => format!("CONVERT({target}, {param}, {style})"),
+            None => format!("CONVERT({target}, {param})"),
+        }
+    }
+}
+
+impl std::fmt::Display for SqlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_types_convert_back_exactly() {
+        assert_eq!(SqlType::new("int").parse_text("@P3"), "CONVERT(INT, @P3)");
+        assert_eq!(SqlType::new("nvarchar").with_length(50).parse_text("@P3"), "CONVERT(NVARCHAR(50), @P3)");
+        assert_eq!(SqlType::new("varbinary").with_length(-1).parse_text("@P3"), "CONVERT(VARBINARY(MAX), @P3, 1)");
+        assert_eq!(SqlType::new("decimal").with_precision(18, 4).parse_text("@P3"), "CONVERT(DECIMAL(18,4), @P3)");
+        assert_eq!(
+            SqlType::new("datetime2").with_datetime_precision(3).parse_text("@P3"),
+            "CONVERT(DATETIME2(3), @P3, 121)"
+        );
+        assert_eq!(SqlType::new("money").to_text("CT.[m]"), "CONVERT(NVARCHAR(MAX), CT.[m], 2)");
+        assert_eq!(SqlType::new("float").to_text("CT.[f]"), "CONVERT(NVARCHAR(MAX), CT.[f], 3)");
+    }
+
+    #[test]
+    fn types_that_cannot_be_keys_or_items_say_so() {
+        assert!(SqlType::new("geography").is_unsupported());
+        assert!(SqlType::new("sql_variant").is_unsupported());
+        assert!(!SqlType::new("xml").is_unsupported());
+        assert!(SqlType::new("xml").convert_target().unwrap_err().contains("cannot be a key"));
+        assert!(SqlType::new("decimal").convert_target().is_err());
+    }
+}

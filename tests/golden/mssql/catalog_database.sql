@@ -1,0 +1,2 @@
+-- no parameters
+SELECT CAST(d.compatibility_level AS INT) AS COMPAT, CAST(d.snapshot_isolation_state AS INT) AS SNAPSHOT_STATE, CAST(d.is_read_committed_snapshot_on AS INT) AS RCSI, CHANGE_TRACKING_CURRENT_VERSION() AS CT_VERSION, CAST(ct.retention_period AS INT) AS RETENTION, CAST(ct.retention_period_units AS INT) AS RETENTION_UNITS, DB_NAME() AS DB, USER_NAME() AS LOGIN_USER FROM sys.databases AS d LEFT JOIN sys.change_tracking_databases AS ct ON ct.database_id = d.database_id WHERE d.database_id = DB_ID()

@@ -1,0 +1,2 @@
+-- no parameters
+SELECT CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1 AS RV

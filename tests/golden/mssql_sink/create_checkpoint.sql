@@ -1,0 +1,1 @@
+IF OBJECT_ID(N'[Sales Ünïcode].[sql_pseudo_trigger_checkpoint]', N'U') IS NULL CREATE TABLE [Sales Ünïcode].[sql_pseudo_trigger_checkpoint] ([function] nvarchar(450) NOT NULL PRIMARY KEY, [batch_id] bigint NOT NULL, [from_position] nvarchar(max) NOT NULL, [to_position] nvarchar(max) NOT NULL, [fence] bigint NOT NULL, [rows] bigint NOT NULL, [applied_at] datetime2 NOT NULL);

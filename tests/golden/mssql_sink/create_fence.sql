@@ -1,0 +1,1 @@
+IF OBJECT_ID(N'[Sales Ünïcode].[sql_pseudo_trigger_fence]', N'U') IS NULL CREATE TABLE [Sales Ünïcode].[sql_pseudo_trigger_fence] ([function] nvarchar(450) NOT NULL PRIMARY KEY, [token] bigint NOT NULL, [updated_at] datetime2 NOT NULL);

@@ -21,4 +21,5 @@ pub mod shutdown;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod telemetry;
 pub mod trigger;

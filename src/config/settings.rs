@@ -123,6 +123,35 @@ pub const ADMIN_KEY: SettingDef = SettingDef {
     doc: "Key for the admin routes served directly at /admin (for `handler run`); requests carry it in x-functions-key or code. Under the Functions host use the admin function template instead, which function keys protect.",
 };
 
+pub const APPLICATIONINSIGHTS_CONNECTION_STRING: SettingDef = SettingDef {
+    name: "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    function_key: None,
+    host_json_key: None,
+    default: "(unset)",
+    doc: "Export the handler's metrics (`sql_trigger.*`) to this Application Insights resource as custom metrics (instrumentation-key auth). See docs/telemetry.md.",
+};
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: SettingDef = SettingDef {
+    name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+    function_key: None,
+    host_json_key: None,
+    default: "(unset)",
+    doc: "Export the handler's metrics over OTLP http/protobuf to `{endpoint}/v1/metrics` (an OpenTelemetry Collector, port 4318). OTEL_EXPORTER_OTLP_METRICS_ENDPOINT gives the full URL instead; OTEL_EXPORTER_OTLP_HEADERS adds headers.",
+};
+pub const METRICS: SettingDef = SettingDef {
+    name: "Sql_Trigger_Metrics",
+    function_key: None,
+    host_json_key: None,
+    default: "auto",
+    doc: "`auto`: export metrics to every exporter configured (APPLICATIONINSIGHTS_CONNECTION_STRING, OTEL_EXPORTER_OTLP_ENDPOINT); with none, nothing is started. `otlp` or `appinsights`: that one only. `off`: no metrics (as do OTEL_SDK_DISABLED=true and OTEL_METRICS_EXPORTER=none).",
+};
+pub const METRICS_INTERVAL_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_MetricsIntervalMs",
+    function_key: None,
+    host_json_key: None,
+    default: "30000",
+    doc: "With a metrics exporter configured: how often metrics are exported and the status gauges are refreshed (one state read and one pending-changes query per function, off the tick path).",
+};
+
 /// Every setting, in documentation order.
 pub const ALL: &[SettingDef] = &[
     MAX_BATCH_SIZE,
@@ -139,6 +168,10 @@ pub const ALL: &[SettingDef] = &[
     APP_NAME,
     LOG_LEVEL,
     ADMIN_KEY,
+    APPLICATIONINSIGHTS_CONNECTION_STRING,
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    METRICS,
+    METRICS_INTERVAL_MS,
 ];
 
 /// How a batch reaches its destination, and so what guarantee holds.

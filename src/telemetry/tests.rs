@@ -1,0 +1,370 @@
+//! The metrics contract: what is read from the settings, and what a tick and a status poll record. Recording is
+//! checked through a capturing exporter on the SDK's own periodic reader (flushed by hand), so these tests need
+//! no network; tests/telemetry.rs checks the OTLP wire end to end.
+
+use super::instruments::outcome_label;
+use super::*;
+use crate::config::{AppConfig, ConfigErrors, Env, FunctionConfig};
+use crate::protocol::RetryContext;
+use crate::source::memory::MemorySource;
+use crate::state::MemoryStore;
+use crate::trigger::{ErrorKind, OutcomeKind};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::Temporality;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+fn env(pairs: &[(&str, &str)]) -> Env {
+    Env::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+}
+
+fn config(pairs: &[(&str, &str)]) -> Result<Option<TelemetryConfig>, ConfigErrors> {
+    TelemetryConfig::from_env(&env(pairs), "my-app")
+}
+
+// ---- settings ----
+
+#[test]
+fn without_an_exporter_nothing_is_configured() {
+    assert!(config(&[]).expect("valid").is_none());
+    assert!(config(&[("Sql_Trigger_MetricsIntervalMs", "5000")]).expect("valid").is_none());
+}
+
+#[test]
+fn the_otlp_base_endpoint_gets_the_metrics_path_and_the_signal_endpoint_is_taken_as_is() {
+    let c = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]).expect("valid").expect("on");
+    assert_eq!(c.otlp_endpoint.as_deref(), Some("http://collector:4318/v1/metrics"));
+    assert_eq!(c.interval, Duration::from_secs(30));
+    assert_eq!(c.service_name, "my-app");
+    let c = config(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://otlp.example/custom/path"),
+        ("OTEL_SERVICE_NAME", "orders-trigger"),
+    ])
+    .expect("valid")
+    .expect("on");
+    assert_eq!(c.otlp_endpoint.as_deref(), Some("https://otlp.example/custom/path"));
+    assert_eq!(c.service_name, "orders-trigger");
+}
+
+#[test]
+fn grpc_and_bad_urls_are_refused_naming_the_setting() {
+    let errors = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
+        .expect_err("grpc is refused")
+        .to_string();
+    assert!(errors.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && errors.contains("http/protobuf"), "{errors}");
+    let errors = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]).expect_err("not a URL").to_string();
+    assert!(errors.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && errors.contains("http://"), "{errors}");
+    let errors = config(&[
+        ("APPLICATIONINSIGHTS_CONNECTION_STRING", "InstrumentationKey=k"),
+        ("Sql_Trigger_MetricsIntervalMs", "0"),
+    ])
+    .expect_err("zero interval")
+    .to_string();
+    assert!(errors.contains("Sql_Trigger_MetricsIntervalMs"), "{errors}");
+}
+
+#[test]
+fn headers_are_url_decoded_and_never_printed() {
+    let c = config(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s3cr%3Dt, x-team = data"),
+        ("APPLICATIONINSIGHTS_CONNECTION_STRING", "InstrumentationKey=very-secret"),
+    ])
+    .expect("valid")
+    .expect("on");
+    let headers: Vec<(&str, &str)> = c.otlp_headers.iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    assert_eq!(headers, [("api-key", "s3cr=t"), ("x-team", "data")]);
+    let printed = format!("{c:?}");
+    assert!(!printed.contains("s3cr") && !printed.contains("very-secret"), "{printed}");
+    let errors = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_EXPORTER_OTLP_HEADERS", "token")])
+        .expect_err("not key=value")
+        .to_string();
+    assert!(errors.contains("OTEL_EXPORTER_OTLP_HEADERS") && !errors.contains("token"), "{errors}");
+}
+
+#[test]
+fn metrics_can_be_turned_off_or_limited_to_one_exporter() {
+    let both = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ("APPLICATIONINSIGHTS_CONNECTION_STRING", "InstrumentationKey=k"),
+    ];
+    let with = |extra: (&str, &str)| {
+        let mut pairs = both.to_vec();
+        pairs.push(extra);
+        config(&pairs).expect("valid")
+    };
+    assert!(with(("Sql_Trigger_Metrics", "off")).is_none());
+    assert!(with(("OTEL_SDK_DISABLED", "true")).is_none());
+    assert!(with(("OTEL_METRICS_EXPORTER", "none")).is_none());
+    let otlp = with(("Sql_Trigger_Metrics", "otlp")).expect("on");
+    assert!(otlp.otlp_endpoint.is_some() && otlp.app_insights.is_none());
+    let ai = with(("Sql_Trigger_Metrics", "AppInsights")).expect("on");
+    assert!(ai.otlp_endpoint.is_none() && ai.app_insights.is_some());
+    let auto = with(("Sql_Trigger_Metrics", "auto")).expect("on");
+    assert!(auto.otlp_endpoint.is_some() && auto.app_insights.is_some());
+}
+
+// ---- recording ----
+
+/// One exported data point: a sum's or gauge's value, or a histogram's sum and count.
+#[derive(Debug, Clone, PartialEq)]
+struct Point {
+    metric: String,
+    attributes: BTreeMap<String, String>,
+    value: f64,
+    count: u64,
+}
+
+/// Keeps the points of the latest export (cumulative, so the latest holds everything so far).
+#[derive(Debug, Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Point>>>);
+
+impl Capture {
+    fn points(&self, metric: &str) -> Vec<Point> {
+        self.0.lock().expect("capture lock").iter().filter(|p| p.metric == metric).cloned().collect()
+    }
+
+    /// The one point of `metric` whose attributes include every pair in `with`.
+    fn point(&self, metric: &str, with: &[(&str, &str)]) -> Option<Point> {
+        let matching: Vec<Point> = self
+            .points(metric)
+            .into_iter()
+            .filter(|p| with.iter().all(|(k, v)| p.attributes.get(*k).map(String::as_str) == Some(*v)))
+            .collect();
+        assert!(matching.len() <= 1, "{metric} {with:?} matches {matching:?}");
+        matching.into_iter().next()
+    }
+}
+
+fn flatten<T: Copy>(metric: &str, data: &MetricData<T>, to_f64: fn(T) -> f64, out: &mut Vec<Point>) {
+    let attributes = |attrs: &mut dyn Iterator<Item = &KeyValue>| {
+        attrs.map(|kv| (kv.key.as_str().to_string(), kv.value.as_str().into_owned())).collect()
+    };
+    match data {
+        MetricData::Gauge(g) => out.extend(g.data_points().map(|p| Point {
+            metric: metric.into(),
+            attributes: attributes(&mut p.attributes()),
+            value: to_f64(p.value()),
+            count: 1,
+        })),
+        MetricData::Sum(s) => out.extend(s.data_points().map(|p| Point {
+            metric: metric.into(),
+            attributes: attributes(&mut p.attributes()),
+            value: to_f64(p.value()),
+            count: 1,
+        })),
+        MetricData::Histogram(h) => out.extend(h.data_points().map(|p| Point {
+            metric: metric.into(),
+            attributes: attributes(&mut p.attributes()),
+            value: to_f64(p.sum()),
+            count: p.count(),
+        })),
+        _ => {}
+    }
+}
+
+impl PushMetricExporter for Capture {
+    fn export(&self, metrics: &ResourceMetrics) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let mut points = Vec::new();
+        for scope in metrics.scope_metrics() {
+            for m in scope.metrics() {
+                match m.data() {
+                    AggregatedMetrics::U64(d) => flatten(m.name(), d, |v| v as f64, &mut points),
+                    AggregatedMetrics::I64(d) => flatten(m.name(), d, |v| v as f64, &mut points),
+                    AggregatedMetrics::F64(d) => flatten(m.name(), d, |v| v, &mut points),
+                }
+            }
+        }
+        *self.0.lock().expect("capture lock") = points;
+        std::future::ready(Ok(()))
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn temporality(&self) -> Temporality {
+        Temporality::Cumulative
+    }
+}
+
+/// A function named `orders` as loaded from an app folder (the engine reads only its settings).
+fn function_config() -> FunctionConfig {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let root = std::env::temp_dir().join(format!(
+        "spt-telemetry-unit-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let dir = root.join("orders");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(
+        dir.join("function.json"),
+        r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
+            {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
+            "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
+    )
+    .expect("function.json");
+    std::fs::write(
+        dir.join("sqltrigger.json"),
+        r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
+    )
+    .expect("sqltrigger.json");
+    let env = env(&[("Pg", "postgres://nobody@127.0.0.1:1/none")]);
+    let config = AppConfig::load_from(&root, env).expect("valid config");
+    let _ = std::fs::remove_dir_all(&root);
+    config.functions[0].clone()
+}
+
+struct Setup {
+    source: Arc<MemorySource>,
+    trigger: Arc<Trigger>,
+    capture: Capture,
+    provider: SdkMeterProvider,
+    telemetry: Telemetry,
+}
+
+/// A trigger over memory, observed by telemetry whose only reader is the capture, exported on `flush`.
+fn setup(poll_every: Duration) -> Setup {
+    let source = Arc::new(MemorySource::new());
+    let trigger = Arc::new(Trigger::new(
+        function_config(),
+        "app",
+        source.clone(),
+        Arc::new(MemoryStore::new()),
+        "owner-1".into(),
+    ));
+    let capture = Capture::default();
+    // The reader's own schedule never fires within a test: `flush` exports.
+    let reader = PeriodicReader::builder(capture.clone()).with_interval(Duration::from_secs(3600)).build();
+    let provider = SdkMeterProvider::builder().with_reader(reader).build();
+    let telemetry = Telemetry::over(provider.clone(), vec![trigger.clone()], poll_every);
+    Setup { source, trigger, capture, provider, telemetry }
+}
+
+impl Setup {
+    fn flush(&self) {
+        self.provider.force_flush().expect("export");
+    }
+}
+
+const NORMAL: RetryContext = RetryContext { retry_count: 0, max_retry_count: 0 };
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tick_is_counted_by_outcome_with_its_batch_size_and_duration() {
+    // GIVEN three changes waiting
+    let s = setup(Duration::from_secs(3600));
+    s.source.upsert([1, 2, 3], 1);
+
+    // WHEN one tick delivers them and the next acknowledges them and finds nothing new
+    let first = s.trigger.tick(NORMAL).await.expect("tick");
+    assert_eq!(first.changes.len(), 3);
+    s.trigger.tick(NORMAL).await.expect("tick");
+    s.flush();
+
+    // THEN each tick is counted once under its outcome
+    let f = ("function", "orders");
+    let ticks = |outcome: &str| s.capture.point("sql_trigger.ticks", &[f, ("outcome", outcome)]).map(|p| p.value);
+    assert_eq!((ticks("delivered"), ticks("empty")), (Some(1.0), Some(1.0)));
+    // AND the batch's changes, size and duration are recorded
+    let delivered = s.capture.point("sql_trigger.changes.delivered", &[f, ("outcome", "delivered")]).expect("changes");
+    assert_eq!(delivered.value, 3.0);
+    let size = s.capture.point("sql_trigger.batch.size", &[f]).expect("batch size");
+    assert_eq!((size.count, size.value), (1, 3.0), "only the tick that answered a batch is a batch");
+    let durations: u64 = s.capture.points("sql_trigger.tick.duration").iter().map(|p| p.count).sum();
+    assert_eq!(durations, 2);
+    // AND the state-store operations of both ticks (each reads once and commits once)
+    let ops = s.capture.point("sql_trigger.store.operations", &[f]).expect("store operations");
+    assert_eq!(ops.value, 4.0);
+    assert!(s.capture.points("sql_trigger.failures").is_empty());
+    s.telemetry.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_tick_counts_a_failure_by_kind() {
+    // GIVEN a database that is down for the next fetch
+    let s = setup(Duration::from_secs(3600));
+    s.source.upsert([1], 1);
+    s.source.fail_next_fetches(1);
+
+    // WHEN a tick fails on it
+    s.trigger.tick(NORMAL).await.expect_err("the fetch fails");
+    s.flush();
+
+    // THEN it is a transient failure and a failed tick, with no batch recorded
+    let f = ("function", "orders");
+    let failures = s.capture.point("sql_trigger.failures", &[f, ("kind", "transient")]).expect("failure");
+    assert_eq!(failures.value, 1.0);
+    assert!(s.capture.point("sql_trigger.failures", &[f, ("kind", "operator")]).is_none());
+    assert_eq!(s.capture.point("sql_trigger.ticks", &[f, ("outcome", "failed")]).map(|p| p.value), Some(1.0));
+    assert!(s.capture.points("sql_trigger.batch.size").is_empty());
+    s.telemetry.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gauges_report_the_last_status_poll() {
+    // GIVEN 2,500 changes waiting, and a status poll every 20 ms
+    let s = setup(Duration::from_millis(20));
+    s.source.upsert(1..=2500, 1);
+
+    // WHEN a poll has run
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pending = loop {
+        s.flush();
+        // The first poll may have run before the changes were written: wait for one that saw them.
+        match s.capture.point("sql_trigger.changes.pending", &[("function", "orders")]) {
+            Some(p) if p.value > 0.0 => break p,
+            _ => assert!(Instant::now() < deadline, "no status poll saw the changes within 10 s"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
+    // THEN the gauges carry what status computes: pending, ceil(pending / 1000) workers, nothing quarantined
+    assert_eq!(pending.value, 2500.0);
+    let gauge = |metric: &str| s.capture.point(metric, &[("function", "orders")]).map(|p| p.value);
+    assert_eq!(gauge("sql_trigger.target_workers"), Some(3.0));
+    assert_eq!(gauge("sql_trigger.batches.quarantined"), Some(0.0));
+    assert!(gauge("sql_trigger.seconds_since_progress").is_some());
+    s.telemetry.shutdown().await;
+}
+
+#[test]
+fn outcomes_have_stable_lowercase_labels() {
+    assert_eq!(outcome_label(Ok(OutcomeKind::LeaseHeld)), "lease_held");
+    assert_eq!(outcome_label(Ok(OutcomeKind::Redelivered)), "redelivered");
+    assert_eq!(outcome_label(Err(ErrorKind::Operator)), "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_insights_is_set_up_from_its_connection_string_without_the_network() {
+    // GIVEN a connection string (its ingestion endpoint is never reached: nothing is recorded)
+    let ikey = "InstrumentationKey=00000000-0000-0000-0000-000000000000;IngestionEndpoint=https://127.0.0.1:9/";
+    let c = config(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", ikey)]).expect("valid").expect("on");
+
+    // WHEN metrics start and stop
+    let started = Instant::now();
+    let telemetry = Telemetry::start(&c, "instance-1", Vec::new()).expect("the exporter is built");
+
+    // THEN start-up is quick and so is a shutdown with nothing to send
+    assert!(started.elapsed() < Duration::from_secs(1), "start-up took {:?}", started.elapsed());
+    let stopping = Instant::now();
+    telemetry.shutdown().await;
+    assert!(stopping.elapsed() < Duration::from_secs(2), "shutdown took {:?}", stopping.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_connection_string_is_an_error_naming_the_setting() {
+    let c = config(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", "InstrumentationKey=k;Authorization=AAD")])
+        .expect("valid")
+        .expect("on");
+    let error = Telemetry::start(&c, "instance-1", Vec::new()).expect_err("Entra ID auth is not supported");
+    assert!(error.contains("APPLICATIONINSIGHTS_CONNECTION_STRING"), "{error}");
+}

@@ -132,3 +132,174 @@ const ROUTES: &[&str] = &[
     "GET /{function}/quarantine/{batch}",
     "POST /{function}/quarantine/{batch}/retry",
 ];
+
+#[cfg(test)]
+mod tests {
+    //! Request decoding and the route table, over an app whose database is never reachable and whose state
+    //! lives in memory: every route that needs only the state store answers for real.
+    use super::*;
+    use crate::config::{AppConfig, Env};
+    use crate::embedded::ScratchDir;
+    use crate::source::Position;
+    use crate::state::MemoryStore;
+    use std::sync::Arc;
+
+    /// An app with one PostgreSQL function `Orders` (on a port nobody listens on) and a memory store.
+    fn app() -> (Arc<App>, ScratchDir) {
+        let dir = ScratchDir::new("admin-test").expect("scratch dir");
+        let function = dir.path().join("Orders");
+        std::fs::create_dir_all(&function).expect("function dir");
+        std::fs::write(
+            function.join("function.json"),
+            r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
+                {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
+                "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
+        )
+        .expect("function.json");
+        std::fs::write(
+            function.join("sqltrigger.json"),
+            r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
+        )
+        .expect("sqltrigger.json");
+        let port = crate::embedded::free_port().expect("a free port");
+        let env = Env::from_pairs([("Pg".to_string(), format!("postgres://nobody@127.0.0.1:{port}/none"))]);
+        let config = AppConfig::load_from(dir.path(), env).expect("valid config");
+        (Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds")), dir)
+    }
+
+    fn request(method: &str, path: &str, query: &[(&str, &str)]) -> AdminRequest {
+        AdminRequest {
+            method: method.into(),
+            path: path.into(),
+            query: query.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            who: "test".into(),
+        }
+    }
+
+    /// Writes a fresh state document for `Orders`, as its first tick would.
+    async fn first_tick_state(app: &App) {
+        let t = app.trigger("Orders").expect("Orders");
+        let doc = t.new_doc(Position::Null);
+        t.store().save_if(t.state_key(), &serde_json::to_vec(&doc).expect("json"), None).await.expect("save");
+    }
+
+    #[test]
+    fn a_host_invocation_gives_the_method_path_query_and_caller() {
+        let req = json!({
+            "Url": "https://x/api/sqltrigger/OrdersChanged/reset?to=now&confirm=true",
+            "Method": "post",
+            "Query": { "to": "now", "confirm": "true" },
+            "Headers": { "X-MS-CLIENT-PRINCIPAL-NAME": ["alice@contoso.com"] },
+            "Params": { "path": "OrdersChanged/reset" }
+        });
+        let r = AdminRequest::from_host(&req);
+        assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "OrdersChanged/reset"));
+        assert_eq!(r.query.get("to").map(String::as_str), Some("now"));
+        assert_eq!(r.query.get("confirm").map(String::as_str), Some("true"));
+        assert_eq!(r.who, "alice@contoso.com (admin route)");
+    }
+
+    #[test]
+    fn without_the_route_parameter_the_path_comes_from_the_url_and_the_caller_is_the_key_holder() {
+        let req = json!({
+            "Url": "https://x/api/sqltrigger/OrdersChanged/quarantine/3?code=k",
+            "Method": "GET", "Query": {}, "Headers": {}, "Params": {}
+        });
+        let r = AdminRequest::from_host(&req);
+        assert_eq!(r.path, "OrdersChanged/quarantine/3");
+        assert_eq!(r.who, "function key holder (admin route)");
+        // The admin function's own root lists the functions
+        let root = AdminRequest::from_host(&json!({ "Url": "https://x/api/sqltrigger", "Method": "GET" }));
+        assert_eq!(root.path, "");
+    }
+
+    #[tokio::test]
+    async fn the_root_lists_functions_and_unknown_functions_and_routes_are_404_with_what_exists() {
+        let (app, _dir) = app();
+        let (status, body) = dispatch(&app, request("GET", "", &[])).await;
+        assert_eq!((status, &body["functions"]), (StatusCode::OK, &json!(["Orders"])));
+
+        let (status, body) = dispatch(&app, request("GET", "Nope/status", &[])).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body["error"].as_str().is_some_and(|m| m.contains("Nope")), "{body}");
+        assert_eq!(body["functions"], json!(["Orders"]));
+
+        // A write route with the wrong method is not run
+        let (status, body) = dispatch(&app, request("GET", "Orders/pause", &[])).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body["routes"].as_array().is_some_and(|r| r.len() == ROUTES.len()), "{body}");
+    }
+
+    #[tokio::test]
+    async fn function_names_are_matched_without_regard_to_case_as_the_host_does() {
+        let (app, _dir) = app();
+        first_tick_state(&app).await;
+        let (status, body) = dispatch(&app, request("POST", "orders/pause", &[])).await;
+        assert_eq!((status, &body["paused"]), (StatusCode::OK, &json!(true)), "{body}");
+    }
+
+    #[tokio::test]
+    async fn bad_or_missing_parameters_are_400_with_what_to_send() {
+        let (app, _dir) = app();
+        first_tick_state(&app).await;
+        // (method, path, query, what the error must say)
+        type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: [Case; 6] = [
+            ("POST", "Orders/reset", &[], "to=earliest|now"),
+            ("POST", "Orders/reset", &[("to", "now")], "confirm=true"),
+            ("POST", "Orders/reset", &[("to", "tomorrow")], "earliest, now or a JSON position"),
+            ("POST", "Orders/replay", &[], "from=<json position>"),
+            ("POST", "Orders/replay", &[("from", "[1,")], "not a JSON position"),
+            ("GET", "Orders/quarantine/abc", &[], "not a batch id"),
+        ];
+        for (method, path, query, expected) in cases {
+            let (status, body) = dispatch(&app, request(method, path, query)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path} {query:?}: {body}");
+            let message = body["error"].as_str().unwrap_or_default();
+            assert!(message.contains(expected), "{method} {path} {query:?}: {message}");
+        }
+        // AND none of them wrote anything
+        let (_, shown) = dispatch(&app, request("GET", "Orders", &[])).await;
+        assert_eq!(shown["state"]["checkpoint"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn store_only_actions_answer_and_a_missing_state_or_quarantine_document_is_404() {
+        let (app, _dir) = app();
+        // A function that never ran: nothing to pause, show has no state
+        let (status, body) = dispatch(&app, request("POST", "Orders/pause", &[])).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body["error"].as_str().is_some_and(|m| m.contains("has not run")), "{body}");
+        let (status, body) = dispatch(&app, request("GET", "Orders", &[])).await;
+        assert_eq!((status, &body["state"]), (StatusCode::OK, &Value::Null));
+
+        // After its first tick: pause, resume and the quarantine listing work
+        first_tick_state(&app).await;
+        for (method, path) in [("POST", "Orders/pause"), ("POST", "Orders/resume"), ("GET", "Orders/quarantine")] {
+            let (status, body) = dispatch(&app, request(method, path, &[])).await;
+            assert_eq!(status, StatusCode::OK, "{method} {path}: {body}");
+        }
+        let (status, body) = dispatch(&app, request("POST", "Orders/quarantine/4/retry", &[])).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert!(body["error"].as_str().is_some_and(|m| m.contains("missing")), "{body}");
+    }
+
+    #[tokio::test]
+    async fn actions_that_read_the_source_are_503_with_the_reason_while_the_database_is_down() {
+        let (app, _dir) = app();
+        first_tick_state(&app).await;
+        // Status counts pending changes; replay and reset check a position they are given
+        for (method, path, query) in [
+            ("GET", "Orders/status", &[][..]),
+            ("POST", "Orders/replay", &[("from", "null")][..]),
+            ("POST", "Orders/reset", &[("to", r#"["1","1"]"#), ("confirm", "true")][..]),
+        ] {
+            let (status, body) = dispatch(&app, request(method, path, query)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{method} {path}: {body}");
+            assert!(body["error"].as_str().is_some_and(|m| m.contains("PostgreSQL")), "{method} {path}: {body}");
+        }
+        // AND nothing was written
+        let (_, shown) = dispatch(&app, request("GET", "Orders", &[])).await;
+        assert_eq!(shown["state"]["updated_by"], app.owner.as_str());
+    }
+}

@@ -4,7 +4,7 @@
 //! racing a tick or another operator fails with a clear conflict instead of overwriting either. Every write is
 //! logged with who asked. The CLI (`handler state ...`) and the admin routes both call these functions.
 
-use crate::source::{Position, StartFrom};
+use crate::source::{Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
 use crate::trigger::state::StateDoc;
 use crate::trigger::{TickError, Trigger};
@@ -96,6 +96,19 @@ async fn save(t: &Trigger, doc: &mut StateDoc, etag: Option<&Etag>, who: &str, a
     }
 }
 
+/// Reads one change after a position an operator typed, so that a position the source cannot read is refused
+/// now, with the state untouched, instead of being stored and failing every tick until someone resets it.
+async fn check_position(t: &Trigger, position: &Position) -> Result<(), OpsError> {
+    match t.source().fetch(position, 1).await {
+        Ok(_) => Ok(()),
+        Err(e @ (SourceError::Invalid(_) | SourceError::PositionLost(_))) => Err(OpsError::Invalid(format!(
+            "position {position} cannot be read from {}: {e}; `handler state show` prints the current checkpoint, whose shape a position must have",
+            t.source().name()
+        ))),
+        Err(e) => Err(TickError::from(e).into()),
+    }
+}
+
 /// The state document and the quarantine documents in the store.
 pub async fn show(t: &Trigger) -> Result<Value, OpsError> {
     let state = t.load().await?.map(|(doc, _)| doc);
@@ -163,7 +176,10 @@ pub async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result
     let position = match to {
         ResetTo::Earliest => t.source().start_position(StartFrom::Earliest).await.map_err(TickError::from)?,
         ResetTo::Now => t.source().start_position(StartFrom::Now).await.map_err(TickError::from)?,
-        ResetTo::Position(p) => p,
+        ResetTo::Position(p) => {
+            check_position(t, &p).await?;
+            p
+        }
     };
     let loaded = t.load().await;
     let (mut doc, etag) = match loaded {
@@ -188,6 +204,7 @@ pub async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result
 /// skipped, so this needs no confirmation: at worst it repeats.
 pub async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, OpsError> {
     let (mut doc, etag) = load(t).await?;
+    check_position(t, &from).await?;
     let previous = std::mem::replace(&mut doc.checkpoint, from.clone());
     doc.in_flight = None;
     save(t, &mut doc, Some(&etag), who, "replay").await?;
@@ -215,4 +232,389 @@ pub async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<V
     }
     save(t, &mut doc, Some(&etag), who, "quarantine retry").await?;
     Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined }))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Operator actions against an in-memory source and store. A second [`Trigger`] on the same store plays
+    //! another process (a handler instance or another operator); a [`FaultyStore`] hook lets it write between
+    //! an action's read and its compare-and-swap.
+    use super::*;
+    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings};
+    use crate::ident::TableName;
+    use crate::protocol::RetryContext;
+    use crate::source::memory::MemorySource;
+    use crate::state::{FaultyStore, MemoryStore, StateStore};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const NORMAL: RetryContext = RetryContext { retry_count: 0, max_retry_count: 0 };
+    const FIRST_RETRY: RetryContext = RetryContext { retry_count: 1, max_retry_count: 5 };
+
+    fn config(max_attempts: u32) -> FunctionConfig {
+        FunctionConfig {
+            name: "orders".into(),
+            dir: "orders".into(),
+            timer_schedule: None,
+            outputs: Vec::new(),
+            retry: None,
+            source: SourceSpec {
+                kind: SourceKind::PostgresCursor,
+                table: TableName::parse("t").expect("a valid table name"),
+                connection_setting: "Conn".into(),
+                connection: Secret::new("x"),
+                cursor_column: None,
+                cursor_guard: None,
+                safety_lag: Duration::ZERO,
+                inserted_column: None,
+                soft_delete_column: None,
+                primary_key: None,
+                columns: None,
+                start_from: StartFrom::Earliest,
+                options: Default::default(),
+            },
+            settings: TriggerSettings {
+                max_batch_size: 100,
+                polling_interval: Duration::from_secs(1),
+                max_changes_per_worker: 1000,
+                max_attempts,
+                poison_action: PoisonAction::Quarantine,
+                delivery_mode: DeliveryMode::Deferred,
+                lease_duration: Duration::from_secs(3600),
+                tick_timeout: Duration::from_secs(30),
+            },
+        }
+    }
+
+    struct World {
+        source: Arc<MemorySource>,
+        inner: Arc<MemoryStore>,
+        store: Arc<FaultyStore>,
+        trigger: Trigger,
+        max_attempts: u32,
+    }
+
+    fn world(max_attempts: u32) -> World {
+        let source = Arc::new(MemorySource::new());
+        let inner = Arc::new(MemoryStore::new());
+        let store = Arc::new(FaultyStore::new(inner.clone()));
+        let trigger = Trigger::new(config(max_attempts), "app", source.clone(), store.clone(), "handler-1".into());
+        World { source, inner, store, trigger, max_attempts }
+    }
+
+    impl World {
+        /// Another process on the same source and store, unaffected by this one's injected faults.
+        fn other(&self, owner: &str) -> Arc<Trigger> {
+            let trigger =
+                Trigger::new(config(self.max_attempts), "app", self.source.clone(), self.inner.clone(), owner.into());
+            Arc::new(trigger)
+        }
+
+        async fn doc(&self) -> StateDoc {
+            self.trigger.load().await.expect("load").expect("a state document").0
+        }
+
+        /// One tick; the ids it answered.
+        async fn tick(&self, retry: RetryContext) -> Vec<i64> {
+            let outcome = self.trigger.tick(retry).await.expect("tick");
+            ids(&outcome.changes)
+        }
+    }
+
+    fn ids(changes: &[crate::change::Change]) -> Vec<i64> {
+        changes
+            .iter()
+            .map(|c| {
+                let item: Value = serde_json::from_str(c.item.get()).expect("items are JSON");
+                item["id"].as_i64().expect("an id")
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_action_that_loses_the_race_to_another_operator_says_run_it_again_and_loses_no_write() {
+        // GIVEN a function that delivered rows 1-3
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
+        // AND another operator whose replay lands between this pause's read and its write
+        let other = w.other("operator-2");
+        w.store.before_next_save(move || async move {
+            replay(&other, Position::Null, "operator 2").await.expect("the other operator wins");
+        });
+
+        // WHEN this operator pauses
+        let err = pause(&w.trigger, "operator 1").await.expect_err("the race is lost");
+
+        // THEN the pause fails with an instruction, and the replay that won is intact
+        assert!(matches!(err, OpsError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("run it again"), "{err}");
+        let doc = w.doc().await;
+        assert!(!doc.paused);
+        assert_eq!(doc.checkpoint, Position::Null);
+        assert!(doc.in_flight.is_none());
+
+        // WHEN the pause is run again THEN both writes hold
+        pause(&w.trigger, "operator 1").await.expect("pause");
+        let doc = w.doc().await;
+        assert!(doc.paused);
+        assert_eq!(doc.checkpoint, Position::Null);
+    }
+
+    #[tokio::test]
+    async fn an_action_that_loses_the_race_to_a_tick_leaves_the_ticks_batch_in_flight() {
+        // GIVEN a drained function and two new rows
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        w.tick(NORMAL).await;
+        assert!(w.tick(NORMAL).await.is_empty());
+        w.source.upsert(4..=5, 2);
+        // AND another instance whose tick commits between this pause's read and its write
+        let instance = w.other("handler-2");
+        let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = answered.clone();
+        w.store.before_next_save(move || async move {
+            let outcome = instance.tick(NORMAL).await.expect("the other instance's tick");
+            *seen.lock().expect("seen") = ids(&outcome.changes);
+        });
+
+        // WHEN this operator pauses
+        let err = pause(&w.trigger, "operator").await.expect_err("the race is lost");
+
+        // THEN the pause reports the conflict, and the tick's batch (rows 4, 5) is recorded in flight
+        assert!(matches!(err, OpsError::Conflict(_)), "{err:?}");
+        assert_eq!(*answered.lock().expect("answered"), vec![4, 5]);
+        let in_flight = w.doc().await.in_flight.expect("the tick's batch is in flight");
+        assert_eq!((in_flight.batch_id, in_flight.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
+
+        // WHEN the pause is run again THEN it holds and keeps the batch in flight
+        pause(&w.trigger, "operator").await.expect("pause");
+        let doc = w.doc().await;
+        assert!(doc.paused);
+        assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_paused_function_answers_nothing_until_resumed() {
+        let w = world(5);
+        w.tick(NORMAL).await;
+        pause(&w.trigger, "op").await.expect("pause");
+        w.source.upsert(1..=2, 1);
+        let outcome = w.trigger.tick(NORMAL).await.expect("tick");
+        assert_eq!(outcome.kind, crate::trigger::OutcomeKind::Paused);
+        assert!(outcome.changes.is_empty());
+        assert!(status(&w.trigger).await.expect("status").paused);
+
+        resume(&w.trigger, "op").await.expect("resume");
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2]);
+        assert!(!status(&w.trigger).await.expect("status").paused);
+    }
+
+    #[tokio::test]
+    async fn actions_on_a_function_that_never_ran_say_so() {
+        let w = world(5);
+        for err in [
+            pause(&w.trigger, "op").await.expect_err("no state"),
+            resume(&w.trigger, "op").await.expect_err("no state"),
+            replay(&w.trigger, Position::Null, "op").await.map(|_| ()).expect_err("no state"),
+        ] {
+            assert!(matches!(err, OpsError::NoState(_)), "{err:?}");
+            assert!(err.to_string().contains("has not run"), "{err}");
+        }
+        // Status and show still answer: nothing pending yet, no state
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.target_workers, s.paused), (0, 0, false));
+        assert_eq!(show(&w.trigger).await.expect("show")["state"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn status_counts_pending_changes_and_the_workers_they_need() {
+        // GIVEN a function with nothing pending
+        let w = world(5);
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.target_workers), (0, 0));
+        // WHEN 5 rows arrive THEN 5 are pending, for one worker (MaxChangesPerWorker 1000)
+        w.source.upsert(1..=5, 1);
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.target_workers), (5, 1));
+        // WHEN 2,495 more arrive THEN 2,500 need ceil(2500 / 1000) = 3 workers
+        w.source.upsert(6..=2500, 2);
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.target_workers), (2500, 3));
+        // AND a batch in flight still counts as pending until it is acknowledged
+        assert_eq!(w.tick(NORMAL).await.len(), 100);
+        assert_eq!(status(&w.trigger).await.expect("status").pending, 2500);
+        w.tick(NORMAL).await;
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.in_flight.is_some()), (2400, true));
+        assert!(s.seconds_since_progress >= 0.0);
+    }
+
+    #[tokio::test]
+    async fn reset_refuses_without_confirmation_and_changes_nothing() {
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        w.tick(NORMAL).await;
+        let before = w.doc().await;
+
+        let err = reset(&w.trigger, ResetTo::Now, false, "op").await.expect_err("needs confirmation");
+
+        assert!(matches!(err, OpsError::NeedsConfirmation(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("--confirm") && message.contains("confirm=true"), "{message}");
+        assert_eq!(w.doc().await.write_id, before.write_id);
+    }
+
+    #[tokio::test]
+    async fn reset_to_now_skips_every_existing_row_even_before_the_first_tick() {
+        // GIVEN rows 1-3 and a function that never ran
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        // WHEN it is reset to now
+        let answer = reset(&w.trigger, ResetTo::Now, true, "op").await.expect("reset");
+        assert_eq!(answer["checkpoint"], serde_json::json!([1, 3]));
+        // THEN rows 1-3 are never delivered, and a later row is
+        assert!(w.tick(NORMAL).await.is_empty());
+        w.source.upsert([4], 2);
+        assert_eq!(w.tick(NORMAL).await, vec![4]);
+    }
+
+    #[tokio::test]
+    async fn reset_drops_the_batch_in_flight_and_clears_a_halt() {
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        w.tick(NORMAL).await;
+        let store = w.inner.clone();
+        let (mut doc, etag) = w.trigger.load().await.expect("load").expect("state");
+        doc.halted = Some("test halt".into());
+        store
+            .save_if(w.trigger.state_key(), &serde_json::to_vec(&doc).expect("json"), Some(&etag))
+            .await
+            .expect("save");
+
+        reset(&w.trigger, ResetTo::Earliest, true, "op").await.expect("reset");
+
+        let doc = w.doc().await;
+        assert!(doc.in_flight.is_none() && doc.halted.is_none());
+        assert_eq!(doc.checkpoint, Position::Null);
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn replay_redelivers_exactly_the_changes_after_the_position_under_new_batch_ids() {
+        // GIVEN rows 1-3 then 4-5, both delivered and acknowledged
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
+        w.source.upsert(4..=5, 2);
+        assert_eq!(w.tick(NORMAL).await, vec![4, 5]);
+        assert!(w.tick(NORMAL).await.is_empty());
+        let after_first = serde_json::json!([1, 3]);
+
+        // WHEN the operator replays from after row 3
+        let answer = replay(&w.trigger, after_first.clone(), "op").await.expect("replay");
+
+        // THEN the answer says where from and where it was, and exactly rows 4-5 come again as batch 3
+        assert_eq!(answer["checkpoint"], after_first);
+        assert_eq!(answer["previous_checkpoint"], serde_json::json!([2, 5]));
+        let outcome = w.trigger.tick(NORMAL).await.expect("tick");
+        assert_eq!((ids(&outcome.changes), outcome.batch_id), (vec![4, 5], Some(3)));
+        assert!(w.tick(NORMAL).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_the_checkpoint() {
+        // GIVEN batch 1 (rows 1-3) quarantined after one known failure (MaxAttempts 1), and row 4 delivered
+        let w = world(1);
+        w.source.upsert(1..=3, 1);
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
+        assert!(w.tick(FIRST_RETRY).await.is_empty());
+        w.source.upsert([4], 2);
+        assert_eq!(w.tick(NORMAL).await, vec![4]);
+        assert!(w.tick(NORMAL).await.is_empty());
+        let before = w.doc().await;
+        assert_eq!(before.counters.quarantined, 1);
+        let listed = quarantine_list(&w.trigger).await.expect("list");
+        assert_eq!(listed["documents"], serde_json::json!(["app/orders/quarantine/00000000000000000001.json"]));
+        assert_eq!(quarantine_show(&w.trigger, 1).await.expect("show")["batch_id"], 1);
+
+        // WHEN the operator asks for it twice
+        quarantine_retry(&w.trigger, 1, "op").await.expect("retry");
+        let answer = quarantine_retry(&w.trigger, 1, "op").await.expect("retry again");
+
+        // THEN it is queued once, re-delivered once with exactly its rows, and the checkpoint never moves
+        assert_eq!(answer["queued"], serde_json::json!([1]));
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
+        assert_eq!(w.doc().await.checkpoint, before.checkpoint);
+        assert!(w.tick(NORMAL).await.is_empty());
+        let after = w.doc().await;
+        assert_eq!(after.checkpoint, before.checkpoint);
+        assert!(after.retry_quarantined.is_empty() && after.in_flight.is_none());
+    }
+
+    #[tokio::test]
+    async fn quarantine_actions_on_an_unknown_batch_name_the_missing_document() {
+        let w = world(5);
+        w.tick(NORMAL).await;
+        for err in [
+            quarantine_show(&w.trigger, 9).await.expect_err("no such batch"),
+            quarantine_retry(&w.trigger, 9, "op").await.expect_err("no such batch"),
+        ] {
+            let message = err.to_string();
+            assert!(message.contains("00000000000000000009.json") && message.contains("missing"), "{message}");
+        }
+        assert!(w.doc().await.retry_quarantined.is_empty());
+    }
+
+    #[tokio::test]
+    async fn resume_clears_a_halt_and_the_failure_count_of_the_halting_batch() {
+        let w = world(5);
+        w.source.upsert(1..=2, 1);
+        w.tick(NORMAL).await;
+        let (mut doc, etag) = w.trigger.load().await.expect("load").expect("state");
+        doc.halted = Some("poison".into());
+        doc.in_flight.as_mut().expect("in flight").failures = 5;
+        w.inner
+            .save_if(w.trigger.state_key(), &serde_json::to_vec(&doc).expect("json"), Some(&etag))
+            .await
+            .expect("save");
+
+        resume(&w.trigger, "op").await.expect("resume");
+
+        let doc = w.doc().await;
+        assert!(doc.halted.is_none() && !doc.paused);
+        assert_eq!(doc.in_flight.map(|f| f.failures), Some(0));
+        assert!(doc.updated_by.contains("op"), "{}", doc.updated_by);
+    }
+
+    #[tokio::test]
+    async fn replay_or_reset_to_a_position_the_source_cannot_read_is_refused_and_writes_nothing() {
+        let w = world(5);
+        w.source.upsert(1..=3, 1);
+        w.tick(NORMAL).await;
+        let before = w.doc().await;
+        for position in [serde_json::json!(42), serde_json::json!(["x", 1]), serde_json::json!([1])] {
+            let errors = [
+                replay(&w.trigger, position.clone(), "op").await.expect_err("replay refused"),
+                reset(&w.trigger, ResetTo::Position(position.clone()), true, "op").await.expect_err("reset refused"),
+            ];
+            for err in errors {
+                assert!(matches!(err, OpsError::Invalid(_)), "{position}: {err:?}");
+                assert!(err.to_string().contains(&format!("position {position} cannot be read")), "{err}");
+            }
+        }
+        assert_eq!(w.doc().await.write_id, before.write_id);
+    }
+
+    #[test]
+    fn reset_to_reads_earliest_now_and_json_positions_and_explains_anything_else() {
+        assert_eq!(ResetTo::parse(" earliest ").expect("earliest"), ResetTo::Earliest);
+        assert_eq!(ResetTo::parse("now").expect("now"), ResetTo::Now);
+        assert_eq!(
+            ResetTo::parse(r#"["1042","17"]"#).expect("a position"),
+            ResetTo::Position(serde_json::json!(["1042", "17"]))
+        );
+        let err = ResetTo::parse("yesterday").expect_err("not a position");
+        assert!(err.to_string().contains("earliest, now or a JSON position"), "{err}");
+    }
 }

@@ -30,14 +30,26 @@ impl WebhookSink {
             return Err(format!("webhook url must be http or https, not {}", parsed.scheme()));
         }
         // Show scheme, host and path only: a query string may carry a key.
-        let display = format!("{}://{}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
+        let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+        let display = format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
         let timeout = options.get("timeoutMs").and_then(Value::as_u64).unwrap_or(10_000);
         let max_retries = options.get("maxRetries").and_then(Value::as_u64).unwrap_or(4).min(20) as u32;
-        let headers = options
-            .get("headers")
-            .and_then(Value::as_object)
-            .map(|h| h.iter().filter_map(|(k, v)| Some((k.clone(), Secret::new(v.as_str()?)))).collect())
-            .unwrap_or_default();
+        // Checked here, not at the first POST: a header reqwest cannot send would fail every delivery as if the
+        // receiver were down, and a non-string value would otherwise be dropped without a word.
+        let mut headers = Vec::new();
+        if let Some(configured) = options.get("headers") {
+            let configured = configured.as_object().ok_or("webhook \"headers\" must be an object of strings")?;
+            for (name, value) in configured {
+                let value = value.as_str().ok_or_else(|| format!("webhook header {name:?} must be a string"))?;
+                reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("webhook header name {name:?} is not a valid HTTP header name"))?;
+                // The value may be a secret: say which header, never what it holds.
+                reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                    format!("webhook header {name:?} has a value HTTP cannot carry (a control character?)")
+                })?;
+                headers.push((name.clone(), Secret::new(value)));
+            }
+        }
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(timeout))
@@ -97,5 +109,168 @@ impl Sink for WebhookSink {
 
     fn describe(&self) -> String {
         format!("webhook {}", self.display)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The webhook against a local HTTP receiver whose answers each test scripts.
+    use super::*;
+    use crate::change::{Change, Operation};
+    use axum::http::{HeaderMap, StatusCode};
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    /// What the receiver saw of one request.
+    #[derive(Debug, Clone)]
+    struct Seen {
+        headers: HeaderMap,
+        body: Value,
+    }
+
+    /// A receiver on 127.0.0.1 that answers the scripted statuses in order, then 200.
+    #[derive(Debug, Clone, Default)]
+    struct Receiver {
+        script: Arc<Mutex<VecDeque<u16>>>,
+        seen: Arc<Mutex<Vec<Seen>>>,
+    }
+
+    impl Receiver {
+        async fn start(script: impl IntoIterator<Item = u16>) -> (Self, String) {
+            let receiver = Self { script: Arc::new(Mutex::new(script.into_iter().collect())), ..Self::default() };
+            let state = receiver.clone();
+            let app = axum::Router::new().route(
+                "/hook",
+                axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                    let state = state.clone();
+                    async move {
+                        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        state.seen.lock().expect("seen").push(Seen { headers, body });
+                        let status = state.script.lock().expect("script").pop_front().unwrap_or(200);
+                        StatusCode::from_u16(status).expect("a status code")
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let url = format!("http://{}/hook", listener.local_addr().expect("address"));
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            (receiver, url)
+        }
+
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().expect("seen").clone()
+        }
+    }
+
+    fn sink(options: Value) -> WebhookSink {
+        WebhookSink::from_options(&options, &Env::default()).expect("valid webhook options")
+    }
+
+    fn changes() -> Vec<Change> {
+        serde_json::from_str(r#"[{"Operation":0,"Item":{"id":1,"amount":1.25}},{"Operation":2,"Item":{"id":2}}]"#)
+            .expect("changes")
+    }
+
+    fn batch(changes: &[Change]) -> SinkBatch<'_> {
+        SinkBatch { app: "shop", function: "OrdersChanged", batch_id: 7, fence: 3, changes, range: None }
+    }
+
+    #[tokio::test]
+    async fn a_2xx_acknowledges_a_batch_posted_with_its_idempotency_key_fence_and_headers() {
+        // GIVEN a receiver and a webhook with an extra header
+        let (receiver, url) = Receiver::start([]).await;
+        let webhook = sink(serde_json::json!({ "url": url, "headers": { "Authorization": "Bearer t0ken" } }));
+        let changes = changes();
+
+        // WHEN a batch is delivered
+        webhook.deliver(&batch(&changes)).await.expect("delivered");
+
+        // THEN one POST carried the batch in the documented shape
+        let seen = receiver.seen();
+        assert_eq!(seen.len(), 1);
+        let expected = serde_json::json!({
+            "function": "OrdersChanged", "batch_id": 7, "fence": 3,
+            "changes": [{"Operation": 0, "Item": {"id": 1, "amount": 1.25}}, {"Operation": 2, "Item": {"id": 2}}]
+        });
+        assert_eq!(seen[0].body, expected);
+        let header = |name: &str| seen[0].headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        assert_eq!(header("idempotency-key").as_deref(), Some("shop/OrdersChanged/7"));
+        assert_eq!(header("x-sql-trigger-fence").as_deref(), Some("3"));
+        assert_eq!(header("authorization").as_deref(), Some("Bearer t0ken"));
+        assert_eq!(header("content-type").as_deref(), Some("application/json"));
+        assert_eq!(changes[1].operation, Operation::Delete);
+    }
+
+    #[tokio::test]
+    async fn throttling_and_server_errors_are_retried_with_the_same_key_until_a_2xx() {
+        // GIVEN a receiver that answers 503, 429 and 408 before 200
+        let (receiver, url) = Receiver::start([503, 429, 408]).await;
+        let webhook = sink(serde_json::json!({ "url": url, "maxRetries": 3 }));
+        let changes = changes();
+
+        // WHEN a batch is delivered
+        webhook.deliver(&batch(&changes)).await.expect("delivered on the fourth attempt");
+
+        // THEN it was posted four times, identically
+        let seen = receiver.seen();
+        assert_eq!(seen.len(), 4);
+        assert!(seen.iter().all(|s| s.body == seen[0].body));
+        assert!(seen.iter().all(|s| s.headers.get("idempotency-key") == seen[0].headers.get("idempotency-key")));
+    }
+
+    #[tokio::test]
+    async fn a_server_error_past_the_retry_budget_is_transient_and_a_4xx_is_a_rejection_without_retry() {
+        // GIVEN a receiver that always fails with 500, and a budget of one retry
+        let (receiver, url) = Receiver::start([500, 500, 500]).await;
+        let webhook = sink(serde_json::json!({ "url": url, "maxRetries": 1 }));
+        let changes = changes();
+        // THEN delivery is a transient failure after two posts, naming the status
+        let err = webhook.deliver(&batch(&changes)).await.expect_err("fails");
+        assert!(matches!(&err, SinkError::Transient(m) if m.contains("500")), "{err:?}");
+        assert_eq!(receiver.seen().len(), 2);
+
+        // GIVEN a receiver that refuses the batch with 400
+        let (receiver, url) = Receiver::start([400]).await;
+        let webhook = sink(serde_json::json!({ "url": url, "maxRetries": 4 }));
+        // THEN it is rejected at once: retrying the same batch would fail the same way
+        let err = webhook.deliver(&batch(&changes)).await.expect_err("rejected");
+        assert!(matches!(&err, SinkError::Rejected(m) if m.contains("400")), "{err:?}");
+        assert_eq!(receiver.seen().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_webhook_is_transient_and_its_error_shows_no_query_string() {
+        // GIVEN a port nobody listens on, and a key in the URL's query string
+        let port = crate::embedded::free_port().expect("a free port");
+        let webhook =
+            sink(serde_json::json!({ "url": format!("http://127.0.0.1:{port}/hook?code=s3cret"), "maxRetries": 0 }));
+        let changes = changes();
+
+        // WHEN a batch is delivered
+        let err = webhook.deliver(&batch(&changes)).await.expect_err("nobody answers");
+
+        // THEN the failure is transient and neither it nor the description leaks the key
+        assert!(matches!(err, SinkError::Transient(_)), "{err:?}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        assert!(!webhook.describe().contains("s3cret"), "{}", webhook.describe());
+        assert!(!format!("{webhook:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn the_description_names_scheme_host_port_and_path_but_not_credentials() {
+        let webhook = sink(serde_json::json!({ "url": "https://user:pw@hooks.example.com:8443/in/orders?code=k" }));
+        assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/in/orders");
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_what_to_fix() {
+        let refused = |options: Value| WebhookSink::from_options(&options, &Env::default()).expect_err("refused");
+        assert!(refused(serde_json::json!({})).contains("needs \"url\""));
+        assert!(refused(serde_json::json!({ "url": "not a url" })).contains("not a URL"));
+        assert!(refused(serde_json::json!({ "url": "ftp://x/y" })).contains("http or https"));
+        let bad_header = refused(serde_json::json!({ "url": "http://x/y", "headers": { "X-Key": "a\nb" } }));
+        assert!(bad_header.contains("X-Key"), "{bad_header}");
+        let not_text = refused(serde_json::json!({ "url": "http://x/y", "headers": { "X-Retries": 3 } }));
+        assert!(not_text.contains("X-Retries"), "{not_text}");
     }
 }

@@ -74,8 +74,14 @@ impl Shape {
                 format!("t.{} IS NOT NULL", c.pg())
             }
         });
+        // A row is new since the position when its (insert marker, key) is past the position's (cursor, key):
+        // rows of one transaction share the marker, so a transaction split across batches still reports its
+        // later rows as inserts.
         let inserted = match (&self.inserted, op_after_param) {
-            (Some(col), Some(p)) => format!("t.{} > (${p}::text)::{}", col.pg(), self.cursor_type),
+            (Some(col), Some(p)) => {
+                let key: Vec<String> = self.key.iter().map(|(k, _)| format!("t.{}", k.pg())).collect();
+                format!("(t.{}, {}) > {}", col.pg(), key.join(", "), self.position_params(p))
+            }
             (Some(_), None) => "true".to_string(),
             (None, _) => "false".to_string(),
         };
@@ -230,7 +236,7 @@ mod tests {
     fn fetch_uses_a_row_value_keyset_below_the_oldest_running_transaction() {
         assert_eq!(
             shape(Guard::Xid8).fetch_after(),
-            "SELECT t.\"version\"::text, t.\"id\"::text, (CASE WHEN t.\"deleted\" IS TRUE THEN 2 WHEN t.\"created\" > ($1::text)::xid8 THEN 0 ELSE 1 END)::int4, \
+            "SELECT t.\"version\"::text, t.\"id\"::text, (CASE WHEN t.\"deleted\" IS TRUE THEN 2 WHEN (t.\"created\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) THEN 0 ELSE 1 END)::int4, \
 CASE WHEN t.\"deleted\" IS TRUE THEN json_build_object('id', t.\"id\")::text ELSE row_to_json(r)::text END \
 FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\", translate(encode(t.\"blob\", 'base64'), E'\\n', '') AS \"blob\") r \
 WHERE (t.\"version\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) \

@@ -197,19 +197,17 @@ fn versions(min_valid: i64, current: i64) -> QueryResponse {
     )
 }
 
+/// One change row as the fetch returns it: version, operation, item JSON, key text, creation version, mask.
+type ChangeRow<'a> = (i64, i32, &'a str, &'a str, Option<i64>, Option<&'a str>);
+
 /// A change read: `(version, op, item json, key text)` rows under one version row.
 fn changes(current: i64, min_valid: i64, rows: &[(i64, i32, &str, &str)]) -> QueryResponse {
-    let rows: Vec<(i64, i32, &str, &str, Option<i64>, Option<&str>)> =
-        rows.iter().map(|(v, o, i, k)| (*v, *o, *i, *k, None, None)).collect();
+    let rows: Vec<ChangeRow<'_>> = rows.iter().map(|(v, o, i, k)| (*v, *o, *i, *k, None, None)).collect();
     changes_with_metadata(current, min_valid, &rows)
 }
 
 /// A change read whose rows also carry `CREATED` and `MASK`.
-fn changes_with_metadata(
-    current: i64,
-    min_valid: i64,
-    rows: &[(i64, i32, &str, &str, Option<i64>, Option<&str>)],
-) -> QueryResponse {
+fn changes_with_metadata(current: i64, min_valid: i64, rows: &[ChangeRow<'_>]) -> QueryResponse {
     let cols = vec![
         Col::new("CUR", T::BigInt),
         Col::new("MINV", T::BigInt),

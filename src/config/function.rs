@@ -396,7 +396,10 @@ fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<C
             StartFrom::Earliest
         }
         Some(other) => {
-            problem("startFrom", format!("{other:?} is not a start; use earliest, now or (SQL Server change tracking) snapshot"));
+            problem(
+                "startFrom",
+                format!("{other:?} is not a start; use earliest, now or (SQL Server change tracking) snapshot"),
+            );
             StartFrom::Earliest
         }
     };

@@ -177,7 +177,9 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
         tokio::spawn(async move {
             match trigger.preflight().await {
                 Ok(()) => tracing::info!(function = %trigger.name(), "start-up check passed"),
-                Err(e) => tracing::error!(function = %trigger.name(), error = %e, hint = e.hint(), "start-up check failed"),
+                Err(e) => {
+                    tracing::error!(function = %trigger.name(), error = %e, hint = e.hint(), "start-up check failed")
+                }
             }
         });
     }

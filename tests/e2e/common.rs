@@ -142,3 +142,162 @@ pub async fn fire_until_delivered(host: &HostDriver, function: &str) -> Vec<Valu
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Failure matrix, crashes, concurrency and outages: the state document, host emulation by hand, private servers
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The state container every app in these tests uses (`Sql_Trigger_StateContainer` default).
+pub const STATE_CONTAINER: &str = "sql-pseudo-trigger";
+
+/// A state store on the Azurite behind `connection_string`, to read what the handler wrote.
+pub fn blob_store(connection_string: &str) -> sql_pseudo_trigger::state::BlobStore {
+    let secret = sql_pseudo_trigger::config::Secret::new(connection_string);
+    sql_pseudo_trigger::state::BlobStore::from_connection_string(&secret, STATE_CONTAINER)
+        .expect("a store on the test Azurite")
+}
+
+/// A state store on the shared Azurite.
+pub fn shared_blob_store() -> sql_pseudo_trigger::state::BlobStore {
+    blob_store(&support::fixture().azurite_connection_string())
+}
+
+/// `{app}/{function}.json`: where the handler keeps [`FUNCTION`]'s state.
+pub fn state_key(app_name: &str) -> String {
+    format!("{app_name}/{FUNCTION}.json")
+}
+
+/// `{app}/{function}/quarantine/`: where poison batches of [`FUNCTION`] go.
+pub fn quarantine_prefix(app_name: &str) -> String {
+    format!("{app_name}/{FUNCTION}/quarantine/")
+}
+
+/// [`FUNCTION`]'s state document and its etag, if the handler wrote one.
+pub async fn load_state(
+    store: &dyn sql_pseudo_trigger::state::StateStore,
+    app_name: &str,
+) -> Option<(sql_pseudo_trigger::trigger::state::StateDoc, String)> {
+    let key = state_key(app_name);
+    let versioned = store.load(&key).await.unwrap_or_else(|e| panic!("cannot read {key}: {e}"))?;
+    let doc = serde_json::from_slice(&versioned.bytes).unwrap_or_else(|e| {
+        panic!("{key} is not a state document ({e}): {}", String::from_utf8_lossy(&versioned.bytes))
+    });
+    Some((doc, versioned.etag.0))
+}
+
+/// [`load_state`] for a document that must exist.
+pub async fn state(
+    store: &dyn sql_pseudo_trigger::state::StateStore,
+    app_name: &str,
+) -> (sql_pseudo_trigger::trigger::state::StateDoc, String) {
+    load_state(store, app_name).await.unwrap_or_else(|| panic!("no state document at {}", state_key(app_name)))
+}
+
+/// A stored position `["xid", "id"]` as numbers, comparable; `null` ("before everything") is the smallest.
+pub fn position(p: &Value) -> (u64, i64) {
+    if p.is_null() {
+        return (0, i64::MIN);
+    }
+    let part = |i: usize| p.get(i).and_then(Value::as_str).unwrap_or_else(|| panic!("not an [xid, id] position: {p}"));
+    let xid = part(0).parse().unwrap_or_else(|e| panic!("xid of {p}: {e}"));
+    let id = part(1).parse().unwrap_or_else(|e| panic!("id of {p}: {e}"));
+    (xid, id)
+}
+
+/// The change messages an invocation answered for the `changes` binding (empty if none).
+pub fn answered_changes(invocation: &sql_pseudo_trigger::driver::Invocation) -> Vec<Value> {
+    match invocation.outputs.get("changes") {
+        Some(Value::Array(items)) => items.clone(),
+        Some(Value::Null) | None => Vec::new(),
+        Some(other) => vec![other.clone()],
+    }
+}
+
+/// The ids of change messages, in order.
+pub fn ids_of(messages: &[Value]) -> Vec<i64> {
+    ops(messages).into_iter().map(|(_, id)| id).collect()
+}
+
+/// The host's `n`th retry under the `maxRetryCount: 3` policy [`orders_app`] writes.
+pub fn host_retry(n: i64) -> sql_pseudo_trigger::protocol::RetryContext {
+    sql_pseudo_trigger::protocol::RetryContext { retry_count: n, max_retry_count: 3 }
+}
+
+/// Fires the timer until some attempt of a firing was answered with changes (whether or not the host's write
+/// of them worked), for at most 10 s, and returns that firing. Firings before it must have succeeded empty.
+pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::TimerRun {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let run = host.run_timer(function).await.expect("timer run");
+        if run.attempts.iter().filter_map(|a| a.invocation.as_ref()).any(|i| !answered_changes(i).is_empty()) {
+            return run;
+        }
+        assert!(run.succeeded, "timer run failed: {:?}\n{}", run.attempts.last().map(|a| &a.outcome), host.output());
+        assert!(std::time::Instant::now() < deadline, "nothing answered within 10 s:\n{}", host.output());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Plays the host by hand: first attempts (no `RetryContext`) until one is answered with changes, for at most
+/// 10 s. Nothing is written anywhere: the caller decides what the host did with the answer, and must follow
+/// it with a retry ([`host_retry`]) if the host's write is to count as failed.
+pub async fn invoke_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::Invocation {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let invocation = host.invoke(function, None).await.expect("invoke");
+        assert_eq!(invocation.status, 200, "{}\n{}", invocation.body, host.output());
+        if !answered_changes(&invocation).is_empty() {
+            return invocation;
+        }
+        assert!(std::time::Instant::now() < deadline, "nothing answered within 10 s:\n{}", host.output());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the lease on the batch in flight has expired by the wall clock every process here shares, for
+/// at most 10 s: the condition another instance's takeover depends on, read from the state document rather
+/// than slept for.
+pub async fn wait_until_lease_expired(store: &dyn sql_pseudo_trigger::state::StateStore, app_name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (doc, _) = state(store, app_name).await;
+        let lease = doc.lease.as_ref().expect("a batch in flight has a lease");
+        if lease.expires_at < time::OffsetDateTime::now_utc() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the lease did not expire within 10 s: {lease:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A PostgreSQL server of the test's own, for tests that stop it or hold transactions open (the xid8 guard
+/// waits for the oldest transaction of the whole cluster).
+pub async fn private_postgres() -> embedded::EmbeddedPostgres {
+    tokio::task::spawn_blocking(embedded::EmbeddedPostgres::start)
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("a private PostgreSQL starts: {e}"))
+}
+
+/// An Azurite of the test's own that keeps its blobs across a stop and start.
+pub async fn private_azurite() -> embedded::Azurite {
+    tokio::task::spawn_blocking(embedded::Azurite::start_persistent)
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("a private Azurite starts: {e}"))
+}
+
+/// Runs a blocking server operation (`stop`, `start_again`, `restart`) off the async runtime and hands the
+/// server back.
+pub async fn on_server<S: Send + 'static>(
+    mut server: S,
+    what: &'static str,
+    operation: fn(&mut S) -> Result<(), embedded::LaunchError>,
+) -> S {
+    tokio::task::spawn_blocking(move || {
+        operation(&mut server).unwrap_or_else(|e| panic!("{what}: {e}"));
+        server
+    })
+    .await
+    .expect("join")
+}

@@ -1,16 +1,22 @@
 //! `handler run`: the same functions without the Functions host, for containers, VMs and laptops.
 //!
-//! One loop per function plays the host's part: it ticks, hands the batch to the function's sink, and on a
-//! failed delivery ticks again as a *retry* (the signal a host retry gives), so the engine re-delivers the same
-//! batch and counts the failure toward `Sql_Trigger_MaxAttempts`. After a full batch it ticks again at once
+//! One loop per function plays the host's part: it ticks, hands the batch to the function's sink, and when the
+//! sink refuses it ticks again as a *retry* (the signal a host retry gives), so the engine re-delivers the same
+//! batch and counts the failure toward `Sql_Trigger_MaxAttempts`. A transient failure (the destination is down)
+//! is not the batch's fault: the loop delivers the batch in hand again, backing off, without counting it (the
+//! sink contract), so an outage never quarantines a batch. After a full batch it ticks again at once
 //! (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`. On SIGTERM the batch in hand is
 //! finished, the last delivered batch is acknowledged, and the lease released, so nothing is lost and the next
 //! process starts at once.
+//!
+//! With `deliveryMode: sink` the engine itself delivers and acknowledges in one tick ([`Trigger::tick_into`]);
+//! the loop then only paces the ticks and backs off after failures.
 
 use crate::app::App;
+use crate::config::{DeliveryMode, TriggerSettings};
 use crate::protocol::RetryContext;
-use crate::sink::{Sink, SinkBatch};
-use crate::trigger::{OutcomeKind, Trigger};
+use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::trigger::{OutcomeKind, TickError, Trigger};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -65,6 +71,9 @@ async fn run_one(
     let name = trigger.name().to_string();
     let settings = trigger.config().settings.clone();
     tracing::info!(function = %name, sink = %sink.describe(), "running without the Functions host");
+    if settings.delivery_mode == DeliveryMode::Sink {
+        return run_sink_mode(&name, &trigger, sink.as_ref(), &settings, options, stop).await;
+    }
     let mut summary = RunSummary::default();
     let mut retry = RetryContext::default();
     let mut last_delivered_ok = false;
@@ -81,8 +90,11 @@ async fn run_one(
                     batch_id: outcome.batch_id.unwrap_or(0),
                     fence: outcome.fence,
                     changes: &outcome.changes,
+                    range: None,
                 };
-                match sink.deliver(&batch).await {
+                let failed = &mut summary.failed_deliveries;
+                match deliver_through_outages(sink.as_ref(), &batch, &mut stop, settings.polling_interval, failed).await
+                {
                     Ok(()) => {
                         let n = outcome.changes.len() as u64;
                         summary.delivered += n;
@@ -107,27 +119,38 @@ async fn run_one(
                 }
             }
             Ok(outcome) => {
-                if options.once && matches!(outcome.kind, OutcomeKind::Empty) && retry.retry_count == 0 {
+                match outcome.kind {
+                    // No batch is in flight any more (acknowledged, quarantined, or there was none): a pending
+                    // retry is settled, and the next tick is a first attempt. Keeping it would make a `--once`
+                    // run that quarantined its last batch tick "retries" of nothing forever.
+                    OutcomeKind::Empty => retry = RetryContext::default(),
+                    // A batch in flight whose rows all moved on re-delivers as nothing: an empty batch reached
+                    // the sink trivially, as an empty answer succeeds under the host.
+                    OutcomeKind::Delivered | OutcomeKind::Redelivered => {
+                        retry = RetryContext::default();
+                        last_delivered_ok = true;
+                    }
+                    // A conflict recorded nothing, a held lease is another instance's batch, and a pause may
+                    // hide a failed delivery: the retry stands for when the function moves again.
+                    OutcomeKind::Conflict | OutcomeKind::LeaseHeld | OutcomeKind::Paused => {}
+                }
+                // Drained, or paused: nothing more will come until an operator resumes it.
+                if options.once && matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) {
                     break;
                 }
                 settings.polling_interval
+            }
+            Err(e) if options.once && e.kind() == crate::trigger::ErrorKind::Operator => {
+                // A halt, a refused store or a changed source does not pass by waiting; a drain cannot finish.
+                tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
+                break;
             }
             Err(e) => {
                 tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed");
                 backoff(retry.retry_count + 1, settings.polling_interval)
             }
         };
-        if window.0.elapsed() >= PROGRESS_EVERY && window.1 > 0 {
-            let rate = window.1 as f64 / window.0.elapsed().as_secs_f64();
-            tracing::info!(function = %name, delivered = summary.delivered, rows_per_second = rate.round(), "draining");
-            window = (Instant::now(), 0);
-        }
-        if !pause.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                _ = stop.changed() => {}
-            }
-        }
+        pace(&name, &summary, &mut window, pause, &mut stop).await;
     }
     if last_delivered_ok {
         match trigger.settle().await {
@@ -144,7 +167,398 @@ async fn run_one(
     summary
 }
 
+/// The loop in sink mode: each tick delivers and acknowledges by itself; a failed tick is followed by a
+/// back-off, and the engine re-delivers the same batch (counting it toward MaxAttempts if the sink rejected it).
+async fn run_sink_mode(
+    name: &str,
+    trigger: &Trigger,
+    sink: &dyn Sink,
+    settings: &TriggerSettings,
+    options: RunOptions,
+    mut stop: watch::Receiver<bool>,
+) -> RunSummary {
+    let mut summary = RunSummary::default();
+    let mut failures = 0i64;
+    let mut window = (Instant::now(), 0u64);
+    while !*stop.borrow() {
+        let pause = match trigger.tick_into(sink).await {
+            Ok(outcome) => {
+                failures = 0;
+                let n = outcome.changes.len() as u64;
+                summary.delivered += n;
+                summary.batches += u64::from(n > 0);
+                window.1 += n;
+                if options.once && matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) {
+                    break;
+                }
+                if outcome.changes.len() >= settings.max_batch_size {
+                    Duration::ZERO
+                } else {
+                    settings.polling_interval
+                }
+            }
+            // A rejected batch is retried until MaxAttempts quarantines it; other operator errors do not pass
+            // by waiting, so a drain stops at them.
+            Err(e)
+                if options.once
+                    && e.kind() == crate::trigger::ErrorKind::Operator
+                    && !matches!(e, TickError::Sink(_)) =>
+            {
+                tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
+                break;
+            }
+            Err(e) => {
+                failures += 1;
+                summary.failed_deliveries += u64::from(matches!(e, TickError::Sink(_)));
+                tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed; the batch will be delivered again");
+                backoff(failures, settings.polling_interval)
+            }
+        };
+        pace(name, &summary, &mut window, pause, &mut stop).await;
+    }
+    tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
+    summary
+}
+
+/// Delivers `batch`, and delivers it again, backing off, for as long as the sink reports a transient failure
+/// (an outage of the destination), until it is taken or refused, or the run is stopped. An outage is not the
+/// batch's fault, so it must not count toward `Sql_Trigger_MaxAttempts` (the sink contract); a refusal goes back
+/// to the engine as a failed delivery, to be counted. Meanwhile the batch stays in flight under this process's
+/// lease; stopped during an outage, the batch stays in flight and the next process re-delivers it.
+async fn deliver_through_outages(
+    sink: &dyn Sink,
+    batch: &SinkBatch<'_>,
+    stop: &mut watch::Receiver<bool>,
+    polling_interval: Duration,
+    failed_deliveries: &mut u64,
+) -> Result<(), SinkError> {
+    let mut outages = 0;
+    loop {
+        let error = match sink.deliver(batch).await {
+            Err(SinkError::Transient(error)) => error,
+            other => return other,
+        };
+        if *stop.borrow() {
+            return Err(SinkError::Transient(error));
+        }
+        outages += 1;
+        *failed_deliveries += 1;
+        tracing::warn!(function = %batch.function, batch_id = batch.batch_id, error = %error, "destination unavailable; delivering the batch again");
+        tokio::select! {
+            () = tokio::time::sleep(backoff(outages, polling_interval)) => {}
+            _ = stop.changed() => return Err(SinkError::Transient(error)),
+        }
+    }
+}
+
+/// Logs the drain's rate now and then, then waits `pause` (cut short by a stop).
+async fn pace(
+    name: &str,
+    summary: &RunSummary,
+    window: &mut (Instant, u64),
+    pause: Duration,
+    stop: &mut watch::Receiver<bool>,
+) {
+    if window.0.elapsed() >= PROGRESS_EVERY && window.1 > 0 {
+        let rate = window.1 as f64 / window.0.elapsed().as_secs_f64();
+        tracing::info!(function = %name, delivered = summary.delivered, rows_per_second = rate.round(), "draining");
+        *window = (Instant::now(), 0);
+    }
+    if !pause.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
 fn backoff(attempt: i64, base: Duration) -> Duration {
     let factor = 1u32 << attempt.clamp(0, 6) as u32;
     (base * factor).min(Duration::from_secs(60))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The runner loop over an in-memory source and store, with a scripted sink standing in for the webhook.
+    use super::*;
+    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings};
+    use crate::ident::TableName;
+    use crate::sink::SinkError;
+    use crate::source::memory::MemorySource;
+    use crate::source::StartFrom;
+    use crate::state::MemoryStore;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Mutex;
+
+    const APP: &str = "app";
+
+    fn config(max_batch_size: usize, max_attempts: u32) -> FunctionConfig {
+        FunctionConfig {
+            name: "orders".into(),
+            dir: "orders".into(),
+            timer_schedule: None,
+            outputs: Vec::new(),
+            retry: None,
+            source: SourceSpec {
+                kind: SourceKind::PostgresCursor,
+                table: TableName::parse("t").expect("a valid table name"),
+                connection_setting: "Conn".into(),
+                connection: Secret::new("x"),
+                cursor_column: None,
+                cursor_guard: None,
+                safety_lag: Duration::ZERO,
+                inserted_column: None,
+                soft_delete_column: None,
+                primary_key: None,
+                columns: None,
+                start_from: StartFrom::Earliest,
+                options: Default::default(),
+            },
+            settings: TriggerSettings {
+                max_batch_size,
+                // Short, so that the waits between ticks and the retry back-off keep these tests fast.
+                polling_interval: Duration::from_millis(5),
+                max_changes_per_worker: 1000,
+                max_attempts,
+                poison_action: PoisonAction::Quarantine,
+                delivery_mode: DeliveryMode::Deferred,
+                lease_duration: Duration::from_secs(3600),
+                tick_timeout: Duration::from_secs(30),
+            },
+        }
+    }
+
+    /// One delivery attempt the sink saw: the batch id, the ids in it, and whether it was accepted.
+    type Attempt = (u64, Vec<i64>, bool);
+
+    /// Records every attempt; fails the first `transient` attempts, and rejects any batch holding a poison id.
+    #[derive(Debug, Default)]
+    struct ScriptedSink {
+        transient: Mutex<u32>,
+        poison: BTreeSet<i64>,
+        attempts: Mutex<Vec<Attempt>>,
+        /// Sent `true` during the first delivery: a SIGTERM arriving while a batch is in hand.
+        stop_during_first: Option<watch::Sender<bool>>,
+    }
+
+    impl ScriptedSink {
+        fn attempts(&self) -> Vec<Attempt> {
+            self.attempts.lock().expect("attempts").clone()
+        }
+
+        /// How many times each id was accepted.
+        fn accepted(&self) -> BTreeMap<i64, usize> {
+            let mut counts = BTreeMap::new();
+            for (_, ids, ok) in self.attempts() {
+                for id in ids.into_iter().filter(|_| ok) {
+                    *counts.entry(id).or_insert(0) += 1;
+                }
+            }
+            counts
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for ScriptedSink {
+        async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), crate::sink::SinkError> {
+            let ids: Vec<i64> = batch
+                .changes
+                .iter()
+                .map(|c| {
+                    let item: serde_json::Value = serde_json::from_str(c.item.get()).expect("items are JSON");
+                    item["id"].as_i64().expect("an id")
+                })
+                .collect();
+            if let Some(stop) = &self.stop_during_first {
+                let _ = stop.send(true);
+            }
+            let result = {
+                let mut transient = self.transient.lock().expect("transient");
+                if *transient > 0 {
+                    *transient -= 1;
+                    Err(SinkError::Transient("scripted outage".into()))
+                } else if ids.iter().any(|id| self.poison.contains(id)) {
+                    Err(SinkError::Rejected("scripted rejection".into()))
+                } else {
+                    Ok(())
+                }
+            };
+            self.attempts.lock().expect("attempts").push((batch.batch_id, ids, result.is_ok()));
+            result
+        }
+
+        fn describe(&self) -> String {
+            "scripted".into()
+        }
+    }
+
+    struct World {
+        source: Arc<MemorySource>,
+        trigger: Arc<Trigger>,
+    }
+
+    fn world(max_batch_size: usize, max_attempts: u32) -> World {
+        let source = Arc::new(MemorySource::new());
+        let store = Arc::new(MemoryStore::new());
+        let trigger =
+            Trigger::new(config(max_batch_size, max_attempts), APP, source.clone(), store, "runner-test".into());
+        World { source, trigger: Arc::new(trigger) }
+    }
+
+    /// Runs the loop for one function, failing the test if it does not end within 10 s.
+    async fn run_to_end(w: &World, sink: Arc<ScriptedSink>, once: bool, stop: watch::Receiver<bool>) -> RunSummary {
+        let run = run_one(APP, w.trigger.clone(), sink, RunOptions { once }, stop);
+        tokio::time::timeout(Duration::from_secs(10), run).await.expect("the run ends within 10 s")
+    }
+
+    fn never_stopped() -> watch::Receiver<bool> {
+        let (tx, rx) = watch::channel(false);
+        // Keep the sender alive for the whole test: a dropped sender would wake `changed()` at once.
+        std::mem::forget(tx);
+        rx
+    }
+
+    fn each(ids: impl IntoIterator<Item = i64>) -> BTreeMap<i64, usize> {
+        ids.into_iter().map(|id| (id, 1)).collect()
+    }
+
+    #[tokio::test]
+    async fn once_drains_the_backlog_in_full_batches_and_leaves_nothing_in_flight() {
+        // GIVEN 250 rows and batches of 100
+        let w = world(100, 5);
+        w.source.upsert(1..=250, 1);
+        let sink = Arc::new(ScriptedSink::default());
+
+        // WHEN the runner drains once
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN every row arrived exactly once, in batches 1, 2, 3 of 100, 100, 50
+        assert_eq!(sink.accepted(), each(1..=250));
+        let sizes: Vec<(u64, usize)> = sink.attempts().iter().map(|(b, ids, _)| (*b, ids.len())).collect();
+        assert_eq!(sizes, vec![(1, 100), (2, 100), (3, 50)]);
+        assert_eq!((summary.delivered, summary.batches, summary.failed_deliveries), (250, 3, 0));
+        // AND the last batch is acknowledged: nothing is left in flight for the next run to repeat
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+        assert_eq!(doc.counters.delivered, 250);
+    }
+
+    #[tokio::test]
+    async fn an_outage_of_the_sink_longer_than_max_attempts_delays_the_batch_but_never_quarantines_it() {
+        // GIVEN MaxAttempts 2, and a sink that is down for its first four attempts
+        let w = world(100, 2);
+        w.source.upsert(1..=3, 1);
+        let sink = Arc::new(ScriptedSink { transient: Mutex::new(4), ..Default::default() });
+
+        // WHEN the runner drains once
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN batch 1 was attempted five times, identically, and accepted the fifth time
+        let ids = vec![1, 2, 3];
+        let mut expected = vec![(1, ids.clone(), false); 4];
+        expected.push((1, ids, true));
+        assert_eq!(sink.attempts(), expected);
+        assert_eq!((summary.delivered, summary.failed_deliveries), (3, 4));
+        // AND nothing was quarantined: an outage is not the batch's fault
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert!(doc.in_flight.is_none());
+        assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 3));
+    }
+
+    #[tokio::test]
+    async fn a_stop_during_an_outage_leaves_the_batch_in_flight_for_the_next_process() {
+        // GIVEN a sink that stays down, and a stop that arrives during the first attempt
+        let w = world(100, 5);
+        w.source.upsert(1..=3, 1);
+        let (tx, rx) = watch::channel(false);
+        let sink = Arc::new(ScriptedSink {
+            transient: Mutex::new(u32::MAX),
+            stop_during_first: Some(tx),
+            ..Default::default()
+        });
+
+        // WHEN the runner runs
+        let summary = run_to_end(&w, sink.clone(), false, rx).await;
+
+        // THEN it stops after that attempt, and the batch is still in flight: not acknowledged, not quarantined
+        assert_eq!((summary.delivered, sink.attempts().len()), (0, 1));
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(1));
+        assert_eq!(doc.counters.quarantined, 0);
+    }
+
+    #[tokio::test]
+    async fn a_poison_last_batch_is_quarantined_and_a_once_run_still_ends() {
+        // GIVEN rows 1-10 in batches of 5, and a sink that rejects any batch holding row 8
+        let w = world(5, 2);
+        w.source.upsert(1..=10, 1);
+        let sink = Arc::new(ScriptedSink { poison: [8].into(), ..Default::default() });
+
+        // WHEN the runner drains once (the poison batch is the last one)
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN rows 1-5 arrived, batch 2 was attempted MaxAttempts times and quarantined, and the run ended
+        assert_eq!(sink.accepted(), each(1..=5));
+        assert_eq!(sink.attempts().iter().filter(|(b, _, ok)| *b == 2 && !ok).count(), 2);
+        assert_eq!(summary.failed_deliveries, 2);
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert_eq!(doc.counters.quarantined, 1);
+        assert_eq!(doc.quarantine.iter().map(|q| (q.batch_id, q.rows)).collect::<Vec<_>>(), vec![(2, 5)]);
+        assert!(doc.in_flight.is_none());
+
+        // AND a later row is delivered by the next run, as a first attempt
+        w.source.upsert([11], 2);
+        let sink = Arc::new(ScriptedSink::default());
+        run_to_end(&w, sink.clone(), true, never_stopped()).await;
+        assert_eq!(sink.accepted(), each([11]));
+    }
+
+    #[tokio::test]
+    async fn a_once_run_of_a_paused_function_ends_without_delivering() {
+        // GIVEN a function that ran once and was then paused, with rows waiting
+        let w = world(100, 5);
+        run_to_end(&w, Arc::new(ScriptedSink::default()), true, never_stopped()).await;
+        crate::ops::pause(&w.trigger, "test").await.expect("pause");
+        w.source.upsert(1..=3, 1);
+
+        // WHEN the runner drains once
+        let sink = Arc::new(ScriptedSink::default());
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN it ends at once and delivers nothing
+        assert_eq!(summary.delivered, 0);
+        assert!(sink.attempts().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stop_during_a_delivery_finishes_that_batch_and_acknowledges_it() {
+        // GIVEN 300 rows, and a stop signal that arrives while the first batch is being delivered
+        let w = world(100, 5);
+        w.source.upsert(1..=300, 1);
+        let (tx, rx) = watch::channel(false);
+        let sink = Arc::new(ScriptedSink { stop_during_first: Some(tx), ..Default::default() });
+
+        // WHEN the runner runs (not once)
+        let summary = run_to_end(&w, sink.clone(), false, rx).await;
+
+        // THEN the batch in hand was delivered, no other batch was started
+        assert_eq!(summary.batches, 1);
+        assert_eq!(sink.accepted(), each(1..=100));
+        // AND it is acknowledged and the lease released, so the next process goes on from row 101
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+        assert_eq!(doc.checkpoint, serde_json::json!([1, 100]));
+        let lease = doc.lease.expect("a lease was taken");
+        assert!(lease.expires_at <= time::OffsetDateTime::now_utc());
+    }
+
+    #[test]
+    fn backoff_doubles_from_the_polling_interval_and_stops_at_a_minute() {
+        let base = Duration::from_secs(1);
+        assert_eq!(backoff(1, base), Duration::from_secs(2));
+        assert_eq!(backoff(3, base), Duration::from_secs(8));
+        assert_eq!(backoff(6, base), Duration::from_secs(60));
+        assert_eq!(backoff(1_000, base), Duration::from_secs(60));
+        assert_eq!(backoff(-5, base), base);
+    }
 }

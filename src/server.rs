@@ -3,8 +3,9 @@
 //! touches a database at start.
 
 use crate::app::App;
+use crate::config::DeliveryMode;
 use crate::protocol::{InvocationRequest, InvocationResponse};
-use crate::trigger::{ErrorKind, OutcomeKind};
+use crate::trigger::{ErrorKind, MappedOutputs, OutcomeKind};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::Method;
@@ -153,19 +154,38 @@ async fn invoke(
         };
         let started = Instant::now();
         let retry = request.retry();
-        match trigger.tick(retry).await {
+        // Sink mode: the handler delivers through the function's sink and answers the host no outputs.
+        let sink = match trigger.config().settings.delivery_mode {
+            DeliveryMode::Sink => match app.sink(trigger.name()) {
+                Some(sink) => Some(sink.clone()),
+                None => {
+                    let message = format!(
+                        "function {} has deliveryMode sink but no sink; add \"sink\" to its sqltrigger.json",
+                        trigger.name()
+                    );
+                    tracing::error!("{message}");
+                    return error(StatusCode::INTERNAL_SERVER_ERROR, message, json!({}));
+                }
+            },
+            _ => None,
+        };
+        let ticked = match &sink {
+            Some(sink) => trigger.tick_into(sink.as_ref()).await,
+            None => trigger.tick(retry).await,
+        };
+        match ticked {
             Ok(outcome) => {
-                let mapped = trigger.outputs(&outcome.changes);
+                let mapped = if sink.is_some() { MappedOutputs::default() } else { trigger.outputs(&outcome.changes) };
                 let mut logs = outcome.logs;
-                for (binding, n) in &mapped.dropped_deletes {
-                    logs.push(format!(
-                        "{n} delete(s) not sent to output binding {binding:?}: the host's SQL output binding cannot delete; use deliveryMode sink or a message binding for deletes"
-                    ));
+                let unsent = mapped.report();
+                for line in &unsent {
+                    tracing::warn!("{line}");
                 }
                 let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
                 for line in &logs {
                     tracing::info!("{line}");
                 }
+                logs.extend(unsent);
                 tracing::info!(
                     batch_id = outcome.batch_id.unwrap_or(0),
                     rows = outcome.changes.len(),

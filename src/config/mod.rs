@@ -5,10 +5,12 @@
 //! storage is contacted here; that happens lazily on the first tick.
 
 mod function;
+mod outputs;
 mod secret;
 pub mod settings;
 
 pub use function::{AdminFunction, FunctionConfig, OutputBinding, RetryPolicy, SourceKind, SourceSpec};
+pub use outputs::{OutputRoute, OutputShape};
 pub use secret::Secret;
 pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
 

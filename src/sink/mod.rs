@@ -1,24 +1,35 @@
-//! In-handler delivery: where `handler run` sends a batch when no Functions host writes output bindings.
+//! In-handler delivery: where a batch goes when the handler delivers it itself (`deliveryMode: sink` under the
+//! Functions host, and `handler run`) instead of answering it to the host's output bindings.
 //!
 //! # Contract
 //! - `deliver` is called with one whole batch, in order, at most once at a time per function.
 //! - `Ok(())` means the destination has durably taken the batch; only then does the batch count as delivered
-//!   (the next tick acknowledges it). An error means it may or may not have been taken: the same batch, with
-//!   the same `batch_id`, is delivered again. Delivery is therefore at-least-once, and a destination that
-//!   wants no duplicates deduplicates on `(function, batch_id)` (the webhook's `Idempotency-Key`) or on the
-//!   rows' keys (an upsert).
+//!   (in sink mode the same tick acknowledges it, after `deliver` returns). An error means it may or may not
+//!   have been taken: the same batch, with the same `batch_id` and range, is delivered again. Delivery is
+//!   therefore at-least-once, and a destination that wants no duplicates deduplicates on `(function,
+//!   batch_id)` (the webhook's `Idempotency-Key`), on the rows' keys (an upsert), or on the batch's range (the
+//!   SQL sinks' exactly-once checkpoint row).
 //! - `fence` is the lease token of the instance delivering; it grows with every change of owner, so a
-//!   destination that records it can refuse a deposed instance's late write.
+//!   destination that records it can refuse a deposed instance's late write ([`SinkError::Fenced`]), which
+//!   the engine treats like a lost compare-and-swap: nothing is acknowledged, nothing is counted as failed.
+//! - [`SinkError::Rejected`] counts toward `Sql_Trigger_MaxAttempts` (then quarantine or halt);
+//!   [`SinkError::Transient`] does not, so an outage of the destination never quarantines a batch.
 
+mod mssql;
+mod postgres;
 mod stdout;
+mod target;
+mod upsert;
 mod webhook;
 
+pub use postgres::PostgresSink;
 pub use stdout::StdoutSink;
 pub use webhook::WebhookSink;
 
 use crate::change::Change;
 use crate::config::ConfigError;
 use crate::config::Env;
+use crate::source::Position;
 use serde_json::Value;
 use std::fmt;
 use std::sync::Arc;
@@ -31,6 +42,10 @@ pub struct SinkBatch<'a> {
     pub batch_id: u64,
     pub fence: u64,
     pub changes: &'a [Change],
+    /// The batch's range in the source, `(from, to]`: with its `batch_id`, what names this batch exactly
+    /// across re-deliveries and restarts. Set in sink delivery mode; `None` when the runner delivers a
+    /// deferred-mode batch, whose range the engine does not hand out.
+    pub range: Option<(&'a Position, &'a Position)>,
 }
 
 impl SinkBatch<'_> {
@@ -38,17 +53,26 @@ impl SinkBatch<'_> {
     pub fn idempotency_key(&self) -> String {
         format!("{}/{}/{}", self.app, self.function, self.batch_id)
     }
+
+    /// The key SQL sinks record fences and checkpoints under: one row per app and function.
+    pub fn owner_key(&self) -> String {
+        format!("{}/{}", self.app, self.function)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// Worth another try (network, 5xx, throttling).
+    /// Worth another try (network, 5xx, throttling, deadlock). Not counted as a failure of the batch.
     #[error("{0}")]
     Transient(String),
     /// The destination refused the batch; retrying the same batch will likely fail again (counts as a failure
     /// toward Sql_Trigger_MaxAttempts, then quarantine).
     #[error("{0}")]
     Rejected(String),
+    /// A newer owner of the function (a larger fencing token) already wrote to the destination: this
+    /// instance was deposed while it held the batch, and its write was refused. Nothing was written.
+    #[error("the destination refused the write of fencing token {ours}: it has seen token {stored} from a newer owner of this function; this instance lost its lease and writes nothing")]
+    Fenced { ours: u64, stored: u64 },
 }
 
 #[async_trait::async_trait]
@@ -56,18 +80,28 @@ pub trait Sink: Send + Sync + fmt::Debug {
     async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError>;
     /// For logs: the kind and destination, never a secret.
     fn describe(&self) -> String;
+    /// True when the sink applies each batch exactly once by itself (it records what it applied in the
+    /// destination, in the same transaction as the rows); it then needs the batch's `range`.
+    fn exactly_once(&self) -> bool {
+        false
+    }
 }
 
+/// The sink types `"sink": {"type": ...}` accepts.
+const SINK_TYPES: &[&str] = &["stdout", "webhook", "postgres", "mssql"];
+
 /// Builds the sink a function's `sqltrigger.json` asks for (`"sink": {"type": ...}`); stdout by default.
+/// Opens no connection: database sinks connect on their first delivery.
 pub fn from_options(function: &str, options: Option<&Value>, env: &Env) -> Result<Arc<dyn Sink>, ConfigError> {
     let setting = format!("sink in {function}/sqltrigger.json");
     let Some(options) = options else { return Ok(Arc::new(StdoutSink::new())) };
     let kind = options.get("type").and_then(Value::as_str).unwrap_or("");
-    match kind {
+    let built: Result<Arc<dyn Sink>, String> = match kind {
         "stdout" => Ok(Arc::new(StdoutSink::new())),
-        "webhook" => WebhookSink::from_options(options, env)
-            .map(|s| Arc::new(s) as Arc<dyn Sink>)
-            .map_err(|e| ConfigError::new(setting, e)),
-        other => Err(ConfigError::new(setting, format!("type {other:?} is not a sink; use stdout or webhook"))),
-    }
+        "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        "postgres" | "postgresql" => PostgresSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        "mssql" | "sqlserver" => mssql::from_options(options, env),
+        other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
+    };
+    built.map_err(|e| ConfigError::new(setting, e))
 }

@@ -1,5 +1,6 @@
 //! What can go wrong in a tick, and the one table that decides what each failure means.
 
+use crate::sink::SinkError;
 use crate::source::SourceError;
 use crate::state::StoreError;
 use std::time::Duration;
@@ -18,6 +19,9 @@ pub enum TickError {
     Halted { function: String, reason: String },
     #[error("the tick did not finish within {0:?} (Sql_Trigger_TickTimeoutMs); nothing was committed")]
     Timeout(Duration),
+    /// Sink mode: the sink did not take the batch; it stays in flight and is delivered again.
+    #[error("sink: {0}; the batch stays in flight and is delivered again")]
+    Sink(#[from] SinkError),
 }
 
 /// How the engine and the HTTP layer treat a failure.
@@ -36,6 +40,8 @@ impl TickError {
             Self::Store(StoreError::Unavailable(_) | StoreError::Conflict) => ErrorKind::Transient,
             Self::Source(SourceError::Unavailable(_)) => ErrorKind::Transient,
             Self::Timeout(_) => ErrorKind::Transient,
+            Self::Sink(SinkError::Transient(_) | SinkError::Fenced { .. }) => ErrorKind::Transient,
+            Self::Sink(SinkError::Rejected(_)) => ErrorKind::Operator,
             Self::Store(StoreError::Refused(_))
             | Self::Source(SourceError::Invalid(_) | SourceError::PositionLost(_))
             | Self::CorruptState { .. }

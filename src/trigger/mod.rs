@@ -18,14 +18,18 @@
 //!    A conflict means another tick moved first: deliver nothing, answer empty.
 //!
 //! `immediate` delivery commits the checkpoint before answering instead (at-most-once if the host's write
-//! fails). Both modes use the same fetch and commit path.
+//! fails). `sink` delivery (`sink_mode`) records the batch, hands it to the handler's own sink and
+//! acknowledges it in the same tick. All modes use the same fetch and commit path.
 
 mod error;
 pub mod failpoint;
+mod observe;
 mod outputs;
+mod sink_mode;
 pub mod state;
 
 pub use error::{ErrorKind, TickError};
+pub use observe::{TickObserver, TickRecord};
 pub use outputs::MappedOutputs;
 
 use crate::change::{encode_batch, Change};
@@ -37,6 +41,9 @@ use state::{InFlight, Lease, QuarantineDoc, QuarantineEntry, StateDoc, QUARANTIN
 use std::sync::Arc;
 use time::OffsetDateTime;
 use tokio::sync::{Mutex, OnceCell};
+
+/// How often an empty tick may record a source's proven-empty position (`Fetched::advance`).
+const ADVANCE_EVERY: time::Duration = time::Duration::minutes(5);
 
 /// What one tick produced.
 #[derive(Debug, Default)]
@@ -50,6 +57,8 @@ pub struct TickOutcome {
     pub store_operations: u64,
     /// The lease token this batch was answered under (0 when none); sinks use it as a fencing token.
     pub fence: u64,
+    /// The document this tick last wrote and its new etag: where sink mode's acknowledgement continues from.
+    committed: Option<(StateDoc, Etag)>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +95,10 @@ pub struct Trigger {
     answered: std::sync::Mutex<Option<u64>>,
     validated: OnceCell<()>,
     stats: std::sync::Mutex<TickStats>,
+    /// Told about every tick (metrics); set at most once, after start-up.
+    observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
+    /// Sink mode: the batch after the one being delivered, fetched while the sink wrote (see `sink_mode`).
+    ahead: std::sync::Mutex<Option<sink_mode::Ahead>>,
 }
 
 /// This process's view of its ticks, for status and metrics.
@@ -100,6 +113,8 @@ pub struct TickStats {
     pub store_operations: u64,
     pub failures_transient: u64,
     pub failures_operator: u64,
+    /// Deletes left out because an output binding receives rows (reported in the invocation's logs too).
+    pub deletes_not_sent: u64,
 }
 
 impl Trigger {
@@ -123,6 +138,8 @@ impl Trigger {
             answered: std::sync::Mutex::new(None),
             validated: OnceCell::new(),
             stats: std::sync::Mutex::new(TickStats::default()),
+            observer: std::sync::OnceLock::new(),
+            ahead: std::sync::Mutex::new(None),
         }
     }
 
@@ -150,26 +167,54 @@ impl Trigger {
         &self.quarantine_prefix
     }
 
-    /// Maps a batch onto this function's output bindings.
+    /// Maps a batch onto this function's output bindings, counting the deletes a binding could not receive.
     pub fn outputs(&self, changes: &[Change]) -> MappedOutputs {
-        outputs::map(&self.config.outputs, changes)
+        let mapped = outputs::map(&self.config.output_routes(), changes);
+        self.stats.lock().expect("stats lock").deletes_not_sent += mapped.deletes_not_sent();
+        mapped
     }
 
     /// Runs one tick within the function's time budget.
     pub async fn tick(&self, retry: RetryContext) -> Result<TickOutcome, TickError> {
         let _one_at_a_time = self.lock.lock().await;
+        if retry.is_retry() {
+            // A retry says the host's previous attempt failed: if this process answered a batch then, the host
+            // did not write it. Forget that answer before anything here can fail: if this retry fails too (the
+            // store or the database is down), nothing durable records the failure, and the next normal
+            // invocation must not take the memory of having answered as proof of delivery. It re-delivers.
+            *self.answered.lock().expect("answered lock") = None;
+        }
+        self.timed(self.tick_inner(retry)).await
+    }
+
+    /// Runs a tick's work within the function's time budget and records what it did (stats, observer).
+    /// Called with the tick lock held.
+    async fn timed(
+        &self,
+        work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
+    ) -> Result<TickOutcome, TickError> {
         let started = std::time::Instant::now();
         let ops_before = self.store.operations();
         let budget = self.config.settings.tick_timeout;
-        let result = match tokio::time::timeout(budget, self.tick_inner(retry)).await {
+        let result = match tokio::time::timeout(budget, work).await {
             Ok(result) => result,
             Err(_) => Err(TickError::Timeout(budget)),
         };
         let store_operations = self.store.operations() - ops_before;
+        let duration = started.elapsed();
+        if let Some(observer) = self.observer.get() {
+            observer.tick_finished(&TickRecord {
+                function: &self.config.name,
+                outcome: result.as_ref().map(|o| o.kind).map_err(TickError::kind),
+                rows: result.as_ref().map_or(0, |o| o.changes.len()),
+                duration,
+                store_operations,
+            });
+        }
         let mut stats = self.stats.lock().expect("stats lock");
         stats.ticks += 1;
         stats.at = Some(OffsetDateTime::now_utc());
-        stats.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        stats.duration_ms = duration.as_secs_f64() * 1000.0;
         stats.store_operations = store_operations;
         match result {
             Ok(mut outcome) => {
@@ -208,6 +253,30 @@ impl Trigger {
         }
         let mut out = TickOutcome::default();
         self.commit(&mut doc, Some(&etag), &mut out).await
+    }
+
+    /// Tells `observer` about every later tick. Only the first observer set is kept: `false` if one was already.
+    pub fn observe(&self, observer: Arc<dyn TickObserver>) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    /// Start-up checks, run in the background once the handler is listening (the host's readiness probe must
+    /// not wait for a database): the source's table and settings, and whether the stored state still fits the
+    /// configured source. Problems are reported by the caller; ticks refuse with the same errors.
+    pub async fn preflight(&self) -> Result<(), TickError> {
+        // Under the tick lock, so its state read never lands inside a tick's operation count.
+        let _one_at_a_time = self.lock.lock().await;
+        self.validated.get_or_try_init(|| self.source.validate()).await?;
+        if let Some((doc, _)) = self.load().await? {
+            if doc.fingerprint != self.source.fingerprint() {
+                return Err(TickError::FingerprintChanged {
+                    function: self.config.name.clone(),
+                    stored: doc.fingerprint,
+                    configured: self.source.fingerprint(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// What the last tick of this process did, and failures so far by kind.
@@ -259,7 +328,12 @@ impl Trigger {
 
         if let Some(flight) = doc.in_flight.clone() {
             let answered_here = *self.answered.lock().expect("answered lock") == Some(flight.batch_id);
-            let proven = flight.owner == self.owner && answered_here && !retry.is_retry() && !flight.final_attempt;
+            // Sink mode acknowledges in the tick whose sink took the batch, never from memory of answering.
+            let proven = flight.owner == self.owner
+                && answered_here
+                && !retry.is_retry()
+                && !flight.final_attempt
+                && self.config.settings.delivery_mode != DeliveryMode::Sink;
             if proven {
                 acknowledge(&mut doc, &flight, now);
                 dirty = true;
@@ -290,6 +364,7 @@ impl Trigger {
 
         // A quarantined batch an operator asked to retry goes before new changes; it does not move the
         // checkpoint, which passed it when it was quarantined.
+        let mut fetched_advance = None;
         let (batch, quarantined) = match doc.retry_quarantined.first().copied() {
             Some(batch_id) => {
                 doc.retry_quarantined.remove(0);
@@ -297,16 +372,29 @@ impl Trigger {
                 let (key, q) = self.load_quarantined(batch_id).await?;
                 let changes =
                     q.decode_changes().map_err(|detail| TickError::CorruptState { key: key.clone(), detail })?;
-                let fetched = crate::source::Fetched { changes, last: Some(q.to.clone()) };
+                let fetched = crate::source::Fetched { changes, last: Some(q.to.clone()), advance: None };
                 (Some((fetched, q.from)), Some(key))
             }
             None => {
-                let fetched = self.source.fetch(&doc.checkpoint, self.config.settings.max_batch_size).await?;
+                let mut fetched = match self.take_ahead(&doc.checkpoint) {
+                    Some(fetched) => fetched,
+                    None => self.source.fetch(&doc.checkpoint, self.config.settings.max_batch_size).await?,
+                };
+                fetched_advance = fetched.advance.take();
                 let from = doc.checkpoint.clone();
                 (Some((fetched, from)), None)
             }
         };
         let Some((fetched, from)) = batch.filter(|(f, _)| !f.changes.is_empty()) else {
+            if let Some(advance) = fetched_advance {
+                // Now and then, not every empty tick: an empty tick should cost one read.
+                let stale = doc.progress_at.is_none_or(|at| now - at >= ADVANCE_EVERY);
+                if stale && doc.in_flight.is_none() && advance != doc.checkpoint {
+                    doc.checkpoint = advance;
+                    doc.progress_at = Some(now);
+                    dirty = true;
+                }
+            }
             if dirty {
                 self.commit(&mut doc, etag.as_ref(), &mut out).await?;
             }
@@ -511,12 +599,12 @@ impl Trigger {
 
     /// Writes the document if it is still at `etag`. `Ok(false)`: another tick moved first, and `out` says so.
     async fn commit(&self, doc: &mut StateDoc, etag: Option<&Etag>, out: &mut TickOutcome) -> Result<bool, TickError> {
-        doc.write_id = uuid::Uuid::new_v4().to_string();
-        doc.updated_at = OffsetDateTime::now_utc();
-        doc.updated_by = self.owner.clone();
-        let bytes = serde_json::to_vec(doc).expect("state documents serialize");
+        let bytes = stamp(doc, &self.owner);
         match self.store.save_if(&self.key, &bytes, etag).await {
-            Ok(_) => Ok(true),
+            Ok(etag) => {
+                out.committed = Some((doc.clone(), etag));
+                Ok(true)
+            }
             Err(StoreError::Conflict) => {
                 out.kind = OutcomeKind::Conflict;
                 out.changes.clear();
@@ -568,6 +656,15 @@ impl Trigger {
             updated_by: self.owner.clone(),
         }
     }
+}
+
+/// Marks a write of `doc` by `owner` (a fresh `write_id`, so no two writes are byte-identical) and
+/// serializes it.
+fn stamp(doc: &mut StateDoc, owner: &str) -> Vec<u8> {
+    doc.write_id = uuid::Uuid::new_v4().to_string();
+    doc.updated_at = OffsetDateTime::now_utc();
+    doc.updated_by = owner.to_string();
+    serde_json::to_vec(doc).expect("state documents serialize")
 }
 
 /// Marks `flight` delivered: the checkpoint moves to its end unless it was a retry of a quarantined batch

@@ -1,12 +1,13 @@
-//! Maps one batch onto the function's output bindings.
+//! Maps one batch onto the function's output bindings, by the routes of `config::outputs` (which binding
+//! receives changes, rows or the whole batch; see there for the shapes and their defaults).
 //!
-//! Message bindings (queue, serviceBus, eventHub, blob and anything unknown) receive the change objects as a
-//! JSON array: the host turns an array into one message per element. A `sql` output binding receives plain
-//! rows, because the host's SQL binding upserts and cannot delete; deletes sent there are counted and reported,
-//! never dropped silently. Values are always arrays, never bare strings (the host base64-decodes those).
+//! Deletes sent to a binding that receives rows cannot be expressed (a row has no operation; the host's SQL
+//! binding upserts and cannot delete): they are left out, counted per binding, and reported once per batch,
+//! never dropped silently. Values are always arrays or objects, never bare strings (the host base64-decodes
+//! those for some bindings).
 
 use crate::change::{encode_batch, Change, Operation};
-use crate::config::OutputBinding;
+use crate::config::{OutputRoute, OutputShape};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
@@ -18,65 +19,120 @@ pub struct MappedOutputs {
     pub dropped_deletes: Vec<(String, usize)>,
 }
 
-pub fn map(bindings: &[OutputBinding], changes: &[Change]) -> MappedOutputs {
+impl MappedOutputs {
+    /// One line per binding that could not receive the batch's deletes, for the invocation's logs.
+    pub fn report(&self) -> Vec<String> {
+        self.dropped_deletes
+            .iter()
+            .map(|(binding, n)| {
+                format!(
+                    "{n} delete(s) not sent to output binding {binding:?}: it receives rows, which cannot express a delete; send deletes to a binding with shape changes or batch, or use deliveryMode sink with a postgres sink"
+                )
+            })
+            .collect()
+    }
+
+    /// Deletes left out of this batch, over all bindings.
+    pub fn deletes_not_sent(&self) -> u64 {
+        self.dropped_deletes.iter().map(|(_, n)| *n as u64).sum()
+    }
+}
+
+pub fn map(routes: &[OutputRoute], changes: &[Change]) -> MappedOutputs {
     let mut mapped = MappedOutputs::default();
     if changes.is_empty() {
         return mapped;
     }
+    // Each shape is rendered at most once per batch, however many bindings share it.
     let mut all: Option<Box<RawValue>> = None;
-    for b in bindings {
-        if b.kind.eq_ignore_ascii_case("sql") {
-            let mut text = String::from("[");
-            let mut deletes = 0;
-            for c in changes {
-                if c.operation == Operation::Delete {
-                    deletes += 1;
-                    continue;
+    let mut rows: Option<(Box<RawValue>, usize)> = None;
+    for route in routes {
+        let value = match route.shape {
+            OutputShape::Changes => all.get_or_insert_with(|| encode_batch(changes)).clone(),
+            OutputShape::Rows => {
+                let (value, deletes) = rows.get_or_insert_with(|| rows_of(changes));
+                if *deletes > 0 {
+                    mapped.dropped_deletes.push((route.binding.clone(), *deletes));
                 }
-                if text.len() > 1 {
-                    text.push(',');
-                }
-                text.push_str(c.item.get());
+                value.clone()
             }
-            text.push(']');
-            if deletes > 0 {
-                mapped.dropped_deletes.push((b.name.clone(), deletes));
+            OutputShape::Batch => {
+                let changes = all.get_or_insert_with(|| encode_batch(changes)).get();
+                // One element of an array for bindings that send one message per element; the object itself
+                // for bindings that take the value as one item.
+                let text = if route.collector {
+                    format!("[{{\"changes\":{changes}}}]")
+                } else {
+                    format!("{{\"changes\":{changes}}}")
+                };
+                RawValue::from_string(text).expect("an object around a JSON array is JSON")
             }
-            let rows = RawValue::from_string(text).expect("an array of JSON items is JSON");
-            mapped.outputs.insert(b.name.clone(), rows);
-        } else {
-            let value = all.get_or_insert_with(|| encode_batch(changes)).clone();
-            mapped.outputs.insert(b.name.clone(), value);
-        }
+        };
+        mapped.outputs.insert(route.binding.clone(), value);
     }
     mapped
+}
+
+/// The items of the non-delete changes as a JSON array, and how many deletes were left out.
+fn rows_of(changes: &[Change]) -> (Box<RawValue>, usize) {
+    let mut text = String::from("[");
+    let mut deletes = 0;
+    for c in changes {
+        if c.operation == Operation::Delete {
+            deletes += 1;
+            continue;
+        }
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push_str(c.item.get());
+    }
+    text.push(']');
+    (RawValue::from_string(text).expect("an array of JSON items is JSON"), deletes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn binding(name: &str, kind: &str) -> OutputBinding {
-        OutputBinding { name: name.into(), kind: kind.into() }
+    fn route(binding: &str, shape: OutputShape, collector: bool) -> OutputRoute {
+        OutputRoute { binding: binding.into(), shape, collector }
+    }
+
+    fn changes() -> Vec<Change> {
+        vec![
+            Change::from_json(Operation::Insert, r#"{"Id":1,"Name":"a"}"#.into()).expect("json"),
+            Change::from_json(Operation::Delete, r#"{"Id":2}"#.into()).expect("json"),
+        ]
     }
 
     #[test]
-    fn message_bindings_get_changes_and_sql_gets_rows_without_deletes() {
-        let changes = vec![
-            Change::from_json(Operation::Insert, r#"{"Id":1,"Name":"a"}"#.into()).expect("json"),
-            Change::from_json(Operation::Delete, r#"{"Id":2}"#.into()).expect("json"),
-        ];
-        let m = map(&[binding("changes", "queue"), binding("rows", "sql")], &changes);
+    fn message_bindings_get_changes_and_rows_bindings_get_rows_without_deletes_reported_once() {
+        let m =
+            map(&[route("changes", OutputShape::Changes, true), route("rows", OutputShape::Rows, true)], &changes());
         assert_eq!(
             m.outputs["changes"].get(),
             r#"[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]"#
         );
         assert_eq!(m.outputs["rows"].get(), r#"[{"Id":1,"Name":"a"}]"#);
         assert_eq!(m.dropped_deletes, vec![("rows".to_string(), 1)]);
+        assert_eq!(m.deletes_not_sent(), 1);
+        let report = m.report();
+        assert_eq!(report.len(), 1);
+        assert!(report[0].starts_with("1 delete(s) not sent to output binding \"rows\""), "{}", report[0]);
+    }
+
+    #[test]
+    fn a_batch_is_one_message_wrapped_for_collectors_and_bare_for_single_item_bindings() {
+        let m = map(&[route("q", OutputShape::Batch, true), route("blob", OutputShape::Batch, false)], &changes());
+        let inner = r#"{"changes":[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]}"#;
+        assert_eq!(m.outputs["q"].get(), format!("[{inner}]"));
+        assert_eq!(m.outputs["blob"].get(), inner);
+        assert!(m.dropped_deletes.is_empty());
     }
 
     #[test]
     fn an_empty_batch_writes_nothing() {
-        assert!(map(&[binding("changes", "queue")], &[]).outputs.is_empty());
+        assert!(map(&[route("changes", OutputShape::Changes, true)], &[]).outputs.is_empty());
     }
 }

@@ -6,6 +6,14 @@
 mod support;
 
 mod common;
+mod concurrency;
 mod config_errors;
+mod crashes;
 mod delivery;
+mod failure_matrix;
+mod operations;
+mod outages;
+mod outputs;
 mod protocol;
+mod runner;
+mod sinks;

@@ -1,0 +1,190 @@
+//! Which output binding receives what: the `outputs` key of `sqltrigger.json`, checked against function.json.
+//!
+//! ```json
+//! "outputs": { "changes": { "shape": "changes" }, "audit": { "shape": "batch" }, "copy": { "shape": "rows" } }
+//! ```
+//! - `changes`: the change objects `{"Operation":0,"Item":{...}}` as an array; the host sends one message per
+//!   element. The default for every binding but `sql`.
+//! - `rows`: the items only, as an array (one row or message each). Deletes cannot be expressed as a row, so
+//!   they are left out, reported in the invocation's logs once per batch and counted. The default, and the
+//!   only shape, for `sql`: the host's SQL output binding upserts rows.
+//! - `batch`: the whole batch as one message `{"changes":[...]}`. For bindings that send one message per
+//!   array element (queue, serviceBus, eventHub, ...) it is wrapped in a one-element array; for the others
+//!   (blob, ...) it is the object itself.
+//!
+//! Values are always objects or arrays, never bare strings: the host base64-decodes strings for some bindings.
+//! The mapping is derived from the configuration each time it is needed (it is a few entries), so the
+//! typed `FunctionConfig` keeps the shape other modules construct.
+
+use super::{ConfigError, OutputBinding};
+use serde_json::{Map, Value};
+
+/// What one output binding receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputShape {
+    Changes,
+    Rows,
+    Batch,
+}
+
+impl OutputShape {
+    const NAMES: &'static [(&'static str, OutputShape)] =
+        &[("changes", Self::Changes), ("rows", Self::Rows), ("batch", Self::Batch)];
+
+    /// The shape a binding of this type gets when `outputs` does not name it.
+    pub fn default_for(kind: &str) -> Self {
+        if kind.eq_ignore_ascii_case("sql") {
+            Self::Rows
+        } else {
+            Self::Changes
+        }
+    }
+}
+
+/// Binding types whose output value may be an array that the host sends as one message (or row) per
+/// element. Anything else receives the value as one item.
+pub const COLLECTOR_TYPES: &[&str] = &["queue", "serviceBus", "eventHub", "eventGrid", "sql", "cosmosDB", "signalR"];
+
+/// One binding and what it receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRoute {
+    pub binding: String,
+    pub shape: OutputShape,
+    /// True when the host splits an array value into one message per element.
+    pub collector: bool,
+}
+
+/// The routes of every output binding: `outputs` where it names one, the default by type otherwise.
+/// `Err` lists every problem, each naming the binding and what to change.
+pub fn routes(
+    bindings: &[OutputBinding],
+    options: &Map<String, Value>,
+    file: &str,
+) -> Result<Vec<OutputRoute>, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let setting = |binding: &str| format!("outputs.{binding} in {file}");
+    let empty = Map::new();
+    let configured = match options.get("outputs") {
+        None => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(vec![ConfigError::new(
+                format!("outputs in {file}"),
+                "must be an object: {\"<binding name>\": {\"shape\": \"changes\" | \"rows\" | \"batch\"}}",
+            )])
+        }
+    };
+    for name in configured.keys() {
+        if !bindings.iter().any(|b| &b.name == name) {
+            let known: Vec<&str> = bindings.iter().map(|b| b.name.as_str()).collect();
+            errors.push(ConfigError::new(
+                setting(name),
+                format!(
+                    "names output binding {name:?}, which function.json does not have (its output bindings: {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ),
+            ));
+        }
+    }
+    let mut routes = Vec::with_capacity(bindings.len());
+    for b in bindings {
+        let shape = match configured.get(&b.name) {
+            None => OutputShape::default_for(&b.kind),
+            Some(entry) => match parse_entry(entry) {
+                Ok(shape) => shape,
+                Err(problem) => {
+                    errors.push(ConfigError::new(setting(&b.name), problem));
+                    continue;
+                }
+            },
+        };
+        if b.kind.eq_ignore_ascii_case("sql") && shape != OutputShape::Rows {
+            errors.push(ConfigError::new(
+                setting(&b.name),
+                "is a sql output binding, which upserts rows: its shape can only be rows (for deletes, use deliveryMode sink with a postgres or mssql sink)",
+            ));
+            continue;
+        }
+        let collector = COLLECTOR_TYPES.iter().any(|t| t.eq_ignore_ascii_case(&b.kind));
+        routes.push(OutputRoute { binding: b.name.clone(), shape, collector });
+    }
+    if errors.is_empty() {
+        Ok(routes)
+    } else {
+        Err(errors)
+    }
+}
+
+fn parse_entry(entry: &Value) -> Result<OutputShape, String> {
+    let names = || OutputShape::NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+    let Some(map) = entry.as_object() else {
+        return Err(format!("must be an object such as {{\"shape\": \"batch\"}} (shapes: {})", names()));
+    };
+    if let Some(key) = map.keys().find(|k| k.as_str() != "shape") {
+        return Err(format!("unknown key {key:?}; the only key is \"shape\""));
+    }
+    let shape =
+        map.get("shape").and_then(Value::as_str).ok_or_else(|| format!("needs \"shape\": one of {}", names()))?;
+    OutputShape::NAMES
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(shape))
+        .map(|(_, s)| *s)
+        .ok_or_else(|| format!("shape {shape:?} is not a shape; use {}", names()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn bindings() -> Vec<OutputBinding> {
+        vec![
+            OutputBinding { name: "q".into(), kind: "queue".into() },
+            OutputBinding { name: "copy".into(), kind: "sql".into() },
+            OutputBinding { name: "archive".into(), kind: "blob".into() },
+        ]
+    }
+
+    fn options(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().expect("an object")
+    }
+
+    #[test]
+    fn defaults_send_changes_to_message_bindings_and_rows_to_sql() {
+        let r = routes(&bindings(), &Map::new(), "f/sqltrigger.json").expect("valid");
+        let shapes: Vec<(&str, OutputShape, bool)> =
+            r.iter().map(|r| (r.binding.as_str(), r.shape, r.collector)).collect();
+        assert_eq!(
+            shapes,
+            vec![
+                ("q", OutputShape::Changes, true),
+                ("copy", OutputShape::Rows, true),
+                ("archive", OutputShape::Changes, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mapping_overrides_the_default_per_binding() {
+        let o = options(json!({"outputs": {"q": {"shape": "batch"}, "archive": {"shape": "rows"}}}));
+        let r = routes(&bindings(), &o, "f/sqltrigger.json").expect("valid");
+        assert_eq!(r[0].shape, OutputShape::Batch);
+        assert_eq!(r[2].shape, OutputShape::Rows);
+    }
+
+    #[test]
+    fn every_mistake_is_reported_naming_the_binding() {
+        let o = options(json!({"outputs": {
+            "nope": {"shape": "rows"}, "q": {"shape": "lines"}, "copy": {"shape": "changes"}, "archive": "batch"
+        }}));
+        let errors = routes(&bindings(), &o, "f/sqltrigger.json").unwrap_err();
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 4, "{text:#?}");
+        assert!(text[0].starts_with("outputs.nope in f/sqltrigger.json: names output binding \"nope\""), "{}", text[0]);
+        assert!(text[0].contains("q, copy, archive"), "{}", text[0]);
+        assert!(text.iter().any(|t| t.contains("shape \"lines\" is not a shape")), "{text:#?}");
+        assert!(text.iter().any(|t| t.contains("outputs.copy") && t.contains("can only be rows")), "{text:#?}");
+        assert!(text.iter().any(|t| t.contains("outputs.archive") && t.contains("must be an object")), "{text:#?}");
+    }
+}

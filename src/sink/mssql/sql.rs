@@ -1,0 +1,318 @@
+//! Every statement the SQL Server sink sends, built in one place from validated, quoted names.
+//!
+//! One delivery is one T-SQL batch run with `sp_executesql` under `SET XACT_ABORT ON`, so any error rolls the
+//! whole batch back (no partial upsert) and a connection lost mid-way leaves nothing behind. Rows travel as
+//! JSON parameters read with `OPENJSON ... WITH (...)` (column names matched exactly, binary decoded from
+//! base64 by OPENJSON itself), at most [`ROWS_PER_STATEMENT`] rows per statement like the official output
+//! binding, upserted by `MERGE ... WITH (HOLDLOCK)` on the primary key.
+//!
+//! Parameters: `@P1` app/function, `@P2` fencing token, `@P3` batch id, `@P4`/`@P5` the batch's from/to
+//! positions as JSON text, `@P6` rows, then one JSON array per statement from `@P7` on. The batch ends with
+//! one result row: `status` 0 = written, 1 = fenced (`stored` is the newer token), 2 = already applied.
+
+use crate::ident::{Ident, TableName};
+use crate::sink::upsert::{RowGroup, TableShape, WritePlan};
+
+/// Rows per statement, as the official output binding batches its MERGE.
+pub const ROWS_PER_STATEMENT: usize = 1000;
+/// The first parameter that carries rows.
+pub const FIRST_ROWS_PARAM: usize = 7;
+
+/// `N'...'` with quotes doubled.
+fn literal(s: &str) -> String {
+    format!("N'{}'", s.replace('\'', "''"))
+}
+
+/// The JSON path of a property named exactly `name`: `$."name"` with `\` and `"` escaped.
+fn path(name: &Ident) -> String {
+    literal(&format!("$.\"{}\"", name.as_str().replace('\\', "\\\\").replace('"', "\\\"")))
+}
+
+/// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`.
+fn openjson(shape: &TableShape, param: usize, columns: &[usize]) -> String {
+    let cols: Vec<String> = columns
+        .iter()
+        .map(|&i| {
+            let c = &shape.columns[i];
+            format!("{} {} {}", c.name.mssql(), c.sql_type, path(&c.name))
+        })
+        .collect();
+    format!("OPENJSON(@P{param}) WITH ({})", cols.join(", "))
+}
+
+fn key_match(shape: &TableShape, left: &str, right: &str) -> String {
+    shape
+        .key_columns()
+        .map(|c| format!("{left}.{n} = {right}.{n}", n = c.name.mssql()))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// Deletes by primary key the items of `@P{param}`.
+pub fn delete(shape: &TableShape, param: usize) -> String {
+    format!(
+        "DELETE t FROM {} AS t INNER JOIN {} AS d ON {};",
+        shape.table.mssql(),
+        openjson(shape, param, &shape.key),
+        key_match(shape, "t", "d")
+    )
+}
+
+/// Upserts (MERGE on the key) or, for a keyless group, inserts the items of `@P{param}`.
+pub fn write(shape: &TableShape, group: &RowGroup<'_>, param: usize) -> String {
+    let names: Vec<String> = group.columns.iter().map(|&i| shape.columns[i].name.mssql()).collect();
+    let source = openjson(shape, param, &group.columns);
+    let statement = if group.keyed {
+        let set: Vec<String> = group
+            .columns
+            .iter()
+            .filter(|&&i| !shape.key.contains(&i) && !shape.columns[i].identity)
+            .map(|&i| format!("t.{n} = s.{n}", n = shape.columns[i].name.mssql()))
+            .collect();
+        let matched =
+            if set.is_empty() { String::new() } else { format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", ")) };
+        let values: Vec<String> = names.iter().map(|n| format!("s.{n}")).collect();
+        format!(
+            "MERGE INTO {} WITH (HOLDLOCK) AS t USING {source} AS s ON {}{matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({});",
+            shape.table.mssql(),
+            key_match(shape, "t", "s"),
+            names.join(", "),
+            values.join(", ")
+        )
+    } else {
+        format!(
+            "INSERT INTO {} ({}) SELECT {} FROM {source} AS s;",
+            shape.table.mssql(),
+            names.join(", "),
+            names.join(", ")
+        )
+    };
+    // Explicit values for an identity column need IDENTITY_INSERT, which is per session: set, then reset.
+    if group.columns.iter().any(|&i| shape.columns[i].identity) {
+        let t = shape.table.mssql();
+        format!("SET IDENTITY_INSERT {t} ON; {statement} SET IDENTITY_INSERT {t} OFF;")
+    } else {
+        statement
+    }
+}
+
+/// Creates the fence table unless it exists.
+pub fn create_fence(table: &TableName) -> String {
+    format!(
+        "IF OBJECT_ID({}, N'U') IS NULL CREATE TABLE {} ([function] nvarchar(450) NOT NULL PRIMARY KEY, [token] bigint NOT NULL, [updated_at] datetime2 NOT NULL);",
+        literal(&table.mssql()),
+        table.mssql()
+    )
+}
+
+/// Creates the exactly-once checkpoint table unless it exists.
+pub fn create_checkpoint(table: &TableName) -> String {
+    format!(
+        "IF OBJECT_ID({}, N'U') IS NULL CREATE TABLE {} ([function] nvarchar(450) NOT NULL PRIMARY KEY, [batch_id] bigint NOT NULL, [from_position] nvarchar(max) NOT NULL, [to_position] nvarchar(max) NOT NULL, [fence] bigint NOT NULL, [rows] bigint NOT NULL, [applied_at] datetime2 NOT NULL);",
+        literal(&table.mssql()),
+        table.mssql()
+    )
+}
+
+/// The rows one `@Pn` parameter carries: a slice of the deletes (`group: None`) or of a group's rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowsParam {
+    pub group: Option<usize>,
+    pub rows: std::ops::Range<usize>,
+}
+
+/// The whole delivery: fence, exactly-once check, the writes of `plan` in statements of at most
+/// `rows_per_statement` rows, the checkpoint row, commit, and the status row. Returns the batch's text and
+/// what each row parameter (`@P7` on, in order) carries.
+pub fn delivery(
+    shape: &TableShape,
+    plan: &WritePlan<'_>,
+    fence_table: &TableName,
+    checkpoint: Option<&TableName>,
+    rows_per_statement: usize,
+) -> (String, Vec<RowsParam>) {
+    let per = rows_per_statement.max(1);
+    let mut body = String::new();
+    let mut params = Vec::new();
+    let mut slices = |group: Option<usize>, rows: usize, statement: &dyn Fn(usize) -> String| {
+        for start in (0..rows).step_by(per) {
+            body.push_str(&statement(FIRST_ROWS_PARAM + params.len()));
+            body.push('\n');
+            params.push(RowsParam { group, rows: start..(start + per).min(rows) });
+        }
+    };
+    slices(None, plan.deletes.len(), &|p| delete(shape, p));
+    for (g, group) in plan.groups.iter().enumerate() {
+        slices(Some(g), group.rows.len(), &|p| write(shape, group, p));
+    }
+    let (applied_check, record) = match checkpoint {
+        Some(table) => {
+            let t = table.mssql();
+            (
+                format!(
+                    "IF @status = 0 AND EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1 AND [batch_id] = @P3 AND [from_position] = @P4 AND [to_position] = @P5) SET @status = 2;\n"
+                ),
+                format!(
+                    "MERGE INTO {t} WITH (HOLDLOCK) AS c USING (SELECT @P1 AS [function]) AS s ON c.[function] = s.[function] \
+WHEN MATCHED THEN UPDATE SET [batch_id] = @P3, [from_position] = @P4, [to_position] = @P5, [fence] = @P2, [rows] = @P6, [applied_at] = SYSUTCDATETIME() \
+WHEN NOT MATCHED THEN INSERT ([function], [batch_id], [from_position], [to_position], [fence], [rows], [applied_at]) VALUES (@P1, @P3, @P4, @P5, @P2, @P6, SYSUTCDATETIME());\n"
+                ),
+            )
+        }
+        None => (String::new(), String::new()),
+    };
+    let fence = fence_table.mssql();
+    // T-SQL refuses an empty BEGIN ... END: the write block is left out when there is nothing to write.
+    let writes = format!("{body}{record}");
+    let writes = if writes.is_empty() { writes } else { format!("IF @status = 0\nBEGIN\n{writes}END\n") };
+    let text = format!(
+        "SET NOCOUNT ON;\nSET XACT_ABORT ON;\nDECLARE @stored bigint, @status int = 0;\nBEGIN TRANSACTION;\n\
+SELECT @stored = [token] FROM {fence} WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1;\n\
+IF @stored > @P2 SET @status = 1;\n\
+IF @status = 0 AND @stored IS NULL INSERT INTO {fence} ([function], [token], [updated_at]) VALUES (@P1, @P2, SYSUTCDATETIME());\n\
+IF @status = 0 AND @stored IS NOT NULL UPDATE {fence} SET [token] = @P2, [updated_at] = SYSUTCDATETIME() WHERE [function] = @P1;\n\
+{applied_check}{writes}\
+IF @status = 1 ROLLBACK TRANSACTION; ELSE COMMIT TRANSACTION;\n\
+SELECT @status AS [status], @stored AS [stored];"
+    );
+    (text, params)
+}
+
+/// Columns, their types and flags, and key positions. `@P1` = the table's quoted name.
+pub const COLUMNS: &str = "SELECT c.name, t.name AS type_name, c.max_length, c.precision, c.scale, c.is_nullable, \
+CAST(CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS bit) AS has_default, c.is_identity, \
+CAST(CASE WHEN c.is_computed = 1 OR t.name IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS bit) AS is_generated, \
+ic.key_ordinal \
+FROM sys.columns AS c JOIN sys.types AS t ON t.user_type_id = c.system_type_id AND t.system_type_id = c.system_type_id \
+LEFT JOIN sys.indexes AS i ON i.object_id = c.object_id AND i.is_primary_key = 1 \
+LEFT JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.column_id = c.column_id \
+WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";
+
+/// The type to read a column as in `OPENJSON ... WITH`, from its catalog type. Only known type names reach a
+/// statement; `Err` says why a column cannot be written.
+pub fn type_sql(name: &str, max_length: i16, precision: u8, scale: u8) -> Result<String, String> {
+    let name = name.to_ascii_lowercase();
+    // sys.columns.max_length is in bytes: n-types hold two bytes per character; -1 is (max).
+    let chars = |per_char: i16| if max_length == -1 { "max".to_string() } else { (max_length / per_char).to_string() };
+    Ok(match name.as_str() {
+        "bit" | "tinyint" | "smallint" | "int" | "bigint" | "money" | "smallmoney" | "real" | "date"
+        | "smalldatetime" | "datetime" | "uniqueidentifier" | "xml" => name,
+        "float" => format!("float({precision})"),
+        "decimal" | "numeric" => format!("{name}({precision}, {scale})"),
+        "datetime2" | "datetimeoffset" | "time" => format!("{name}({scale})"),
+        "char" | "varchar" | "binary" | "varbinary" => format!("{name}({})", chars(1)),
+        "nchar" | "nvarchar" => format!("{name}({})", chars(2)),
+        "text" | "ntext" | "image" => {
+            return Err(format!("{name} columns cannot be written (deprecated types the output binding rejects too); use varchar(max), nvarchar(max) or varbinary(max)"))
+        }
+        other => return Err(format!("{other} columns cannot be written by the sink")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Golden statements: exact text, compared with the reviewed files in `tests/golden/mssql_sink/`.
+    //! Rerun with `UPDATE_GOLDEN=1 cargo test --lib sink::mssql` to rewrite them, then review `git diff`.
+    use super::*;
+    use crate::change::{Change, Operation};
+    use crate::sink::target::beside;
+    use crate::sink::upsert::{plan, Column};
+    use std::path::PathBuf;
+
+    fn golden(name: &str, actual: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mssql_sink").join(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("golden dir");
+            std::fs::write(&path, actual).expect("write golden");
+            return;
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1 to create it", path.display()));
+        assert_eq!(actual, expected, "{} differs; rerun with UPDATE_GOLDEN=1 and review the diff", path.display());
+    }
+
+    fn column(name: &str, ty: &str) -> Column {
+        Column {
+            name: Ident::new(name).expect("valid"),
+            sql_type: ty.into(),
+            nullable: true,
+            has_default: false,
+            identity: false,
+            generated: false,
+            binary: false,
+        }
+    }
+
+    /// `[Sales Ünïcode].[Order]] Lines]`: key (Id, Line), a reserved word, a quote, a binary column.
+    fn shape() -> TableShape {
+        TableShape {
+            table: TableName::parse("[Sales Ünïcode].[Order]] Lines]").expect("valid"),
+            columns: vec![
+                column("Id", "bigint"),
+                column("Line", "int"),
+                column("order", "nvarchar(100)"),
+                column("Qty \"x\"", "decimal(12, 2)"),
+                column("Photo", "varbinary(max)"),
+            ],
+            key: vec![0, 1],
+        }
+    }
+
+    fn change(op: Operation, item: &str) -> Change {
+        Change::from_json(op, item.into()).expect("json")
+    }
+
+    #[test]
+    fn golden_upsert_with_deletes_fence_and_exactly_once_in_1000_row_statements() {
+        let mut changes: Vec<Change> = (0..2500)
+            .map(|i| {
+                change(Operation::Insert, &format!(r#"{{"Id":{i},"Line":1,"order":"x","Qty \"x\"":1,"Photo":"AA=="}}"#))
+            })
+            .collect();
+        changes.push(change(Operation::Delete, r#"{"Id":-1,"Line":1}"#));
+        let s = shape();
+        let p = plan(&s, &changes).expect("valid");
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        let cp = beside(&s.table, "sql_pseudo_trigger_checkpoint");
+        let (text, params) = delivery(&s, &p, &fence, Some(&cp), ROWS_PER_STATEMENT);
+        golden("delivery_exactly_once.sql", &text);
+        // One parameter of deletes, then 1000 + 1000 + 500 rows.
+        let slices: Vec<(Option<usize>, std::ops::Range<usize>)> =
+            params.into_iter().map(|p| (p.group, p.rows)).collect();
+        assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..1000), (Some(0), 1000..2000), (Some(0), 2000..2500)]);
+    }
+
+    #[test]
+    fn golden_plain_insert_of_an_identity_table_and_a_merge_with_identity_insert() {
+        let mut s = shape();
+        s.columns[0].identity = true;
+        let keyless = RowGroup { columns: vec![1, 2], keyed: false, rows: vec![] };
+        let keyed = RowGroup { columns: vec![0, 1, 2], keyed: true, rows: vec![] };
+        golden("insert_identity_absent.sql", &write(&s, &keyless, 7));
+        golden("merge_identity_present.sql", &write(&s, &keyed, 8));
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        golden("create_fence.sql", &create_fence(&fence));
+        golden("create_checkpoint.sql", &create_checkpoint(&beside(&s.table, "sql_pseudo_trigger_checkpoint")));
+        golden("catalog_columns.sql", COLUMNS);
+    }
+
+    #[test]
+    fn golden_at_least_once_delivery_has_no_checkpoint() {
+        let s = shape();
+        let changes = vec![change(Operation::Update, r#"{"Id":1,"Line":2}"#)];
+        let p = plan(&s, &changes).expect("valid");
+        let (text, _) = delivery(&s, &p, &beside(&s.table, "sql_pseudo_trigger_fence"), None, ROWS_PER_STATEMENT);
+        golden("delivery_key_only.sql", &text);
+        assert!(!text.contains("sql_pseudo_trigger_checkpoint"));
+    }
+
+    #[test]
+    fn types_come_from_a_fixed_list() {
+        assert_eq!(type_sql("nvarchar", 200, 0, 0).as_deref(), Ok("nvarchar(100)"));
+        assert_eq!(type_sql("varbinary", -1, 0, 0).as_deref(), Ok("varbinary(max)"));
+        assert_eq!(type_sql("decimal", 9, 12, 2).as_deref(), Ok("decimal(12, 2)"));
+        assert_eq!(type_sql("datetime2", 8, 27, 7).as_deref(), Ok("datetime2(7)"));
+        assert!(type_sql("ntext", 16, 0, 0).unwrap_err().contains("nvarchar(max)"));
+        assert!(type_sql("geography", -1, 0, 0).is_err());
+    }
+}

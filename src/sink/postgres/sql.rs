@@ -1,0 +1,237 @@
+//! Every statement the PostgreSQL sink runs, built in one place from validated, quoted names.
+//!
+//! Rows travel as one text parameter holding a JSON array of the items, read by `json_to_recordset` with the
+//! column types from the catalog: one statement writes thousands of rows (never one statement per row), the
+//! item text is parsed once by the server, and numerics keep every digit. `json` rather than `jsonb`: the
+//! array is read once, so converting it to `jsonb` first would only cost time. Binary columns arrive as
+//! base64 text (as every source here sends them) and are decoded in the select list.
+
+use crate::ident::TableName;
+use crate::sink::upsert::{RowGroup, TableShape};
+
+/// The recordset's column list: the table's type for each column, `text` for base64-carried binary.
+fn recordset_columns(shape: &TableShape, columns: &[usize]) -> String {
+    columns
+        .iter()
+        .map(|&i| {
+            let c = &shape.columns[i];
+            let ty = if c.binary { "text" } else { c.sql_type.as_str() };
+            format!("{} {ty}", c.name.pg())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `alias."col"`, decoded from base64 for binary columns.
+fn value(shape: &TableShape, alias: &str, column: usize) -> String {
+    let c = &shape.columns[column];
+    if c.binary {
+        format!("decode({alias}.{}, 'base64')", c.name.pg())
+    } else {
+        format!("{alias}.{}", c.name.pg())
+    }
+}
+
+/// Inserts a group's rows; upserts them on the primary key when the group carries it. `$1` = the JSON array.
+pub fn write(shape: &TableShape, group: &RowGroup<'_>) -> String {
+    let names: Vec<String> = group.columns.iter().map(|&i| shape.columns[i].name.pg()).collect();
+    let values: Vec<String> = group.columns.iter().map(|&i| value(shape, "r", i)).collect();
+    // An identity column given a value: GENERATED ALWAYS refuses it without this clause; BY DEFAULT ignores it.
+    let overriding =
+        if group.columns.iter().any(|&i| shape.columns[i].identity) { " OVERRIDING SYSTEM VALUE" } else { "" };
+    let mut sql = format!(
+        "INSERT INTO {} ({}){overriding} SELECT {} FROM json_to_recordset($1::text::json) AS r({})",
+        shape.table.pg(),
+        names.join(", "),
+        values.join(", "),
+        recordset_columns(shape, &group.columns)
+    );
+    if group.keyed {
+        let key: Vec<String> = shape.key_columns().map(|c| c.name.pg()).collect();
+        // Identity columns outside the key are left alone on update: GENERATED ALWAYS cannot be set.
+        let set: Vec<String> = group
+            .columns
+            .iter()
+            .filter(|&&i| !shape.key.contains(&i) && !shape.columns[i].identity)
+            .map(|&i| {
+                let name = shape.columns[i].name.pg();
+                format!("{name} = EXCLUDED.{name}")
+            })
+            .collect();
+        if set.is_empty() {
+            sql.push_str(&format!(" ON CONFLICT ({}) DO NOTHING", key.join(", ")));
+        } else {
+            sql.push_str(&format!(" ON CONFLICT ({}) DO UPDATE SET {}", key.join(", "), set.join(", ")));
+        }
+    }
+    sql
+}
+
+/// Deletes the rows whose primary key is in the items. `$1` = the JSON array of delete items.
+pub fn delete(shape: &TableShape) -> String {
+    let matches: Vec<String> =
+        shape.key.iter().map(|&k| format!("t.{} = {}", shape.columns[k].name.pg(), value(shape, "d", k))).collect();
+    format!(
+        "DELETE FROM {} AS t USING json_to_recordset($1::text::json) AS d({}) WHERE {}",
+        shape.table.pg(),
+        recordset_columns(shape, &shape.key),
+        matches.join(" AND ")
+    )
+}
+
+/// The table's oid, if it exists and the login can see it. `$1` = the quoted name.
+pub const TABLE_OID: &str = "SELECT to_regclass($1)::oid";
+
+/// Columns in table order: name, type, typname, NOT NULL, has default, identity, generated, position in the
+/// primary key (NULL outside it). `$1` = the table's oid.
+pub const COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typname::text, \
+     a.attnotnull, a.atthasdef, a.attidentity <> '', a.attgenerated <> '', \
+     (SELECT k.ord::int4 FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) \
+      WHERE i.indrelid = a.attrelid AND i.indisprimary AND k.attnum = a.attnum) \
+     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
+
+/// The fence table: the largest fencing token that wrote for each app/function.
+pub fn create_fence(table: &TableName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\"function\" text PRIMARY KEY, \"token\" bigint NOT NULL, \
+         \"updated_at\" timestamptz NOT NULL DEFAULT now())",
+        table.pg()
+    )
+}
+
+/// Raises the stored token to `$2` unless it is already larger; returns a row only when the write may go on.
+/// The row lock it takes serializes concurrent writers of one function until the transaction ends, so a
+/// deposed owner waiting on it re-reads the newer token and is refused. `$1` = app/function, `$2` = token.
+pub fn fence(table: &TableName) -> String {
+    format!(
+        "INSERT INTO {} AS f (\"function\", \"token\") VALUES ($1, $2) ON CONFLICT (\"function\") \
+         DO UPDATE SET \"token\" = EXCLUDED.\"token\", \"updated_at\" = now() WHERE f.\"token\" <= EXCLUDED.\"token\" \
+         RETURNING f.\"token\"",
+        table.pg()
+    )
+}
+
+/// The token that refused a write. `$1` = app/function.
+pub fn fence_token(table: &TableName) -> String {
+    format!("SELECT \"token\" FROM {} WHERE \"function\" = $1", table.pg())
+}
+
+/// The exactly-once checkpoint table: the last batch applied for each app/function, written in the same
+/// transaction as its rows.
+pub fn create_checkpoint(table: &TableName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\"function\" text PRIMARY KEY, \"batch_id\" bigint NOT NULL, \
+         \"from_position\" jsonb NOT NULL, \"to_position\" jsonb NOT NULL, \"fence\" bigint NOT NULL, \
+         \"rows\" bigint NOT NULL, \"applied_at\" timestamptz NOT NULL DEFAULT now())",
+        table.pg()
+    )
+}
+
+/// The last batch applied: batch id, from, to (as JSON text). `$1` = app/function.
+pub fn read_checkpoint(table: &TableName) -> String {
+    format!(
+        "SELECT \"batch_id\", \"from_position\"::text, \"to_position\"::text FROM {} WHERE \"function\" = $1",
+        table.pg()
+    )
+}
+
+/// Records the batch as applied. `$1` app/function, `$2` batch id, `$3`/`$4` from/to JSON, `$5` fence, `$6` rows.
+pub fn write_checkpoint(table: &TableName) -> String {
+    format!(
+        "INSERT INTO {} (\"function\", \"batch_id\", \"from_position\", \"to_position\", \"fence\", \"rows\") \
+         VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5, $6) ON CONFLICT (\"function\") DO UPDATE SET \
+         \"batch_id\" = EXCLUDED.\"batch_id\", \"from_position\" = EXCLUDED.\"from_position\", \
+         \"to_position\" = EXCLUDED.\"to_position\", \"fence\" = EXCLUDED.\"fence\", \"rows\" = EXCLUDED.\"rows\", \
+         \"applied_at\" = now()",
+        table.pg()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ident::Ident;
+    use crate::sink::target::beside;
+    use crate::sink::upsert::Column;
+
+    fn column(name: &str, ty: &str) -> Column {
+        Column {
+            name: Ident::new(name).expect("valid"),
+            sql_type: ty.into(),
+            nullable: true,
+            has_default: false,
+            identity: false,
+            generated: false,
+            binary: false,
+        }
+    }
+
+    fn shape() -> TableShape {
+        let mut blob = column("blob", "bytea");
+        blob.binary = true;
+        TableShape {
+            table: TableName::parse("public.\"Target Table\"").expect("valid"),
+            columns: vec![
+                column("id", "bigint"),
+                column("order", "integer"),
+                column("Ünïcode Col", "numeric(12,2)"),
+                blob,
+            ],
+            key: vec![0],
+        }
+    }
+
+    #[test]
+    fn an_upsert_reads_one_json_array_with_the_catalog_types_and_updates_the_non_key_columns() {
+        let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![] };
+        assert_eq!(
+            write(&shape(), &group),
+            "INSERT INTO \"public\".\"Target Table\" (\"id\", \"order\", \"Ünïcode Col\", \"blob\") \
+SELECT r.\"id\", r.\"order\", r.\"Ünïcode Col\", decode(r.\"blob\", 'base64') \
+FROM json_to_recordset($1::text::json) AS r(\"id\" bigint, \"order\" integer, \"Ünïcode Col\" numeric(12,2), \"blob\" text) \
+ON CONFLICT (\"id\") DO UPDATE SET \"order\" = EXCLUDED.\"order\", \"Ünïcode Col\" = EXCLUDED.\"Ünïcode Col\", \"blob\" = EXCLUDED.\"blob\""
+        );
+    }
+
+    #[test]
+    fn a_key_only_row_does_nothing_on_conflict_and_a_keyless_group_is_a_plain_insert() {
+        let s = shape();
+        let key_only = RowGroup { columns: vec![0], keyed: true, rows: vec![] };
+        assert!(write(&s, &key_only).ends_with("ON CONFLICT (\"id\") DO NOTHING"));
+        let keyless = RowGroup { columns: vec![1], keyed: false, rows: vec![] };
+        assert_eq!(
+            write(&s, &keyless),
+            "INSERT INTO \"public\".\"Target Table\" (\"order\") SELECT r.\"order\" FROM json_to_recordset($1::text::json) AS r(\"order\" integer)"
+        );
+    }
+
+    #[test]
+    fn an_identity_column_given_a_value_overrides_the_system_value() {
+        let mut s = shape();
+        s.columns[0].identity = true;
+        let group = RowGroup { columns: vec![0, 1], keyed: true, rows: vec![] };
+        assert!(write(&s, &group).contains("(\"id\", \"order\") OVERRIDING SYSTEM VALUE SELECT"));
+    }
+
+    #[test]
+    fn a_delete_joins_the_key_columns_of_the_items() {
+        let mut s = shape();
+        s.key = vec![0, 3];
+        assert_eq!(
+            delete(&s),
+            "DELETE FROM \"public\".\"Target Table\" AS t USING json_to_recordset($1::text::json) AS d(\"id\" bigint, \"blob\" text) \
+WHERE t.\"id\" = d.\"id\" AND t.\"blob\" = decode(d.\"blob\", 'base64')"
+        );
+    }
+
+    #[test]
+    fn the_fence_refuses_a_smaller_token_in_the_same_statement_that_records_a_larger_one() {
+        let t = beside(&TableName::parse("app.orders").expect("valid"), "sql_pseudo_trigger_fence");
+        assert_eq!(
+            fence(&t),
+            "INSERT INTO \"app\".\"sql_pseudo_trigger_fence\" AS f (\"function\", \"token\") VALUES ($1, $2) ON CONFLICT (\"function\") \
+DO UPDATE SET \"token\" = EXCLUDED.\"token\", \"updated_at\" = now() WHERE f.\"token\" <= EXCLUDED.\"token\" RETURNING f.\"token\""
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! The official SQL output binding's rules, independent of the dialect: which rows of a batch are deleted,
+//! upserted or plainly inserted, and which batches are refused before any statement runs.
+//!
+//! The rules (Azure/azure-functions-sql-extension's output binding, kept so a function moving from it to
+//! this sink keeps its behaviour):
+//! - every property of an item must be a column of the table, matched exactly (column names are
+//!   case-sensitive); an extra property is an error naming it;
+//! - a NOT NULL column without a default that an item leaves out is an error (the insert could not work);
+//! - an identity or default-valued primary-key column absent from an item makes that row a plain INSERT
+//!   (the database assigns the key); present, the row is upserted on the primary key;
+//! - several changes of one key in a batch are collapsed to the last one (upstream's MERGE fails on
+//!   duplicate keys; keeping the last is what applying them in order would leave);
+//! - deletes (Operation 2, whose item holds the primary key) delete by primary key, which the host's
+//!   binding cannot do at all.
+//!
+//! Rows are grouped by the set of columns they carry, so a missing nullable column is left as it is on
+//! update instead of being overwritten with NULL. Items are not re-serialized: the statements read the item
+//! JSON text the source produced, so numerics keep every digit.
+
+use crate::change::{Change, Operation};
+use crate::ident::{Ident, TableName};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+
+/// One column of the target table, as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: Ident,
+    /// The type as the dialect spells it in a column definition (`numeric(12,2)`, `nvarchar(100)`).
+    pub sql_type: String,
+    pub nullable: bool,
+    pub has_default: bool,
+    pub identity: bool,
+    /// Computed or generated: never written.
+    pub generated: bool,
+    /// Binary: items carry it as base64 text (as every source here sends it), decoded by the statement.
+    pub binary: bool,
+}
+
+/// The target table: its columns in table order and its primary key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableShape {
+    pub table: TableName,
+    pub columns: Vec<Column>,
+    /// Indexes into `columns`, in key order. Never empty: a table without a primary key is refused at discovery.
+    pub key: Vec<usize>,
+}
+
+impl TableShape {
+    pub fn key_columns(&self) -> impl Iterator<Item = &Column> {
+        self.key.iter().map(|&k| &self.columns[k])
+    }
+}
+
+/// Rows of one batch that share a column set and a mode; one or more statements each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowGroup<'a> {
+    /// The columns every row of the group carries, as indexes into the table's columns, in table order.
+    pub columns: Vec<usize>,
+    /// True: every key column is present, so rows are upserted on the primary key. False: an identity or
+    /// default-valued key column is absent, so rows are inserted and the database assigns the key.
+    pub keyed: bool,
+    /// The items' JSON texts, in batch order.
+    pub rows: Vec<&'a str>,
+}
+
+/// What one batch does to the table, after the rules above.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WritePlan<'a> {
+    /// Items of deletes (only their key columns are read), in batch order.
+    pub deletes: Vec<&'a str>,
+    pub groups: Vec<RowGroup<'a>>,
+    /// Changes dropped because a later change of the same key in the batch supersedes them.
+    pub superseded: usize,
+}
+
+impl WritePlan<'_> {
+    pub fn rows(&self) -> usize {
+        self.deletes.len() + self.groups.iter().map(|g| g.rows.len()).sum::<usize>()
+    }
+}
+
+/// Applies the rules to a batch. An error names the change, the property or column, and what to do; it
+/// never quotes a row value.
+pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'a>, String> {
+    let by_name: HashMap<&str, usize> = shape.columns.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+    // Columns an inserted row cannot leave out.
+    let required: Vec<usize> = (0..shape.columns.len())
+        .filter(|&i| {
+            let c = &shape.columns[i];
+            !c.nullable && !c.has_default && !c.identity && !c.generated
+        })
+        .collect();
+
+    enum Entry<'a> {
+        Delete(&'a str),
+        Write { columns: Vec<usize>, keyed: bool, text: &'a str },
+    }
+    let mut entries: Vec<Option<Entry<'a>>> = Vec::with_capacity(changes.len());
+    let mut last_of_key: HashMap<String, usize> = HashMap::with_capacity(changes.len());
+    let mut superseded = 0;
+
+    for (n, change) in changes.iter().enumerate() {
+        let text = change.item.get();
+        let Props(props) = serde_json::from_str(text)
+            .map_err(|e| format!("the item of change {n} is not a JSON object ({e}); every item must be one row"))?;
+        let mut columns = Vec::with_capacity(props.len());
+        let mut values: Vec<Option<&RawValue>> = vec![None; shape.columns.len()];
+        for (name, value) in &props {
+            let Some(&i) = by_name.get(name.as_ref()) else {
+                return Err(extra_property(shape, n, name));
+            };
+            if shape.columns[i].generated && change.operation != Operation::Delete {
+                return Err(format!(
+                    "property {:?} of change {n} is generated column {} of {}, which cannot be written; leave it out of the items (\"columns\" in the source's sqltrigger.json)",
+                    name.as_ref(),
+                    shape.columns[i].name.pg(),
+                    shape.table
+                ));
+            }
+            columns.push(i);
+            values[i] = Some(value);
+        }
+        columns.sort_unstable();
+        columns.dedup();
+        let missing_key: Vec<usize> = shape.key.iter().copied().filter(|&k| values[k].is_none()).collect();
+
+        let entry = match change.operation {
+            Operation::Delete => {
+                if let Some(&k) = missing_key.first() {
+                    return Err(format!(
+                        "the delete in change {n} lacks primary key column {:?} of {}; a delete's item must hold the whole primary key",
+                        shape.columns[k].name.as_str(),
+                        shape.table
+                    ));
+                }
+                Entry::Delete(text)
+            }
+            Operation::Insert | Operation::Update => {
+                for &k in &missing_key {
+                    let c = &shape.columns[k];
+                    if !c.identity && !c.has_default {
+                        return Err(format!(
+                            "change {n} lacks primary key column {:?} of {}, which has no default and is not an identity; every item must carry the primary key (names are case-sensitive)",
+                            c.name.as_str(),
+                            shape.table
+                        ));
+                    }
+                }
+                if let Some(&c) = required.iter().find(|&&c| values[c].is_none()) {
+                    return Err(format!(
+                        "change {n} lacks column {:?} of {}, which is NOT NULL and has no default; add it to the items or give the column a default",
+                        shape.columns[c].name.as_str(),
+                        shape.table
+                    ));
+                }
+                Entry::Write { columns, keyed: missing_key.is_empty(), text }
+            }
+        };
+        let keyed = matches!(entry, Entry::Delete(_) | Entry::Write { keyed: true, .. });
+        if keyed {
+            let key = key_text(shape, &values);
+            if let Some(earlier) = last_of_key.insert(key, entries.len()) {
+                entries[earlier] = None;
+                superseded += 1;
+            }
+        }
+        entries.push(Some(entry));
+    }
+
+    let mut plan = WritePlan { superseded, ..WritePlan::default() };
+    let mut group_of: HashMap<(Vec<usize>, bool), usize> = HashMap::new();
+    for entry in entries.into_iter().flatten() {
+        match entry {
+            Entry::Delete(text) => plan.deletes.push(text),
+            Entry::Write { columns, keyed, text } => {
+                let next = plan.groups.len();
+                let g = *group_of.entry((columns.clone(), keyed)).or_insert(next);
+                if g == next {
+                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new() });
+                }
+                plan.groups[g].rows.push(text);
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The key's values as one string: the raw JSON of each key column, separated by a byte JSON never holds.
+fn key_text(shape: &TableShape, values: &[Option<&RawValue>]) -> String {
+    let mut key = String::new();
+    for &k in &shape.key {
+        key.push_str(values[k].map_or("null", |v| v.get()));
+        key.push('\u{0}');
+    }
+    key
+}
+
+fn extra_property(shape: &TableShape, n: usize, name: &str) -> String {
+    let hint = shape
+        .columns
+        .iter()
+        .find(|c| c.name.as_str().eq_ignore_ascii_case(name))
+        .map(|c| format!(" (column names are case-sensitive: did you mean {:?}?)", c.name.as_str()))
+        .unwrap_or_default();
+    format!(
+        "property {name:?} of change {n} is not a column of {}{hint}; add the column, or leave the property out of the items (\"columns\" in the source's sqltrigger.json)",
+        shape.table
+    )
+}
+
+/// An item's properties, borrowed from its JSON text: names (owned only when escaped) and raw values.
+struct Props<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Props<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Props<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut props = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(Name(name)) = map.next_key()? {
+                    props.push((name, map.next_value()?));
+                }
+                Ok(Props(props))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, ty: &str) -> Column {
+        Column {
+            name: Ident::new(name).expect("valid"),
+            sql_type: ty.into(),
+            nullable: true,
+            has_default: false,
+            identity: false,
+            generated: false,
+            binary: false,
+        }
+    }
+
+    /// `orders(id bigint PK, name text NOT NULL, "order" int NULL, note text NULL DEFAULT 'x')`.
+    fn shape() -> TableShape {
+        let mut id = column("id", "bigint");
+        id.nullable = false;
+        let mut name = column("name", "text");
+        name.nullable = false;
+        let mut note = column("note", "text");
+        note.has_default = true;
+        TableShape {
+            table: TableName::parse("public.orders").expect("valid"),
+            columns: vec![id, name, column("order", "integer"), note],
+            key: vec![0],
+        }
+    }
+
+    fn change(op: Operation, item: &str) -> Change {
+        Change::from_json(op, item.to_string()).expect("json")
+    }
+
+    #[test]
+    fn the_last_change_of_a_key_wins_and_deletes_are_kept_apart() {
+        // GIVEN an insert, an update of the same key, a delete of another, and a delete then re-insert
+        let changes = vec![
+            change(Operation::Insert, r#"{"id":1,"name":"a"}"#),
+            change(Operation::Delete, r#"{"id":2}"#),
+            change(Operation::Update, r#"{"id":1,"name":"b"}"#),
+            change(Operation::Delete, r#"{"id":3}"#),
+            change(Operation::Insert, r#"{"id":3,"name":"c"}"#),
+        ];
+        // WHEN planned
+        let p = plan(&shape(), &changes).expect("valid batch");
+        // THEN one row per key survives, the last of each
+        assert_eq!(p.deletes, vec![r#"{"id":2}"#]);
+        assert_eq!(p.groups.len(), 1);
+        assert_eq!(p.groups[0].rows, vec![r#"{"id":1,"name":"b"}"#, r#"{"id":3,"name":"c"}"#]);
+        assert_eq!(p.superseded, 2);
+        assert_eq!(p.rows(), 3);
+    }
+
+    #[test]
+    fn rows_carrying_different_columns_go_to_different_statements() {
+        let changes = vec![
+            change(Operation::Insert, r#"{"id":1,"name":"a"}"#),
+            change(Operation::Insert, r#"{"name":"b","id":2,"order":7}"#),
+            change(Operation::Insert, r#"{"id":3,"name":"c"}"#),
+        ];
+        let p = plan(&shape(), &changes).expect("valid batch");
+        let groups: Vec<(Vec<usize>, usize)> = p.groups.iter().map(|g| (g.columns.clone(), g.rows.len())).collect();
+        assert_eq!(groups, vec![(vec![0, 1], 2), (vec![0, 1, 2], 1)]);
+    }
+
+    #[test]
+    fn an_extra_property_is_an_error_naming_it_with_a_case_hint() {
+        let changes = vec![change(Operation::Insert, r#"{"id":1,"Name":"secret value"}"#)];
+        let e = plan(&shape(), &changes).unwrap_err();
+        assert!(e.contains("property \"Name\" of change 0 is not a column of public.orders"), "{e}");
+        assert!(e.contains("did you mean \"name\""), "{e}");
+        assert!(!e.contains("secret value"), "errors never quote values: {e}");
+    }
+
+    #[test]
+    fn a_missing_not_null_column_without_default_is_an_error_and_nullable_or_default_ones_are_not() {
+        let e = plan(&shape(), &[change(Operation::Insert, r#"{"id":1}"#)]).unwrap_err();
+        assert!(e.contains("lacks column \"name\""), "{e}");
+        assert!(plan(&shape(), &[change(Operation::Insert, r#"{"id":1,"name":"a"}"#)]).is_ok());
+    }
+
+    #[test]
+    fn a_missing_plain_key_is_an_error_but_a_missing_identity_or_default_key_is_a_plain_insert() {
+        let e = plan(&shape(), &[change(Operation::Insert, r#"{"name":"a"}"#)]).unwrap_err();
+        assert!(e.contains("lacks primary key column \"id\""), "{e}");
+        for (identity, has_default) in [(true, false), (false, true)] {
+            let mut s = shape();
+            s.columns[0].identity = identity;
+            s.columns[0].has_default = has_default;
+            let changes =
+                vec![change(Operation::Insert, r#"{"name":"a"}"#), change(Operation::Insert, r#"{"name":"a"}"#)];
+            let p = plan(&s, &changes).expect("plain inserts");
+            assert_eq!(p.groups.len(), 1);
+            assert!(!p.groups[0].keyed);
+            // Without a key nothing can be de-duplicated: both rows are inserted.
+            assert_eq!(p.groups[0].rows.len(), 2);
+            // And with the key present the same table upserts.
+            let keyed = [change(Operation::Insert, r#"{"id":5,"name":"a"}"#)];
+            assert!(plan(&s, &keyed).expect("upsert").groups[0].keyed);
+        }
+    }
+
+    #[test]
+    fn a_delete_must_carry_the_whole_key() {
+        let e = plan(&shape(), &[change(Operation::Delete, r#"{"name":"a"}"#)]).unwrap_err();
+        assert!(e.contains("delete in change 0 lacks primary key column \"id\""), "{e}");
+    }
+
+    #[test]
+    fn reserved_and_unicode_column_names_match_exactly_and_escaped_names_are_read() {
+        let mut s = shape();
+        s.columns.push(column("Ünïcode Col", "text"));
+        let changes = vec![change(Operation::Insert, r#"{"id":1,"name":"a","order":2,"\u00dcn\u00efcode Col":"x"}"#)];
+        let p = plan(&s, &changes).expect("valid");
+        assert_eq!(p.groups[0].columns, vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn a_generated_column_cannot_be_written_and_non_objects_are_refused() {
+        let mut s = shape();
+        s.columns[2].generated = true;
+        let e = plan(&s, &[change(Operation::Insert, r#"{"id":1,"name":"a","order":2}"#)]).unwrap_err();
+        assert!(e.contains("generated column"), "{e}");
+        let e = plan(&s, &[change(Operation::Insert, "[1,2]")]).unwrap_err();
+        assert!(e.contains("not a JSON object"), "{e}");
+    }
+}

@@ -1,0 +1,293 @@
+//! Sink delivery mode: the handler delivers each batch itself, and the checkpoint moves only after the sink
+//! took it. The guarantee no longer depends on the host's output bindings: at-least-once with any sink,
+//! exactly-once with a SQL sink that records what it applied in the rows' transaction.
+//!
+//! # One tick, and why in this order
+//! 1. **Record** (the shared tick path): resolve a batch left in flight, fetch, and record the batch in flight
+//!    under this instance's lease with one conditional write. Recording before delivering is what lets a
+//!    crash anywhere later be repaired: the next owner finds the batch in flight and delivers the same range
+//!    again. A batch found in flight is never acknowledged from memory here: only a sink's `Ok` in the tick
+//!    that delivered it proves delivery.
+//! 2. **Deliver** the batch with its id, its range and the lease token as fencing token. A heartbeat task
+//!    renews the lease meanwhile (four times per lease, as the official trigger renews its 60 s lease every
+//!    15 s), so a long delivery is not taken over. The task belongs to a guard: it ends with the tick, also
+//!    when the tick is abandoned (timeout), so no lease outlives the work it covers.
+//! 3. **Acknowledge** with a second conditional write (checkpoint := batch end). A crash between 2 and 3
+//!    (failpoint `after-sink`) re-delivers the batch: the upsert absorbs it, an exactly-once sink skips it.
+//!
+//! Sink failures: `Rejected` is a known failure, counted toward `Sql_Trigger_MaxAttempts` (then quarantine
+//! or halt); `Transient` is not counted (a destination outage must not quarantine batches); `Fenced` means a
+//! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted.
+//!
+//! A delivering tick costs one read and two conditional writes, plus one write per heartbeat.
+//!
+//! # Fetching ahead
+//! While a full batch is being delivered (a backlog is draining) the next batch is fetched at the same time,
+//! on another connection, and kept for the next tick if that tick starts where this batch ends. A drain then
+//! costs about the time of its writes instead of writes plus reads. This is the same as fetching earlier:
+//! the late-commit guard means no change can later appear inside the range a fetch returned, and a row
+//! changed since is delivered again later with its newer values, exactly as when a delivery is slow. A
+//! fetch kept longer than one lease duration is dropped.
+
+use super::state::StateDoc;
+use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger};
+use crate::protocol::RetryContext;
+use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::source::{Fetched, Position};
+use crate::state::{Etag, StateStore, StoreError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use time::OffsetDateTime;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Lease renewals per lease duration while a delivery runs.
+pub const RENEWALS_PER_LEASE: u32 = 4;
+
+impl Trigger {
+    /// Runs one tick in sink mode: fetch, record the batch in flight (CAS), deliver it to `sink`, acknowledge
+    /// it (CAS). See the module docs for the order and what each failure means.
+    pub async fn tick_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        let _one_at_a_time = self.lock.lock().await;
+        self.forget_answered();
+        let result = self.timed(self.deliver_into(sink)).await;
+        // Nothing recorded here may be acknowledged later from memory (`settle`, a stray `tick`).
+        self.forget_answered();
+        result
+    }
+
+    fn forget_answered(&self) {
+        *self.answered.lock().expect("answered lock") = None;
+    }
+
+    /// The batch fetched ahead, if it starts where the next batch starts and is fresh; taken either way.
+    pub(super) fn take_ahead(&self, checkpoint: &Position) -> Option<Fetched> {
+        let ahead = self.ahead.lock().expect("ahead lock").take()?;
+        (ahead.after == *checkpoint && ahead.at.elapsed() < self.config.settings.lease_duration)
+            .then_some(ahead.fetched)
+    }
+
+    /// The app name space of this function's state key (`{app}/{function}.json`; neither part holds a '/').
+    fn app(&self) -> &str {
+        self.key.rsplit_once('/').map_or("", |(app, _)| app)
+    }
+
+    async fn deliver_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        let mut out = self.tick_inner(RetryContext::default()).await?;
+        let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
+        let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
+
+        let heartbeat = Heartbeat::start(self, doc, etag);
+        let batch = SinkBatch {
+            app: self.app(),
+            function: &self.config.name,
+            batch_id,
+            fence: out.fence,
+            changes: &out.changes,
+            range: Some((&flight.from, &flight.to)),
+        };
+        let limit = self.config.settings.max_batch_size;
+        let draining = out.changes.len() >= limit && flight.quarantined.is_none();
+        let (delivered, ahead) = tokio::join!(
+            async {
+                // A re-fetched range whose rows all moved on since holds nothing: there is nothing to hand
+                // over, and acknowledging it is right (its rows come again later with their newer values).
+                if batch.changes.is_empty() {
+                    Ok(())
+                } else {
+                    sink.deliver(&batch).await
+                }
+            },
+            async {
+                match draining {
+                    true => self.source.fetch(&flight.to, limit).await.ok().filter(|f| !f.changes.is_empty()),
+                    false => None,
+                }
+            }
+        );
+        let Held { mut doc, etag, lost } = heartbeat.stop().await;
+
+        match delivered {
+            Ok(()) => {
+                failpoint::hit("after-sink");
+                acknowledge(&mut doc, &flight, OffsetDateTime::now_utc());
+                let mut ack = TickOutcome::default();
+                if self.commit(&mut doc, Some(&etag), &mut ack).await? {
+                    if let Some(fetched) = ahead {
+                        let after = flight.to.clone();
+                        *self.ahead.lock().expect("ahead lock") = Some(Ahead { after, fetched, at: Instant::now() });
+                    }
+                    out.logs.push(format!(
+                        "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
+                        out.changes.len(),
+                        sink.describe()
+                    ));
+                } else {
+                    let why = lost.map(|l| format!(" ({l})")).unwrap_or_default();
+                    out.logs.push(format!(
+                        "batch {batch_id} was delivered to {}, but the state changed before its acknowledgement{why}; it will be delivered again and the sink absorbs the duplicate",
+                        sink.describe()
+                    ));
+                }
+                Ok(out)
+            }
+            Err(SinkError::Fenced { ours, stored }) => {
+                let line = format!(
+                    "batch {batch_id} not written: {} has seen fencing token {stored} from a newer owner (this instance holds {ours}); it lost its lease and delivers nothing",
+                    sink.describe()
+                );
+                tracing::warn!(function = %self.config.name, batch_id, "{line}");
+                out.kind = OutcomeKind::Conflict;
+                out.changes.clear();
+                out.logs.push(line);
+                Ok(out)
+            }
+            Err(e) => {
+                if let (SinkError::Rejected(_), Some(f)) = (&e, doc.in_flight.as_mut()) {
+                    // A known failure of this batch: durable, so that MaxAttempts counts across processes.
+                    f.failures += 1;
+                    let mut scratch = TickOutcome::default();
+                    if let Err(store) = self.commit(&mut doc, Some(&etag), &mut scratch).await {
+                        tracing::warn!(function = %self.config.name, batch_id, error = %store,
+                            "could not record the sink's rejection; this failure is not counted");
+                    }
+                }
+                Err(TickError::Sink(e))
+            }
+        }
+    }
+}
+
+/// A batch fetched ahead: the changes after `after`, fetched at `at`.
+#[derive(Debug)]
+pub(super) struct Ahead {
+    after: Position,
+    fetched: Fetched,
+    at: Instant,
+}
+
+/// What the heartbeat leaves: the latest document this instance wrote, its etag, and why renewing stopped
+/// early (another writer changed the state), if it did.
+struct Held {
+    doc: StateDoc,
+    etag: Etag,
+    lost: Option<String>,
+}
+
+/// Renews the lease on the batch in flight while a delivery runs. Dropping it ends the renewals at once: an
+/// abandoned tick must not keep a lease alive.
+struct Heartbeat {
+    held: Arc<Mutex<Held>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(trigger: &Trigger, doc: StateDoc, etag: Etag) -> Self {
+        let held = Arc::new(Mutex::new(Held { doc, etag, lost: None }));
+        let lease = trigger.config.settings.lease_duration;
+        let every = lease / RENEWALS_PER_LEASE;
+        if every.is_zero() {
+            return Self { held, stop: None, task: None };
+        }
+        let renewal = Renewal {
+            store: trigger.store.clone(),
+            key: trigger.key.clone(),
+            owner: trigger.owner.clone(),
+            function: trigger.config.name.clone(),
+            lease,
+            held: held.clone(),
+        };
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                if !renewal.renew().await {
+                    return;
+                }
+            }
+        });
+        Self { held, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Ends the renewals (a renewal in progress finishes first) and returns where they left the state.
+    async fn stop(mut self) -> Held {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let held = self.held.lock().expect("heartbeat lock");
+        Held { doc: held.doc.clone(), etag: held.etag.clone(), lost: held.lost.clone() }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One function's lease renewal: everything the heartbeat task needs, owned, so it can outlive a borrow.
+struct Renewal {
+    store: Arc<dyn StateStore>,
+    key: String,
+    owner: String,
+    function: String,
+    lease: Duration,
+    held: Arc<Mutex<Held>>,
+}
+
+impl Renewal {
+    /// Extends the lease by one lease duration from now. `false`: stop renewing (the state moved on).
+    async fn renew(&self) -> bool {
+        let (mut doc, etag) = {
+            let held = self.held.lock().expect("heartbeat lock");
+            (held.doc.clone(), held.etag.clone())
+        };
+        let Some(lease) = doc.lease.as_mut() else { return false };
+        lease.expires_at = OffsetDateTime::now_utc() + self.lease;
+        let bytes = stamp(&mut doc, &self.owner);
+        match self.store.save_if(&self.key, &bytes, Some(&etag)).await {
+            Ok(etag) => {
+                self.adopt(doc, etag);
+                true
+            }
+            Err(StoreError::Conflict) => {
+                let why = "another writer changed the state during the delivery (an operator, or an instance that took the batch over)";
+                tracing::warn!(function = %self.function, "lease renewal refused: {why}");
+                self.held.lock().expect("heartbeat lock").lost = Some(why.into());
+                false
+            }
+            Err(e) => {
+                // The write may have been applied with its answer lost: if the stored document is this very
+                // write, continue from it rather than conflict with ourselves at the next write.
+                if let Ok(Some(stored)) = self.store.load(&self.key).await {
+                    if let Ok(parsed) = serde_json::from_slice::<StateDoc>(&stored.bytes) {
+                        if parsed.write_id == doc.write_id {
+                            self.adopt(parsed, stored.etag);
+                            return true;
+                        }
+                    }
+                }
+                tracing::warn!(function = %self.function, error = %e, "could not renew the lease; trying again");
+                true
+            }
+        }
+    }
+
+    fn adopt(&self, doc: StateDoc, etag: Etag) {
+        let mut held = self.held.lock().expect("heartbeat lock");
+        held.doc = doc;
+        held.etag = etag;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,417 @@
+//! Sink mode against its contract, over a [`MemorySource`], a shared [`MemoryStore`] behind one
+//! [`FaultyStore`] per process, and a scripted sink that records what it took.
+//!
+//! Leases: `Duration::ZERO` is a lease that expired when it was granted (another process may take over at
+//! once, and no heartbeat runs); an hour never expires within a test. The heartbeat tests use real time in
+//! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
+
+use super::*;
+use crate::config::{
+    DeliveryMode, FunctionConfig, PoisonAction, RetryPolicy, Secret, SourceKind, SourceSpec, TriggerSettings,
+};
+use crate::ident::TableName;
+use crate::source::memory::MemorySource;
+use crate::source::StartFrom;
+use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+const APP: &str = "app";
+
+fn settings() -> TriggerSettings {
+    TriggerSettings {
+        max_batch_size: 100,
+        polling_interval: Duration::from_millis(5),
+        max_changes_per_worker: 1000,
+        max_attempts: 3,
+        poison_action: PoisonAction::Quarantine,
+        delivery_mode: DeliveryMode::Sink,
+        lease_duration: Duration::from_secs(3600),
+        tick_timeout: Duration::from_secs(30),
+    }
+}
+
+fn config(settings: TriggerSettings) -> FunctionConfig {
+    FunctionConfig {
+        name: "orders".into(),
+        dir: PathBuf::from("orders"),
+        timer_schedule: None,
+        outputs: Vec::new(),
+        retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
+        source: SourceSpec {
+            kind: SourceKind::PostgresCursor,
+            table: TableName::parse("t").expect("a valid table name"),
+            connection_setting: "Conn".into(),
+            connection: Secret::new("x"),
+            cursor_column: None,
+            cursor_guard: None,
+            safety_lag: Duration::ZERO,
+            inserted_column: None,
+            soft_delete_column: None,
+            primary_key: None,
+            columns: None,
+            start_from: StartFrom::Earliest,
+            options: Default::default(),
+        },
+        settings,
+    }
+}
+
+/// What the next delivery does.
+#[derive(Debug, Clone)]
+enum Step {
+    Take,
+    Transient,
+    Reject,
+    Fence(u64),
+    /// Takes the batch after this long.
+    Slow(Duration),
+    /// Never answers.
+    Hang,
+    /// Takes the batch, then makes the process's next state write fail (as if it crashed before the
+    /// acknowledgement).
+    TakeThenStoreFails(Arc<FaultyStore>),
+}
+
+/// One delivery the sink saw: batch id, fence, ids, range, and whether it took the batch.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    batch_id: u64,
+    fence: u64,
+    ids: Vec<i64>,
+    range: Option<(serde_json::Value, serde_json::Value)>,
+    taken: bool,
+}
+
+/// Follows its script, then takes every batch.
+#[derive(Debug, Default)]
+struct ScriptedSink {
+    script: Mutex<VecDeque<Step>>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+impl ScriptedSink {
+    fn with(steps: impl IntoIterator<Item = Step>) -> Self {
+        Self { script: Mutex::new(steps.into_iter().collect()), ..Default::default() }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen").clone()
+    }
+
+    /// Ids taken, in order, one entry per time taken.
+    fn taken(&self) -> Vec<i64> {
+        self.seen().into_iter().filter(|s| s.taken).flat_map(|s| s.ids).collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for ScriptedSink {
+    async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
+        let step = self.script.lock().expect("script").pop_front().unwrap_or(Step::Take);
+        let result = match step {
+            Step::Take => Ok(()),
+            Step::Transient => Err(SinkError::Transient("scripted outage".into())),
+            Step::Reject => Err(SinkError::Rejected("scripted rejection".into())),
+            Step::Fence(stored) => Err(SinkError::Fenced { ours: batch.fence, stored }),
+            Step::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            Step::Hang => std::future::pending().await,
+            Step::TakeThenStoreFails(store) => {
+                store.fail_next(StoreOp::Save, Fault::Unavailable, 1);
+                Ok(())
+            }
+        };
+        let ids = batch
+            .changes
+            .iter()
+            .map(|c| {
+                let item: serde_json::Value = serde_json::from_str(c.item.get()).expect("items are JSON");
+                item["id"].as_i64().expect("an id")
+            })
+            .collect();
+        self.seen.lock().expect("seen").push(Seen {
+            batch_id: batch.batch_id,
+            fence: batch.fence,
+            ids,
+            range: batch.range.map(|(f, t)| (f.clone(), t.clone())),
+            taken: result.is_ok(),
+        });
+        result
+    }
+
+    fn describe(&self) -> String {
+        "scripted sink".into()
+    }
+}
+
+#[derive(Default)]
+struct World {
+    source: Arc<MemorySource>,
+    store: Arc<MemoryStore>,
+}
+
+struct Process {
+    trigger: Trigger,
+    store: Arc<FaultyStore>,
+}
+
+impl World {
+    fn process(&self, owner: &str, settings: TriggerSettings) -> Process {
+        let store = Arc::new(FaultyStore::new(self.store.clone()));
+        let trigger = Trigger::new(config(settings), APP, self.source.clone(), store.clone(), owner.to_string());
+        Process { trigger, store }
+    }
+
+    async fn state(&self) -> StateDoc {
+        let v = self.store.load("app/orders.json").await.expect("load").expect("a state document");
+        serde_json::from_slice(&v.bytes).expect("readable")
+    }
+}
+
+fn ids(range: std::ops::RangeInclusive<i64>) -> Vec<i64> {
+    range.collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_delivered_with_its_range_and_fence_and_acknowledged_in_the_same_tick() {
+    // GIVEN three committed rows
+    let w = World::default();
+    w.source.upsert(1..=3, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::default();
+
+    // WHEN one sink-mode tick runs
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN the sink took batch 1 under fence 1 with its range, and the checkpoint moved in the same tick
+    assert_eq!((out.kind, out.batch_id, out.changes.len()), (OutcomeKind::Delivered, Some(1), 3));
+    let seen = sink.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!((seen[0].batch_id, seen[0].fence, seen[0].ids.clone()), (1, 1, ids(1..=3)));
+    let doc = w.state().await;
+    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+    assert_eq!(seen[0].range, Some((serde_json::Value::Null, doc.checkpoint.clone())));
+    assert_eq!(doc.counters.delivered, 3);
+    // AND it cost one read and two conditional writes
+    assert_eq!(out.store_operations, 3);
+
+    // AND the next tick finds nothing
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!(out.kind, OutcomeKind::Empty);
+    assert_eq!(sink.taken(), ids(1..=3));
+}
+
+#[tokio::test]
+async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_attempts() {
+    // GIVEN a sink that rejects three times, MaxAttempts 3, and rows 1-3 then 4
+    let w = World::default();
+    w.source.upsert(1..=3, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::with([Step::Reject, Step::Reject, Step::Reject]);
+
+    // WHEN ticks run: three deliveries of batch 1 fail
+    for attempt in 1..=3u32 {
+        let e = p.trigger.tick_into(&sink).await.unwrap_err();
+        assert!(matches!(e, TickError::Sink(SinkError::Rejected(_))), "{e}");
+        assert_eq!(e.kind(), crate::trigger::ErrorKind::Operator);
+        let doc = w.state().await;
+        let flight = doc.in_flight.expect("still in flight");
+        assert_eq!((flight.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
+    }
+    w.source.upsert([4], 2);
+
+    // THEN the next tick quarantines batch 1 and delivers the rows after it
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!((out.kind, out.batch_id), (OutcomeKind::Delivered, Some(2)));
+    assert_eq!(sink.taken(), vec![4]);
+    let doc = w.state().await;
+    assert_eq!(doc.counters.quarantined, 1);
+    assert_eq!(doc.quarantine[0].batch_id, 1);
+}
+
+#[tokio::test]
+async fn a_transient_sink_failure_is_not_counted_toward_max_attempts() {
+    // GIVEN a destination that is down for five deliveries, with MaxAttempts 3
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::with(std::iter::repeat_n(Step::Transient, 5));
+
+    // WHEN it comes back
+    for _ in 0..5 {
+        let e = p.trigger.tick_into(&sink).await.unwrap_err();
+        assert_eq!(e.kind(), crate::trigger::ErrorKind::Transient);
+    }
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN batch 1 is delivered, not quarantined
+    assert_eq!((out.kind, out.batch_id), (OutcomeKind::Redelivered, Some(1)));
+    assert_eq!(sink.taken(), ids(1..=2));
+    let doc = w.state().await;
+    assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 2));
+}
+
+#[tokio::test]
+async fn a_fenced_write_acknowledges_nothing_and_counts_nothing() {
+    // GIVEN a sink that has seen a newer owner's token
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::with([Step::Fence(7)]);
+
+    // WHEN the tick delivers
+    let out = p.trigger.tick_into(&sink).await.expect("a fenced write is not an error");
+
+    // THEN it reports a conflict, delivers nothing, and leaves the batch in flight uncounted
+    assert_eq!(out.kind, OutcomeKind::Conflict);
+    assert!(out.changes.is_empty());
+    assert!(out.logs.iter().any(|l| l.contains("fencing token 7")), "{:?}", out.logs);
+    let flight = w.state().await.in_flight.expect("still in flight");
+    assert_eq!(flight.failures, 0);
+}
+
+#[tokio::test]
+async fn a_crash_between_the_sink_and_the_acknowledgement_redelivers_the_batch_to_the_next_owner() {
+    // GIVEN a process whose acknowledgement never reaches the store after the sink took batch 1
+    let w = World::default();
+    w.source.upsert(1..=3, 1);
+    let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    let p1 = w.process("p1", expired.clone());
+    let sink = ScriptedSink::with([Step::TakeThenStoreFails(p1.store.clone())]);
+    let e = p1.trigger.tick_into(&sink).await.unwrap_err();
+    assert!(matches!(e, TickError::Store(_)), "{e}");
+
+    // WHEN the same process ticks again, and then another process does after it
+    let again = p1.trigger.tick_into(&sink).await.expect("tick");
+    w.source.upsert([4], 2);
+    let p2 = w.process("p2", expired);
+    let next = p2.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN the same process does not acknowledge from memory: it delivers batch 1 again (a duplicate, never
+    // a loss), and the new owner goes on with the next batch under a larger fencing token
+    assert_eq!((again.kind, again.batch_id), (OutcomeKind::Redelivered, Some(1)));
+    assert_eq!((next.kind, next.batch_id), (OutcomeKind::Delivered, Some(2)));
+    assert_eq!(sink.taken(), vec![1, 2, 3, 1, 2, 3, 4]);
+    let fences: Vec<u64> = sink.seen().iter().map(|s| s.fence).collect();
+    assert_eq!(fences, vec![1, 1, 2]);
+}
+
+#[tokio::test]
+async fn a_stray_host_style_tick_in_sink_mode_never_acknowledges_from_memory() {
+    // GIVEN a batch recorded by `tick` (which answers without delivering anywhere)
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let p = w.process("p1", settings());
+    let answered = p.trigger.tick(RetryContext::default()).await.expect("tick");
+    assert_eq!(answered.batch_id, Some(1));
+
+    // WHEN the next ticks run, with and without a sink
+    let stray = p.trigger.tick(RetryContext::default()).await.expect("tick");
+    let sink = ScriptedSink::default();
+    let delivered = p.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN batch 1 is never taken as delivered until a sink took it
+    assert_eq!(stray.kind, OutcomeKind::Redelivered);
+    assert_eq!((delivered.kind, delivered.batch_id), (OutcomeKind::Redelivered, Some(1)));
+    assert_eq!(sink.taken(), ids(1..=2));
+    assert!(w.state().await.in_flight.is_none());
+}
+
+#[tokio::test]
+async fn the_heartbeat_keeps_the_lease_through_a_long_delivery_and_ends_with_the_tick() {
+    // GIVEN a lease of 400 ms and a delivery that takes 1.2 s
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let lease = TriggerSettings { lease_duration: Duration::from_millis(400), ..settings() };
+    let p1 = Arc::new(w.process("p1", lease.clone()));
+    let slow = Arc::new(ScriptedSink::with([Step::Slow(Duration::from_millis(1200))]));
+    let task = {
+        let (p1, slow) = (p1.clone(), slow.clone());
+        tokio::spawn(async move { p1.trigger.tick_into(slow.as_ref()).await })
+    };
+
+    // WHEN another process ticks after the lease it was first given has expired
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let p2 = w.process("p2", lease);
+    let other = ScriptedSink::default();
+    let out = p2.trigger.tick_into(&other).await.expect("tick");
+
+    // THEN the renewed lease still holds it off, and the first delivery finishes and is acknowledged
+    assert_eq!(out.kind, OutcomeKind::LeaseHeld, "{:?}", out.logs);
+    assert!(other.seen().is_empty());
+    let done = task.await.expect("join").expect("tick");
+    assert_eq!(done.kind, OutcomeKind::Delivered);
+    assert!(w.state().await.in_flight.is_none());
+    // AND the heartbeat ended with its tick: no write happens afterwards
+    let writes = p1.store.operations();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(p1.store.operations(), writes);
+}
+
+#[tokio::test]
+async fn an_abandoned_tick_stops_renewing_its_lease() {
+    // GIVEN a sink that never answers, a 200 ms lease (renewed every 50 ms) and a 300 ms tick budget
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let s = TriggerSettings {
+        lease_duration: Duration::from_millis(200),
+        tick_timeout: Duration::from_millis(300),
+        ..settings()
+    };
+    let p = w.process("p1", s);
+    let sink = ScriptedSink::with([Step::Hang]);
+
+    // WHEN the tick runs out of time
+    let e = p.trigger.tick_into(&sink).await.unwrap_err();
+    assert!(matches!(e, TickError::Timeout(_)), "{e}");
+    let after = p.store.operations();
+    assert!(after >= 4, "the heartbeat renewed during the delivery ({after} operations)");
+
+    // THEN the renewals stop with it, and the lease lapses so another instance can take the batch over
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(p.store.operations(), after);
+    let lease = w.state().await.lease.expect("a lease");
+    assert!(lease.expires_at < OffsetDateTime::now_utc());
+}
+
+#[tokio::test]
+async fn a_draining_backlog_fetches_the_next_batch_while_the_sink_writes() {
+    // GIVEN 250 rows and batches of 100
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::default();
+
+    // WHEN three ticks deliver the backlog
+    for _ in 0..3 {
+        p.trigger.tick_into(&sink).await.expect("tick");
+    }
+
+    // THEN every row arrived once, in order, and the source was read three times, not four: the second and
+    // third batches were fetched while the one before them was being written
+    assert_eq!(sink.taken(), ids(1..=250));
+    assert_eq!(w.source.fetches(), 3);
+    assert_eq!(p.trigger.tick_into(&sink).await.expect("tick").kind, OutcomeKind::Empty);
+}
+
+#[tokio::test]
+async fn a_batch_fetched_ahead_is_dropped_when_the_state_moved_on_without_it() {
+    // GIVEN p1 delivered rows 1-100 and fetched 101-200 ahead, and then p2 delivered 101-200 itself
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    let (p1, p2) = (w.process("p1", expired.clone()), w.process("p2", expired));
+    let sink = ScriptedSink::default();
+    p1.trigger.tick_into(&sink).await.expect("tick");
+    p2.trigger.tick_into(&sink).await.expect("tick");
+
+    // WHEN p1 ticks again
+    let out = p1.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN it fetched after where the state is now, not where its own fetch ahead started
+    assert_eq!(out.changes.len(), 50);
+    assert_eq!(sink.taken(), ids(1..=250));
+}

@@ -240,8 +240,7 @@ mod tests {
     //! another process (a handler instance or another operator); a [`FaultyStore`] hook lets it write between
     //! an action's read and its compare-and-swap.
     use super::*;
-    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings};
-    use crate::ident::TableName;
+    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
     use crate::protocol::RetryContext;
     use crate::source::memory::MemorySource;
     use crate::state::{FaultyStore, MemoryStore, StateStore};
@@ -258,21 +257,7 @@ mod tests {
             timer_schedule: None,
             outputs: Vec::new(),
             retry: None,
-            source: SourceSpec {
-                kind: SourceKind::PostgresCursor,
-                table: TableName::parse("t").expect("a valid table name"),
-                connection_setting: "Conn".into(),
-                connection: Secret::new("x"),
-                cursor_column: None,
-                cursor_guard: None,
-                safety_lag: Duration::ZERO,
-                inserted_column: None,
-                soft_delete_column: None,
-                primary_key: None,
-                columns: None,
-                start_from: StartFrom::Earliest,
-                options: Default::default(),
-            },
+            source: SourceSpec::placeholder(),
             settings: TriggerSettings {
                 max_batch_size: 100,
                 polling_interval: Duration::from_secs(1),

@@ -281,11 +281,9 @@ fn backoff(attempt: i64, base: Duration) -> Duration {
 mod tests {
     //! The runner loop over an in-memory source and store, with a scripted sink standing in for the webhook.
     use super::*;
-    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings};
-    use crate::ident::TableName;
+    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
     use crate::sink::SinkError;
     use crate::source::memory::MemorySource;
-    use crate::source::StartFrom;
     use crate::state::MemoryStore;
     use std::collections::{BTreeMap, BTreeSet};
     use std::sync::Mutex;
@@ -299,21 +297,7 @@ mod tests {
             timer_schedule: None,
             outputs: Vec::new(),
             retry: None,
-            source: SourceSpec {
-                kind: SourceKind::PostgresCursor,
-                table: TableName::parse("t").expect("a valid table name"),
-                connection_setting: "Conn".into(),
-                connection: Secret::new("x"),
-                cursor_column: None,
-                cursor_guard: None,
-                safety_lag: Duration::ZERO,
-                inserted_column: None,
-                soft_delete_column: None,
-                primary_key: None,
-                columns: None,
-                start_from: StartFrom::Earliest,
-                options: Default::default(),
-            },
+            source: SourceSpec::placeholder(),
             settings: TriggerSettings {
                 max_batch_size,
                 // Short, so that the waits between ticks and the retry back-off keep these tests fast.

@@ -82,6 +82,28 @@ pub struct SourceSpec {
     pub options: Map<String, Value>,
 }
 
+#[cfg(test)]
+impl SourceSpec {
+    /// A spec for engine tests that run over an in-memory source: the engine reads only `start_from`.
+    pub(crate) fn placeholder() -> Self {
+        Self {
+            kind: SourceKind::PostgresCursor,
+            table: TableName::parse("t").expect("a valid table name"),
+            connection_setting: "Conn".into(),
+            connection: Secret::new("x"),
+            cursor_column: None,
+            cursor_guard: None,
+            safety_lag: Duration::ZERO,
+            inserted_column: None,
+            soft_delete_column: None,
+            primary_key: None,
+            columns: None,
+            start_from: StartFrom::Earliest,
+            options: Default::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputBinding {
     pub name: String,

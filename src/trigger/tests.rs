@@ -20,10 +20,8 @@
 
 use super::state::{QuarantineDoc, StateDoc};
 use super::*;
-use crate::config::{OutputBinding, RetryPolicy, Secret, SourceKind, SourceSpec, TriggerSettings};
-use crate::ident::TableName;
+use crate::config::{OutputBinding, RetryPolicy, SourceSpec, TriggerSettings};
 use crate::source::memory::MemorySource;
-use crate::source::StartFrom;
 use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -71,21 +69,7 @@ fn config(settings: TriggerSettings) -> FunctionConfig {
         outputs: vec![OutputBinding { name: "changes".into(), kind: "queue".into() }],
         retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
         // A placeholder: the engine reads only `start_from` from the source spec.
-        source: SourceSpec {
-            kind: SourceKind::PostgresCursor,
-            table: TableName::parse("t").expect("a valid table name"),
-            connection_setting: "Conn".into(),
-            connection: Secret::new("x"),
-            cursor_column: None,
-            cursor_guard: None,
-            safety_lag: Duration::ZERO,
-            inserted_column: None,
-            soft_delete_column: None,
-            primary_key: None,
-            columns: None,
-            start_from: StartFrom::Earliest,
-            options: Default::default(),
-        },
+        source: SourceSpec::placeholder(),
         settings,
     }
 }

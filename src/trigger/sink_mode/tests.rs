@@ -6,12 +6,8 @@
 //! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
 
 use super::*;
-use crate::config::{
-    DeliveryMode, FunctionConfig, PoisonAction, RetryPolicy, Secret, SourceKind, SourceSpec, TriggerSettings,
-};
-use crate::ident::TableName;
+use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, RetryPolicy, SourceSpec, TriggerSettings};
 use crate::source::memory::MemorySource;
-use crate::source::StartFrom;
 use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -38,21 +34,7 @@ fn config(settings: TriggerSettings) -> FunctionConfig {
         timer_schedule: None,
         outputs: Vec::new(),
         retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
-        source: SourceSpec {
-            kind: SourceKind::PostgresCursor,
-            table: TableName::parse("t").expect("a valid table name"),
-            connection_setting: "Conn".into(),
-            connection: Secret::new("x"),
-            cursor_column: None,
-            cursor_guard: None,
-            safety_lag: Duration::ZERO,
-            inserted_column: None,
-            soft_delete_column: None,
-            primary_key: None,
-            columns: None,
-            start_from: StartFrom::Earliest,
-            options: Default::default(),
-        },
+        source: SourceSpec::placeholder(),
         settings,
     }
 }

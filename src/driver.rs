@@ -522,6 +522,36 @@ impl HostDriver {
         data: &Value,
         retry: Option<RetryContext>,
     ) -> Result<Invocation, DriverError> {
+        let mut invocation = self.send(spec, data, retry).await?;
+        if (200..300).contains(&invocation.status) {
+            match wire::decode_answer(&invocation.body) {
+                Ok((outputs, logs, return_value)) => {
+                    invocation.outputs = outputs;
+                    invocation.logs = logs;
+                    invocation.return_value = return_value;
+                }
+                Err(reason) => invocation.decode_error = Some(reason),
+            }
+        }
+        Ok(invocation)
+    }
+
+    /// One `POST /{function}` like [`invoke`](Self::invoke), with the answer left undecoded in
+    /// [`Invocation::body`] (`outputs` and `logs` stay empty). For benchmarks, which decode only what they
+    /// check, so that the driver's own JSON work is not counted as the handler's.
+    pub async fn invoke_raw(&self, function: &str) -> Result<Invocation, DriverError> {
+        let spec = self.app.function(function)?;
+        let data = self.next_timer_data(spec);
+        self.send(spec, &data, None).await
+    }
+
+    /// Sends one invocation and reads the whole answer.
+    async fn send(
+        &self,
+        spec: &FunctionSpec,
+        data: &Value,
+        retry: Option<RetryContext>,
+    ) -> Result<Invocation, DriverError> {
         let port = {
             let process = self.process();
             if process.child.is_none() {
@@ -552,7 +582,7 @@ impl HostDriver {
             source,
             output: self.output_tail(),
         })?;
-        let mut invocation = Invocation {
+        Ok(Invocation {
             invocation_id,
             request,
             status,
@@ -562,18 +592,7 @@ impl HostDriver {
             body,
             decode_error: None,
             elapsed: started.elapsed(),
-        };
-        if (200..300).contains(&status) {
-            match wire::decode_answer(&invocation.body) {
-                Ok((outputs, logs, return_value)) => {
-                    invocation.outputs = outputs;
-                    invocation.logs = logs;
-                    invocation.return_value = return_value;
-                }
-                Err(reason) => invocation.decode_error = Some(reason),
-            }
-        }
-        Ok(invocation)
+        })
     }
 
     /// Writes an attempt's outputs, all or nothing, consuming injected failures in binding order.

@@ -19,7 +19,8 @@
 //! or halt); `Transient` is not counted (a destination outage must not quarantine batches); `Fenced` means a
 //! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted.
 //!
-//! A delivering tick costs one read and two conditional writes, plus one write per heartbeat.
+//! A delivering tick costs two conditional writes (plus a read when this process did not write the state last,
+//! see `Trigger::tick_inner`), plus one write per heartbeat.
 //!
 //! # Fetching ahead
 //! While a full batch is being delivered (a backlog is draining) the next batch is fetched at the same time,

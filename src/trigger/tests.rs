@@ -348,8 +348,10 @@ async fn case_c_a_commit_after_lease_loss_is_rejected_and_the_new_owner_redelive
     });
     let stale = owner1.answer(NORMAL, Output::Written).await;
 
-    // THEN owner 1's commit is rejected and it delivers nothing
-    assert_answer(&stale, OutcomeKind::Conflict, None, &[]);
+    // THEN owner 1's commit is rejected and it delivers nothing: it reads the state again (one failed write,
+    // one read) and finds the batch under owner 2's lease
+    assert_answer(&stale, OutcomeKind::LeaseHeld, None, &[]);
+    assert_eq!(stale.store_operations, 2);
     let doc = world.state().await;
     let lease = doc.lease.as_ref().expect("a lease");
     assert_eq!((lease.owner.as_str(), lease.token), ("owner-2", 2), "the fencing token grew");
@@ -542,8 +544,9 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_cannot_commit_and_the_next_owne
     });
     let stale = owner1.answer(retry(1), Output::Written).await;
 
-    // THEN owner 1's result is discarded: its write is rejected and it delivers nothing
-    assert_answer(&stale, OutcomeKind::Conflict, None, &[]);
+    // THEN owner 1's result is discarded: its write is rejected, and on reading the state again it finds the
+    // batch under owner 2's lease and delivers nothing
+    assert_answer(&stale, OutcomeKind::LeaseHeld, None, &[]);
     let lease = world.state().await.lease.expect("a lease");
     assert_eq!((lease.owner.as_str(), lease.token), ("owner-2", 2));
     // AND its further retries find the batch leased to owner 2
@@ -735,30 +738,64 @@ async fn immediate_mode_commits_before_answering_so_a_failed_host_write_loses_th
 }
 
 #[tokio::test]
-async fn an_empty_tick_costs_one_store_operation_and_a_delivering_tick_two() {
-    // GIVEN a fresh function: its first tick writes the document even with nothing to deliver
+async fn an_empty_tick_costs_one_store_operation_and_a_delivering_tick_one_write() {
+    // GIVEN a fresh function: its first tick reads (nothing there) and writes the document
     let world = World::new();
     let p = world.process("p1", settings());
     let first = p.answer(NORMAL, Output::Written).await;
     assert_eq!((first.kind, first.store_operations), (OutcomeKind::Empty, 2));
 
-    // WHEN nothing changed THEN a tick is one read
+    // WHEN nothing changed THEN a tick is one read (which checks that nobody wrote since)
     let empty = p.answer(NORMAL, Output::Written).await;
     assert_eq!((empty.kind, empty.store_operations), (OutcomeKind::Empty, 1));
 
-    // WHEN rows arrive THEN delivering is one read and one write
-    world.upsert(1..=2);
+    // WHEN rows arrive THEN delivering is one conditional write: the process starts from what it wrote last
+    let v1 = world.upsert(1..=2);
     let delivering = p.answer(NORMAL, Output::Written).await;
-    assert_eq!((delivering.kind, delivering.store_operations), (OutcomeKind::Delivered, 2));
-    // AND acknowledging one batch while delivering the next is still one read and one write
-    world.upsert([3]);
+    assert_eq!((delivering.kind, delivering.store_operations), (OutcomeKind::Delivered, 1));
+    // AND acknowledging one batch while delivering the next is still one write
+    let v2 = world.upsert([3]);
     let both = p.answer(NORMAL, Output::Written).await;
-    assert_eq!((both.kind, both.store_operations), (OutcomeKind::Delivered, 2));
-    // AND acknowledging alone is one read and one write, after which the tick is one read again
+    assert_eq!((both.kind, both.store_operations), (OutcomeKind::Delivered, 1));
+    // AND acknowledging alone is one write, after which the tick is one read again
     let ack = p.answer(NORMAL, Output::Written).await;
-    assert_eq!((ack.kind, ack.store_operations), (OutcomeKind::Empty, 2));
+    assert_eq!((ack.kind, ack.store_operations), (OutcomeKind::Empty, 1));
     let idle = p.answer(NORMAL, Output::Written).await;
     assert_eq!((idle.kind, idle.store_operations), (OutcomeKind::Empty, 1));
+    assert_eq!(world.batches(), vec![rows(1..=2, v1), rows([3], v2)]);
+    assert_eq!(checkpoint(&world.state().await).map(|(v, _)| v), Some(v2));
+}
+
+#[tokio::test]
+async fn an_operators_write_is_seen_at_the_next_tick_although_the_process_remembers_its_own() {
+    // GIVEN a process that delivered and acknowledged everything, so it remembers the document it wrote
+    let world = World::new();
+    let p = world.process("p1", settings());
+    let v1 = world.upsert(1..=2);
+    p.answer(NORMAL, Output::Written).await;
+    p.answer(NORMAL, Output::Written).await;
+
+    // WHEN an operator moves the checkpoint back on a quiet table (a replay from the start)
+    world.edit_state(|doc| doc.checkpoint = serde_json::Value::Null).await;
+    // THEN the next tick delivers the rows again: its empty answer from the remembered document was checked
+    let again = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&again, OutcomeKind::Delivered, Some(2), &rows(1..=2, v1));
+
+    // WHEN an operator pauses the function while a batch is in flight and rows wait
+    world.upsert([3]);
+    world.edit_state(|doc| doc.paused = true).await;
+    // THEN the next tick's write from the remembered document is refused, and it answers paused
+    let paused = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&paused, OutcomeKind::Paused, None, &[]);
+
+    // WHEN the operator resumes it
+    world.edit_state(|doc| doc.paused = false).await;
+    // THEN batch 2 is acknowledged and row 3 follows
+    let next = p.answer(NORMAL, Output::Written).await;
+    assert_eq!((next.kind, next.batch_id), (OutcomeKind::Delivered, Some(3)));
+    p.answer(NORMAL, Output::Written).await;
+    world.assert_nothing_lost();
+    assert_eq!(world.state().await.counters.batches, 3);
 }
 
 #[tokio::test]
@@ -775,9 +812,10 @@ async fn a_paused_function_answers_empty_and_writes_nothing() {
     // WHEN it is invoked
     let a = p.answer(NORMAL, Output::Written).await;
 
-    // THEN it answers empty after one read, and the state is untouched
+    // THEN it answers empty, and the state is untouched: its write from the document it wrote last was
+    // refused, and the read that followed found the pause (two operations)
     assert_answer(&a, OutcomeKind::Paused, None, &[]);
-    assert_eq!(a.store_operations, 1);
+    assert_eq!(a.store_operations, 2);
     assert_eq!(world.state().await, before);
     assert_eq!(world.batches(), vec![rows(1..=2, v1)]);
 }

@@ -370,7 +370,7 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_mid_tick_is_refused_by_cas_and_
     orders.insert([4]).await;
     let p1_pid = p1.pid().expect("process 1 runs");
 
-    // AND process 1's next tick has read the state and is stuck in its fetch behind a table lock
+    // AND process 1's next tick, working from the state it wrote last, is stuck in its fetch behind a table lock
     let locker = embedded::connect(&orders.url).await.expect("connect");
     locker.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.expect("lock");
     let (stale, takeover) = tokio::join!(p1.invoke(FUNCTION, None), async {
@@ -389,11 +389,17 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_mid_tick_is_refused_by_cas_and_
     // THEN process 2 re-delivered batch 1
     assert!(takeover.succeeded, "{:?}", takeover.attempts.last().map(|a| &a.outcome));
     assert_eq!(ids_of(&takeover.applied["changes"]), vec![1, 2, 3]);
-    // AND process 1's commit was refused (the etag it read is gone): it answered an empty batch
+    // AND process 1's commit was refused (the etag it wrote is gone): it read the state again, found batch 1
+    // under process 2's lease and answered an empty batch
     let stale = stale.expect("process 1 answers");
     assert_eq!(stale.status, 200, "{}", stale.body);
     assert!(answered_changes(&stale).is_empty(), "{}", stale.body);
-    assert!(stale.logs.iter().any(|l| l.contains("another tick committed first")), "{:?}", stale.logs);
+    assert!(
+        stale.logs.iter().any(|l| l.contains("the state changed since this process last wrote it")),
+        "{:?}",
+        stale.logs
+    );
+    assert!(stale.logs.iter().any(|l| l.contains("batch in flight belongs to")), "{:?}", stale.logs);
     // AND the document is still process 2's: batch 1 in flight under the higher fencing token, not acknowledged
     let (doc, etag) = state(&store, &app_name).await;
     let lease = doc.lease.clone().expect("a lease");

@@ -1,5 +1,6 @@
-//! `cargo bench --bench upsert`: the PostgreSQL upsert sink, measured side by side in one run on one
-//! PostgreSQL, and printed as a Markdown table (docs/benchmarks.md, "Sink", records a run by hand).
+//! `cargo bench --bench upsert` (or `scripts/bench upsert`): the PostgreSQL upsert sink, measured side by side
+//! in one run on one PostgreSQL, printed as a Markdown table and written, with a chart, into docs/benchmarks.md
+//! ("Sink", between the `bench:upsert` markers) and docs/benchmarks-upsert.svg.
 //!
 //! The same 100k changed rows (`public.orders`, 10 rows per transaction, as in the drain bench) are upserted
 //! into `public.orders_copy`, which already holds every id with stale values (so every row is a real update),
@@ -16,11 +17,16 @@
 //!
 //! Knobs: BENCH_UPSERT_ROWS (100000), BENCH_UPSERT_BATCHES (1000,10000; ours), BENCH_UPSERT_PEER_BATCH (1000),
 //! BENCH_REPEATS (3; ours and raw, median reported), BENCH_SKIP_PEER=1, SQL_PSEUDO_TRIGGER_HANDLER,
-//! BENCH_PYTHON (scripts/bench sets both), BENCH_UPSERT_LOG (a log filter for ours, whose log is then printed). `cargo test --all-targets` runs this binary without `--bench`; it
-//! then does nothing.
+//! BENCH_PYTHON (scripts/bench sets both), BENCH_UPSERT_LOG (a log filter for ours, whose log is then printed),
+//! BENCH_DOC (the document to write; `0` writes nothing). `cargo test --all-targets` runs this binary without
+//! `--bench`; it then does nothing.
+
+#[path = "chart.rs"]
+mod chart;
 
 use serde_json::{json, Value};
 use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres, ScratchDir};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -42,6 +48,8 @@ struct Options {
     python: PathBuf,
     peer_script: PathBuf,
     skip_peer: bool,
+    /// Where the results go (the chart beside it); `None` with BENCH_DOC=0.
+    doc: Option<PathBuf>,
 }
 
 impl Options {
@@ -67,6 +75,11 @@ impl Options {
             python: path("BENCH_PYTHON", target.join("bench-venv").join("bin").join("python")),
             peer_script: manifest.join("benches").join("peer").join("upsert_peer.py"),
             skip_peer: std::env::var("BENCH_SKIP_PEER").is_ok_and(|v| v == "1"),
+            doc: match std::env::var_os("BENCH_DOC") {
+                Some(v) if v == "0" => None,
+                Some(v) => Some(PathBuf::from(v)),
+                None => Some(manifest.join("docs").join("benchmarks.md")),
+            },
         })
     }
 }
@@ -105,6 +118,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 async fn run(options: &Options) -> BenchResult<()> {
+    let load_before = loadavg();
     if !options.handler.is_file() {
         return Err(format!(
             "{} does not exist; run `cargo build --release --bin handler` (scripts/bench does) or set SQL_PSEUDO_TRIGGER_HANDLER",
@@ -149,39 +163,97 @@ async fn run(options: &Options) -> BenchResult<()> {
 
     let rate = |s: f64| options.rows as f64 / s;
     let raw_s = median(raw);
-    println!("\n| contender | batch | seconds | rows/s | vs peer | raw / this |");
-    println!("|---|---|---|---|---|---|");
+    let ours: Vec<(usize, f64)> = ours.into_iter().map(|(batch, timings)| (batch, median(timings))).collect();
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "Run of {} on {} CPU(s) (load average {load_before} before, {} after); {}.\n",
+        time::OffsetDateTime::now_utc().date(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        postgres.version()
+    );
+    let _ = writeln!(table, "| contender | batch | seconds | rows/s | vs peer | this / raw (time) |");
+    let _ = writeln!(table, "|---|---:|---:|---:|---:|---:|");
     let peer_rate = peer.as_ref().map(|(t, _)| rate(t.seconds));
-    for (batch, timings) in &ours {
-        let s = median(timings.clone());
-        let vs_peer = peer_rate.map_or("-".into(), |p| format!("{:.1}x", rate(s) / p));
-        println!(
-            "| ours (`handler run --once`, sink mode) | {batch} | {s:.3} | {:.0} | {vs_peer} | {:.2}x |",
-            rate(s),
+    for (batch, s) in &ours {
+        let vs_peer = peer_rate.map_or("-".into(), |p| format!("{:.1}×", rate(*s) / p));
+        let _ = writeln!(
+            table,
+            "| ours (`handler run --once`, sink mode) | {batch} | {s:.3} | {:.0} | {vs_peer} | {:.2}× |",
+            rate(*s),
             s / raw_s
         );
     }
-    println!(
-        "| raw `INSERT ... SELECT ... ON CONFLICT` (one statement) | all | {raw_s:.3} | {:.0} | - | 1.00x |",
+    let _ = writeln!(
+        table,
+        "| raw `INSERT ... SELECT ... ON CONFLICT` (one statement) | all | {raw_s:.3} | {:.0} | - | 1.00× |",
         rate(raw_s)
     );
     if let Some((t, version)) = &peer {
-        println!(
-            "| peer azure-functions-db {version} `upsert_many` | {} | {:.3} | {:.0} | 1.0x | {:.2}x |",
+        let _ = writeln!(
+            table,
+            "| peer azure-functions-db {version} `upsert_many` | {} | {:.3} | {:.0} | 1.0× | {:.2}× |",
             options.peer_batch,
             t.seconds,
             rate(t.seconds),
             t.seconds / raw_s
         );
     }
-    println!(
-        "\n{} rows, {} per transaction in the source; ours and raw: median of {} runs; peer: one run. {}",
-        options.rows,
-        ROWS_PER_TRANSACTION,
-        options.repeats,
-        postgres.version()
+    let _ = writeln!(
+        table,
+        "\n{} rows, {} per transaction in the source; ours and raw: median of {} runs; peer: one run. Every run checked: afterwards the copy equals the source on every row.\n\n![Upsert throughput, rows per second]({CHART})",
+        options.rows, ROWS_PER_TRANSACTION, options.repeats,
     );
+    println!("\n{table}");
+
+    if let Some(doc) = &options.doc {
+        use chart::{horizontal_bars, Bar, Contender, Group};
+        let mut bars: Vec<Bar> = ours
+            .iter()
+            .map(|(batch, s)| Bar { label: format!("ours, batch {batch}"), value: rate(*s), who: Contender::Ours })
+            .collect();
+        bars.push(Bar { label: "raw INSERT ... ON CONFLICT (limit)".into(), value: rate(raw_s), who: Contender::Raw });
+        if let Some((t, version)) = &peer {
+            let label = format!("peer {version} upsert_many, batch {}", options.peer_batch);
+            bars.push(Bar { label, value: rate(t.seconds), who: Contender::Peer });
+        }
+        let groups = [Group { heading: "one transaction per batch (ours, peer); one statement (raw)".into(), bars }];
+        let svg = horizontal_bars(
+            &format!("Upsert of {} changed rows into PostgreSQL: rows per second", options.rows),
+            "cargo bench --bench upsert; ours and raw: median of the runs; every run checked row by row",
+            &groups,
+            |v| format!("{v:.0} rows/s"),
+        );
+        let path = doc.with_file_name(CHART);
+        std::fs::write(&path, svg).map_err(context(format!("writing {}", path.display())))?;
+        write_block(doc, &table)?;
+        eprintln!("upsert: results written to {} and {}", doc.display(), path.display());
+    }
     Ok(())
+}
+
+const BEGIN: &str = "<!-- bench:upsert:begin (written by `scripts/bench upsert`; edits inside are overwritten) -->";
+const END: &str = "<!-- bench:upsert:end -->";
+const CHART: &str = "benchmarks-upsert.svg";
+
+/// Replaces the text between the markers in `doc`, or appends the block when the markers are missing.
+fn write_block(doc: &std::path::Path, text: &str) -> BenchResult<()> {
+    let block = format!("{BEGIN}\n{text}\n{END}");
+    let current = std::fs::read_to_string(doc).unwrap_or_default();
+    let updated = match (current.find(BEGIN), current.find(END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            format!("{}{block}{}", &current[..begin], &current[end + END.len()..])
+        }
+        _ => format!("{}\n\n{block}\n", current.trim_end()),
+    };
+    std::fs::write(doc, updated).map_err(context(format!("writing {}", doc.display())))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 const ROWS_PER_TRANSACTION: u64 = 10;

@@ -18,6 +18,8 @@
 //!
 //! [`HostDriver`]: sql_pseudo_trigger::driver::HostDriver
 
+#[path = "../chart.rs"]
+mod chart;
 mod cpu;
 mod ours;
 mod peer;
@@ -152,6 +154,9 @@ fn run() -> BenchResult<()> {
     if let Some(doc) = &options.doc {
         report::write_doc(doc, &results)?;
         eprintln!("drain: results written to {}", doc.display());
+        let svg = doc.with_file_name(report::CHART);
+        std::fs::write(&svg, results.chart()).map_err(context(format!("writing {}", svg.display())))?;
+        eprintln!("drain: chart written to {}", svg.display());
     }
     Ok(())
 }

@@ -117,13 +117,13 @@ impl Webhook {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// A `handler run` process; killed on drop if it still runs.
-struct Runner {
+pub(crate) struct Runner {
     child: Child,
     logs: ScratchDir,
 }
 
 impl Runner {
-    fn start(app: &AppFolder, args: &[&str]) -> Self {
+    pub(crate) fn start(app: &AppFolder, args: &[&str]) -> Self {
         let logs = ScratchDir::new("runner").expect("a scratch directory");
         let file = |name: &str| std::fs::File::create(logs.path().join(name)).expect("a log file");
         let mut command = Command::new(support::handler_exe());
@@ -144,12 +144,12 @@ impl Runner {
         std::fs::read_to_string(self.logs.path().join("stdout")).unwrap_or_default()
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.logs.path().join("stderr")).unwrap_or_default()
     }
 
     /// Waits for the exit, failing the test after `limit`.
-    async fn exit(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) async fn exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for handler run") {
@@ -161,7 +161,7 @@ impl Runner {
     }
 
     /// SIGTERM, as a container runtime sends on stop.
-    fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         embedded::send_signal(&mut self.child, Signal::Terminate).expect("SIGTERM");
     }
 }

@@ -244,6 +244,14 @@ async fn run(
         })
         .collect();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Admin routes always require a key; without one they would answer only "off", which looks like a
+    // running admin port that refuses everything. Refuse before anything starts instead.
+    if admin_port.is_some() && app.config.env.get(settings::ADMIN_KEY.name).is_none() {
+        return Err(format!(
+            "--admin-port needs the app setting {}: the admin routes always require a key. Set it (environment or local.settings.json) to a long random value and send it as x-functions-key, or drop --admin-port",
+            settings::ADMIN_KEY.name
+        ));
+    }
     if let Some(port) = admin_port {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
@@ -267,7 +275,8 @@ async fn run(
         delivered = summary.delivered,
         batches = summary.batches,
         failed_deliveries = summary.failed_deliveries,
+        stopped = summary.stopped.len(),
         "run finished"
     );
-    Ok(())
+    summary.result()
 }

@@ -4,7 +4,7 @@
 //! racing a tick or another operator fails with a clear conflict instead of overwriting either. Every write is
 //! logged with who asked. The CLI (`handler state ...`) and the admin routes both call these functions.
 
-use crate::source::{Position, SourceError, StartFrom};
+use crate::source::{Lag, Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
 use crate::trigger::state::StateDoc;
 use crate::trigger::{TickError, Trigger};
@@ -67,7 +67,14 @@ pub struct Status {
     pub pending: u64,
     /// `ceil(pending / Sql_Trigger_MaxChangesPerWorker)`, as the official trigger's scale controller computes.
     pub target_workers: u64,
-    /// Seconds since the checkpoint last moved, while changes are pending; 0 when nothing is pending.
+    /// The lag: seconds the oldest undelivered change has waited (the first change after the checkpoint, the
+    /// batch in flight included, and changes the late-commit guard still holds back); 0 when nothing waits.
+    /// `None` when the source cannot date its changes; `lag_unknown_reason` then says why and what to change.
+    pub lag_seconds: Option<f64>,
+    pub lag_unknown_reason: Option<String>,
+    /// Seconds since the checkpoint last moved, while changes are pending; 0 when nothing is pending. Unlike
+    /// the lag, it says whether the function is moving at all: a function that keeps delivering a backlog
+    /// older than an hour has a large lag and a small `seconds_since_progress`.
     pub seconds_since_progress: f64,
     pub in_flight: Option<Value>,
     pub counters: Value,
@@ -127,6 +134,13 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         (0, _) | (_, None) => 0.0,
         (_, Some(at)) => (now - at).as_seconds_f64().max(0.0),
     };
+    // The lag is extra information: a failure to read it is reported in the answer, never fails the status.
+    let (lag_seconds, lag_unknown_reason) = match t.source().oldest_pending_age(&checkpoint).await {
+        Ok(Lag::CaughtUp) => (Some(0.0), None),
+        Ok(Lag::Behind(age)) => (Some(age.as_secs_f64()), None),
+        Ok(Lag::Unknown(reason)) => (None, Some(reason)),
+        Err(e) => (None, Some(format!("the lag could not be read: {e}"))),
+    };
     Ok(Status {
         function: t.name().to_string(),
         source: t.source().name(),
@@ -135,6 +149,8 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         halted: doc.as_ref().and_then(|d| d.halted.clone()),
         pending,
         target_workers: pending.div_ceil(per_worker),
+        lag_seconds,
+        lag_unknown_reason,
         seconds_since_progress,
         in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
             json!({ "batch_id": f.batch_id, "rows": f.rows, "deliveries": f.deliveries, "failures": f.failures, "owner": f.owner })
@@ -433,6 +449,125 @@ mod tests {
         let s = status(&w.trigger).await.expect("status");
         assert_eq!((s.pending, s.in_flight.is_some()), (2400, true));
         assert!(s.seconds_since_progress >= 0.0);
+    }
+
+    /// Reads status, and the seconds since `at` measured just before and just after: the bounds any age of a
+    /// change committed at `at` that status computes must fall between.
+    async fn status_with_age_bounds(t: &Trigger, at: OffsetDateTime) -> (Status, std::ops::RangeInclusive<f64>) {
+        let before = (OffsetDateTime::now_utc() - at).as_seconds_f64();
+        let s = status(t).await.expect("status");
+        let after = (OffsetDateTime::now_utc() - at).as_seconds_f64();
+        (s, before..=after)
+    }
+
+    #[tokio::test]
+    async fn the_lag_is_the_age_of_the_oldest_undelivered_change_until_it_is_acknowledged() {
+        // GIVEN rows 1-2 committed an hour ago
+        let w = world(5);
+        let hour_ago = OffsetDateTime::now_utc() - time::Duration::hours(1);
+        w.source.upsert_at(1..=2, 1, hour_ago);
+
+        // WHEN status is read THEN the lag is their age, an hour
+        let (s, bounds) = status_with_age_bounds(&w.trigger, hour_ago).await;
+        let lag = s.lag_seconds.expect("the memory source dates its changes");
+        assert!(bounds.contains(&lag), "lag {lag} not in {bounds:?}");
+        assert_eq!(s.lag_unknown_reason, None);
+
+        // WHEN they are delivered but not yet acknowledged THEN they still wait: the lag is still their age
+        assert_eq!(w.tick(NORMAL).await, vec![1, 2]);
+        let (s, bounds) = status_with_age_bounds(&w.trigger, hour_ago).await;
+        assert!(s.lag_seconds.is_some_and(|lag| bounds.contains(&lag)), "{:?} not in {bounds:?}", s.lag_seconds);
+
+        // WHEN row 3, committed a minute ago, is delivered and that acknowledges rows 1-2
+        let minute_ago = OffsetDateTime::now_utc() - time::Duration::minutes(1);
+        w.source.upsert_at([3], 2, minute_ago);
+        assert_eq!(w.tick(NORMAL).await, vec![3]);
+
+        // THEN the lag is row 3's minute
+        let (s, bounds) = status_with_age_bounds(&w.trigger, minute_ago).await;
+        assert!(s.lag_seconds.is_some_and(|lag| bounds.contains(&lag)), "{:?} not in {bounds:?}", s.lag_seconds);
+
+        // WHEN row 3 is acknowledged THEN nothing waits and the lag is 0
+        assert!(w.tick(NORMAL).await.is_empty());
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.lag_seconds, s.lag_unknown_reason), (0, Some(0.0), None));
+    }
+
+    #[tokio::test]
+    async fn a_change_the_late_commit_guard_holds_back_counts_toward_the_lag_but_not_as_pending() {
+        // GIVEN a drained function, a transaction left open, and a later one committed ten minutes ago
+        let w = world(5);
+        w.tick(NORMAL).await;
+        let open = w.source.begin();
+        let ten_minutes_ago = OffsetDateTime::now_utc() - time::Duration::minutes(10);
+        w.source.upsert_at([7], 1, ten_minutes_ago);
+
+        // WHEN status is read
+        let (s, bounds) = status_with_age_bounds(&w.trigger, ten_minutes_ago).await;
+
+        // THEN nothing is deliverable yet, but the held-back change has waited ten minutes: a stuck guard shows
+        assert_eq!(s.pending, 0);
+        assert!(s.lag_seconds.is_some_and(|lag| bounds.contains(&lag)), "{:?} not in {bounds:?}", s.lag_seconds);
+        // AND once the open transaction ends, the change is delivered and the lag is 0
+        w.source.commit(open);
+        assert_eq!(w.tick(NORMAL).await, vec![7]);
+        w.tick(NORMAL).await;
+        assert_eq!(status(&w.trigger).await.expect("status").lag_seconds, Some(0.0));
+    }
+
+    /// A source that cannot date its changes: the memory source behind the trait's default lag.
+    #[derive(Debug)]
+    struct Undated(Arc<MemorySource>);
+
+    #[async_trait::async_trait]
+    impl crate::source::Source for Undated {
+        fn name(&self) -> String {
+            "undated:rows".into()
+        }
+        fn fingerprint(&self) -> String {
+            self.0.fingerprint()
+        }
+        async fn validate(&self) -> Result<(), SourceError> {
+            self.0.validate().await
+        }
+        async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
+            self.0.start_position(from).await
+        }
+        async fn fetch(&self, after: &Position, limit: usize) -> Result<crate::source::Fetched, SourceError> {
+            self.0.fetch(after, limit).await
+        }
+        async fn refetch(
+            &self,
+            after: &Position,
+            upto: &Position,
+            limit: usize,
+        ) -> Result<crate::source::Fetched, SourceError> {
+            self.0.refetch(after, upto, limit).await
+        }
+        async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
+            self.0.pending(after).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_source_that_cannot_date_its_changes_reports_no_lag_and_says_why() {
+        // GIVEN a source without dates, with rows waiting
+        let source = Arc::new(MemorySource::new());
+        source.upsert(1..=3, 1);
+        let undated = Arc::new(Undated(source));
+        let trigger = Trigger::new(config(5), "app", undated, Arc::new(MemoryStore::new()), "handler-1".into());
+
+        // WHEN status is read THEN the lag is unknown, the reason names the source, and the rest still answers
+        let s = status(&trigger).await.expect("status");
+        assert_eq!(s.lag_seconds, None);
+        assert_eq!(s.lag_unknown_reason.as_deref(), Some("undated:rows does not record when a change was made"));
+        assert_eq!(s.pending, 3);
+        // AND the JSON carries both fields
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(
+            (&json["lag_seconds"], &json["lag_unknown_reason"]),
+            (&Value::Null, &json!("undated:rows does not record when a change was made"))
+        );
     }
 
     #[tokio::test]

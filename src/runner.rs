@@ -49,16 +49,41 @@ pub async fn run(
             summary.delivered += s.delivered;
             summary.batches += s.batches;
             summary.failed_deliveries += s.failed_deliveries;
+            summary.stopped.extend(s.stopped);
         }
     }
     summary
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct RunSummary {
     pub delivered: u64,
     pub batches: u64,
     pub failed_deliveries: u64,
+    /// Functions a `--once` drain gave up on because of an error only an operator can clear (a halt, a changed
+    /// source, a refused store, a table that does not fit the configuration), each with what to do. Not empty
+    /// means the drain did not finish: the process must say so in its exit status, or a script that runs
+    /// `handler run --once` would take a stuck function for a drained one.
+    pub stopped: Vec<Stopped>,
+}
+
+/// A function whose drain stopped at an operator error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stopped {
+    pub function: String,
+    /// The error and its hint, as the log line gives them.
+    pub error: String,
+}
+
+impl RunSummary {
+    /// `Err` naming every function a drain stopped at, with its error: the process's exit status.
+    pub fn result(&self) -> Result<(), String> {
+        if self.stopped.is_empty() {
+            return Ok(());
+        }
+        let lines: Vec<String> = self.stopped.iter().map(|s| format!("function {}: {}", s.function, s.error)).collect();
+        Err(format!("the drain stopped before the end of the backlog:\n  {}", lines.join("\n  ")))
+    }
 }
 
 async fn run_one(
@@ -143,6 +168,7 @@ async fn run_one(
             Err(e) if options.once && e.kind() == crate::trigger::ErrorKind::Operator => {
                 // A halt, a refused store or a changed source does not pass by waiting; a drain cannot finish.
                 tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
+                summary.stopped.push(Stopped { function: name.clone(), error: format!("{e} ({})", e.hint()) });
                 break;
             }
             Err(e) => {
@@ -205,6 +231,7 @@ async fn run_sink_mode(
                     && !matches!(e, TickError::Sink(_)) =>
             {
                 tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
+                summary.stopped.push(Stopped { function: name.to_string(), error: format!("{e} ({})", e.hint()) });
                 break;
             }
             Err(e) => {
@@ -291,6 +318,10 @@ mod tests {
     const APP: &str = "app";
 
     fn config(max_batch_size: usize, max_attempts: u32) -> FunctionConfig {
+        config_with(max_batch_size, max_attempts, PoisonAction::Quarantine)
+    }
+
+    fn config_with(max_batch_size: usize, max_attempts: u32, poison_action: PoisonAction) -> FunctionConfig {
         FunctionConfig {
             name: "orders".into(),
             dir: "orders".into(),
@@ -304,7 +335,7 @@ mod tests {
                 polling_interval: Duration::from_millis(5),
                 max_changes_per_worker: 1000,
                 max_attempts,
-                poison_action: PoisonAction::Quarantine,
+                poison_action,
                 delivery_mode: DeliveryMode::Deferred,
                 lease_duration: Duration::from_secs(3600),
                 tick_timeout: Duration::from_secs(30),
@@ -382,10 +413,13 @@ mod tests {
     }
 
     fn world(max_batch_size: usize, max_attempts: u32) -> World {
+        world_with(config(max_batch_size, max_attempts))
+    }
+
+    fn world_with(config: FunctionConfig) -> World {
         let source = Arc::new(MemorySource::new());
         let store = Arc::new(MemoryStore::new());
-        let trigger =
-            Trigger::new(config(max_batch_size, max_attempts), APP, source.clone(), store, "runner-test".into());
+        let trigger = Trigger::new(config, APP, source.clone(), store, "runner-test".into());
         World { source, trigger: Arc::new(trigger) }
     }
 
@@ -421,6 +455,7 @@ mod tests {
         let sizes: Vec<(u64, usize)> = sink.attempts().iter().map(|(b, ids, _)| (*b, ids.len())).collect();
         assert_eq!(sizes, vec![(1, 100), (2, 100), (3, 50)]);
         assert_eq!((summary.delivered, summary.batches, summary.failed_deliveries), (250, 3, 0));
+        assert_eq!(summary.result(), Ok(()), "a clean drain is a success");
         // AND the last batch is acknowledged: nothing is left in flight for the next run to repeat
         let (doc, _) = w.trigger.load().await.expect("load").expect("state");
         assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
@@ -498,6 +533,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_once_run_that_stops_at_a_halt_names_the_function_and_the_halt_in_its_result() {
+        // GIVEN PoisonAction halt, MaxAttempts 2, and a sink that rejects the only batch
+        let w = world_with(config_with(100, 2, PoisonAction::Halt));
+        w.source.upsert(1..=3, 1);
+        let sink = Arc::new(ScriptedSink { poison: [2].into(), ..Default::default() });
+
+        // WHEN the runner drains once
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN it stopped at the halt, after two refusals, and its result is an error that says so
+        assert_eq!(sink.attempts().len(), 2);
+        assert_eq!(summary.stopped.len(), 1, "{:?}", summary.stopped);
+        assert_eq!(summary.stopped[0].function, "orders");
+        assert!(summary.stopped[0].error.starts_with("function orders is halted"), "{}", summary.stopped[0].error);
+        let error = summary.result().expect_err("a halted drain is not a success");
+        assert!(
+            error.contains("stopped before the end of the backlog") && error.contains("handler state resume orders"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_once_run_of_a_paused_function_ends_without_delivering() {
         // GIVEN a function that ran once and was then paused, with rows waiting
         let w = world(100, 5);
@@ -509,9 +566,10 @@ mod tests {
         let sink = Arc::new(ScriptedSink::default());
         let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
 
-        // THEN it ends at once and delivers nothing
+        // THEN it ends at once and delivers nothing; a pause is the operator's choice, not a failure
         assert_eq!(summary.delivered, 0);
         assert!(sink.attempts().is_empty());
+        assert_eq!(summary.result(), Ok(()));
     }
 
     #[tokio::test]

@@ -27,7 +27,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/", get(ready))
         .route("/{function}", post(invoke))
         .route("/admin", get(direct_admin).post(direct_admin))
+        // `/admin/{*path}` does not match an empty rest: the trailing-slash root needs its own route.
+        .route("/admin/", get(direct_admin).post(direct_admin))
         .route("/admin/{*path}", get(direct_admin).post(direct_admin))
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }
@@ -63,6 +66,18 @@ async fn admin_invocation(app: &App, admin: &crate::config::AdminFunction, body:
         response.outputs.insert(admin.response_binding.clone(), raw);
     }
     (StatusCode::OK, Json(response)).into_response()
+}
+
+/// Anything no route serves: a 404 that names what is served, instead of an empty body.
+async fn not_found(State(app): State<Arc<App>>, method: Method, uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("nothing is served at {method} {}", uri.path()),
+        json!({
+            "routes": ["GET / (readiness)", "POST /{function} (the host's invocations)", "GET|POST /admin/... (with Sql_Trigger_AdminKey)"],
+            "functions": app.function_names(),
+        }),
+    )
 }
 
 /// `/admin/...` without the host: only with `Sql_Trigger_AdminKey` set, and only with that key.
@@ -226,6 +241,11 @@ mod tests {
 
     /// An app with one PostgreSQL function whose database is never contacted by these tests.
     fn app() -> Arc<App> {
+        app_with(&[])
+    }
+
+    /// [`app`] with extra app settings.
+    fn app_with(settings: &[(&str, &str)]) -> Arc<App> {
         let root = std::env::temp_dir().join(format!("spt-server-test-{}", std::process::id()));
         let dir = root.join("Orders");
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -241,8 +261,9 @@ mod tests {
             r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
         )
         .expect("write sqltrigger.json");
-        let env = Env::from_pairs([("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())]);
-        let config = AppConfig::load_from(&root, env).expect("valid config");
+        let mut pairs = vec![("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())];
+        pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let config = AppConfig::load_from(&root, Env::from_pairs(pairs)).expect("valid config");
         Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds"))
     }
 
@@ -266,6 +287,31 @@ mod tests {
         let (status, body) = send(&app(), "POST", "/Nope", b"{}".to_vec()).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(body["error"].as_str().expect("message").contains("Nope"));
+        assert_eq!(body["functions"], serde_json::json!(["Orders"]));
+    }
+
+    #[tokio::test]
+    async fn the_admin_root_answers_with_and_without_a_trailing_slash() {
+        // GIVEN direct admin routes with a key
+        let app = app_with(&[("Sql_Trigger_AdminKey", "k3y")]);
+        for uri in ["/admin?code=k3y", "/admin/?code=k3y"] {
+            // WHEN the root is asked for THEN both spellings list the functions
+            let (status, body) = send(&app, "GET", uri, vec![]).await;
+            assert_eq!((status, &body["functions"]), (StatusCode::OK, &serde_json::json!(["Orders"])), "{uri}: {body}");
+        }
+        // AND without the key both are refused alike
+        for uri in ["/admin", "/admin/"] {
+            let (status, body) = send(&app, "GET", uri, vec![]).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri}: {body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_path_nothing_serves_is_404_naming_the_routes() {
+        let (status, body) = send(&app(), "GET", "/api/whatever", vec![]).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"], "nothing is served at GET /api/whatever");
+        assert!(body["routes"].as_array().is_some_and(|r| r.len() == 3), "{body}");
         assert_eq!(body["functions"], serde_json::json!(["Orders"]));
     }
 

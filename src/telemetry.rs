@@ -7,7 +7,7 @@
 //! - **Every tick** reaches the counters and histograms through a [`TickObserver`] set on each trigger. A poll of
 //!   `Trigger::last_tick()` would miss every tick but the last between two polls, and histograms need them all.
 //!   Recording is an in-memory aggregation on the tick's task: no IO, no lock held across an await.
-//! - **The gauges** (pending changes, target workers, seconds since progress, quarantined batches) need the
+//! - **The gauges** (pending changes, target workers, lag, seconds since progress, quarantined batches) need the
 //!   database, so a separate task refreshes them from `ops::status` every `Sql_Trigger_MetricsIntervalMs`, one
 //!   function at a time with a timeout, and the gauge callbacks only read the last snapshot. The poll never
 //!   takes a function's tick lock, so it cannot delay a tick, and a slow database delays only the gauges.
@@ -199,6 +199,7 @@ async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, interval
                     pending: status.pending,
                     target_workers: status.target_workers,
                     seconds_since_progress: status.seconds_since_progress,
+                    lag: status.lag_seconds,
                     quarantined: status.quarantined as u64,
                 }),
                 Ok(Err(e)) => Err(e.to_string()),

@@ -9,13 +9,14 @@
 //!
 //! The scenarios follow the official trigger's acceptance checklist (see docs/sql-server.md): single
 //! operations, net change, batch size, every column type, validation errors, retention overtaken, snapshot
-//! start, context filter, pending counts, two functions on one table, metadata, rowversion.
+//! start, context filter, pending counts, two functions on one table, metadata, rowversion; and the lag, whose
+//! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm.
 
 use serde_json::{json, Value};
 use sql_pseudo_trigger::config::{Secret, SourceKind, SourceSpec};
 use sql_pseudo_trigger::ident::{Ident, TableName};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
-use sql_pseudo_trigger::source::{Fetched, Position, Source, SourceError, StartFrom};
+use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
 type Admin = tiberius::Client<Compat<tokio::net::TcpStream>>;
@@ -131,6 +132,7 @@ async fn real_server_suite() {
     snapshot_start_walks_then_follows_changes(&mut ctx).await;
     own_changes_are_skipped_by_context(&mut ctx).await;
     pending_counts_and_two_functions(&mut ctx).await;
+    lag_dates_the_oldest_pending_commit(&mut ctx).await;
     metadata_names_changed_columns(&mut ctx).await;
     rowversion_source_reads_updates_and_soft_deletes(&mut ctx).await;
 
@@ -319,6 +321,31 @@ async fn pending_counts_and_two_functions(ctx: &mut Ctx) {
     // Two functions on one table each get every change: nothing is shared between them.
     assert_eq!(drain(&a, &start, 100).await.0[0].changes.len(), 5);
     assert_eq!(drain(&b, &start, 100).await.0[0].changes.len(), 5);
+}
+
+async fn lag_dates_the_oldest_pending_commit(ctx: &mut Ctx) {
+    let t = tracked(ctx, "lag", "Id int PRIMARY KEY").await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    assert_eq!(source.oldest_pending_age(&start).await.expect("lag"), Lag::CaughtUp);
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (1)")).await;
+    // commit_time is read as UTC: a server whose commit times are local would be hours off (either way).
+    let skew: Option<i32> = ctx
+        .admin
+        .simple_query("SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) FROM sys.dm_tran_commit_table AS TC WHERE TC.commit_ts = CHANGE_TRACKING_CURRENT_VERSION()")
+        .await
+        .expect("the commit table (needs VIEW DATABASE STATE)")
+        .into_row()
+        .await
+        .expect("a row")
+        .and_then(|r| r.get(0));
+    assert!(skew.is_some_and(|s| (-60..=120).contains(&s)), "commit_time is not UTC here: {skew:?} s");
+    match source.oldest_pending_age(&start).await.expect("lag") {
+        Lag::Behind(age) => assert!(age <= std::time::Duration::from_secs(120), "{age:?}"),
+        other => panic!("a fresh change has a known, small lag: {other:?}"),
+    }
+    let (_, pos) = drain(&source, &start, 100).await;
+    assert_eq!(source.oldest_pending_age(&pos).await.expect("lag"), Lag::CaughtUp);
 }
 
 async fn metadata_names_changed_columns(ctx: &mut Ctx) {

@@ -18,7 +18,7 @@ use sql_pseudo_trigger::config::{AppConfig, Env, Secret, SourceKind, SourceSpec}
 use sql_pseudo_trigger::ident::{Ident, TableName};
 use sql_pseudo_trigger::protocol::RetryContext;
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
-use sql_pseudo_trigger::source::{Source, SourceError, StartFrom};
+use sql_pseudo_trigger::source::{Lag, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::trigger::{OutcomeKind, Trigger};
 use std::sync::Arc;
@@ -67,6 +67,25 @@ impl Mock {
         }
         self.registered.push(sql.clone());
         self.registry.lock().await.register(sql, response);
+    }
+}
+
+impl Mock {
+    /// Registers the upper-case head of a golden statement that names a system view in lower case (the lag's
+    /// `sys.dm_tran_commit_table`, lower case so case-sensitive databases find it). The mock matches a
+    /// parameterized statement by its upper-cased text, so only the head can match; the head holds every
+    /// parameter and the whole predicate, and the golden test pins the fixed tail.
+    async fn register_head(&mut self, name: &str, response: QueryResponse) {
+        let text = golden(name);
+        let cut = text.find(|c: char| c.is_ascii_lowercase()).unwrap_or(text.len());
+        let (head, tail) = text.split_at(cut);
+        assert!(!tail.contains("@P"), "{name}: a parameter after the first lower-case name: {tail}");
+        let head = head.to_uppercase();
+        for other in self.registered.iter().chain(std::iter::once(&"SELECT 1".to_string())) {
+            assert!(!other.contains(&head) && !head.contains(other.as_str()), "{name}: registered statements overlap");
+        }
+        self.registered.push(head.clone());
+        self.registry.lock().await.register(head, response);
     }
 }
 
@@ -539,4 +558,74 @@ async fn the_rowversion_source_reads_below_min_active_rowversion_over_the_wire()
         r#"[{"Operation":1,"Item":{"ID":1,"TITLE":"a","IS_DELETED":false}},{"Operation":2,"Item":{"ID":2}}]"#
     );
     assert_eq!(fetched.last, Some(json!({"rv": 2002, "key": ["2"]})));
+}
+
+/// The lag read's answer: the first pending change's version and its age in seconds (NULL when undated).
+fn oldest(version: i64, age_seconds: Option<i32>) -> QueryResponse {
+    QueryResponse::new(
+        vec![Col::new("VER", T::BigInt), Col::new("AGE_S", T::Int)],
+        vec![Row::new(vec![V::BigInt(version), age_seconds.map(V::Int).unwrap_or(V::Null)])],
+    )
+}
+
+#[tokio::test]
+async fn the_lag_is_the_age_of_the_first_pending_changes_commit_read_over_the_wire() {
+    // GIVEN a function that delivered up to version 11, key 1, and whose next change committed 90 s ago
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register_head("ct_oldest_after_key", oldest(12, Some(90))).await;
+    let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["1"]}});
+
+    // WHEN the lag is read THEN it is those 90 s
+    let lag = ct_source(&mock, json!({})).oldest_pending_age(&after).await.expect("lag");
+    assert_eq!(lag, Lag::Behind(std::time::Duration::from_secs(90)));
+}
+
+#[tokio::test]
+async fn a_pending_change_whose_commit_time_was_cleaned_up_has_an_unknown_lag_that_says_so() {
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register_head("ct_oldest_start", oldest(12, None)).await;
+
+    let lag = ct_source(&mock, json!({})).oldest_pending_age(&json!({"phase": "changes", "base": 10})).await;
+
+    let Ok(Lag::Unknown(reason)) = lag else { panic!("expected an unknown lag, got {lag:?}") };
+    assert!(reason.starts_with("the commit time of version 12 is no longer in sys.dm_tran_commit_table"), "{reason}");
+}
+
+#[tokio::test]
+async fn without_view_database_state_the_lag_is_unknown_and_names_the_grant() {
+    // GIVEN a login that may read the changes but not the commit table (SQL Server error 300)
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register_head(
+        "ct_oldest_start",
+        QueryResponse::error_only(TerminalError::new(
+            300,
+            14,
+            "VIEW DATABASE STATE permission denied in database 'appdb'.",
+        )),
+    )
+    .await;
+
+    // WHEN the lag is read
+    let lag = ct_source(&mock, json!({})).oldest_pending_age(&json!({"phase": "changes", "base": 10})).await;
+
+    // THEN it is unknown, not an error that would fail the whole status, and says what to grant to whom
+    let Ok(Lag::Unknown(reason)) = lag else { panic!("expected an unknown lag, got {lag:?}") };
+    assert_eq!(
+        reason,
+        "reading commit times (sys.dm_tran_commit_table) needs VIEW DATABASE STATE, which login user func lacks (SQL Server error 300); run GRANT VIEW DATABASE STATE TO [func] for a lag"
+    );
+}
+
+#[tokio::test]
+async fn the_rowversion_source_says_it_cannot_date_changes() {
+    let mock = Mock::start().await;
+    let source =
+        MssqlRowversion::new(spec(&mock, SourceKind::MssqlRowversion, "[DBO].[ITEMS]", json!({}), "")).expect("source");
+    let Ok(Lag::Unknown(reason)) = source.oldest_pending_age(&Value::Null).await else {
+        panic!("a rowversion has no time")
+    };
+    assert!(reason.contains("use the change-tracking source"), "{reason}");
 }

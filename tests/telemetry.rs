@@ -124,6 +124,7 @@ const EXPECTED: &[&str] = &[
     "sql_trigger.changes.pending",
     "sql_trigger.target_workers",
     "sql_trigger.seconds_since_progress",
+    "sql_trigger.lag",
     "sql_trigger.batches.quarantined",
 ];
 

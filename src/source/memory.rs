@@ -1,17 +1,28 @@
 //! An in-memory source: a table of rows kept in `(version, key)` order, for engine tests and the examples
 //! in the docs. It keeps the [`Source`] contract, including a late-commit guard: rows written by an
 //! uncommitted "transaction" ([`MemorySource::begin`]) stay invisible, and nothing at or above the oldest
-//! open transaction's version is returned, exactly like the xid8 guard of the PostgreSQL source.
+//! open transaction's version is returned, exactly like the xid8 guard of the PostgreSQL source. Each row keeps
+//! its commit time, so the lag can be dated as the PostgreSQL source dates it with commit timestamps.
 
-use super::{Fetched, Position, Source, SourceError, StartFrom};
+use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use time::OffsetDateTime;
+
+/// A committed row: its version, whether it is soft-deleted, its item JSON and when it was committed.
+#[derive(Debug, Clone)]
+struct Row {
+    version: u64,
+    deleted: bool,
+    item: String,
+    committed_at: OffsetDateTime,
+}
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Committed rows by key: (version, deleted, item JSON).
-    rows: BTreeMap<i64, (u64, bool, String)>,
+    /// Committed rows by key.
+    rows: BTreeMap<i64, Row>,
     /// Versions of open transactions and their pending writes.
     open: BTreeMap<u64, Vec<(i64, bool, String)>>,
     next_version: u64,
@@ -48,10 +59,15 @@ impl MemorySource {
     }
 
     pub fn commit(&self, tx: u64) {
+        self.commit_at(tx, OffsetDateTime::now_utc());
+    }
+
+    /// Commits as if at `at`: a commit time the test knows, to date the lag against.
+    pub fn commit_at(&self, tx: u64, at: OffsetDateTime) {
         let mut i = self.inner.lock().expect("memory source lock");
         if let Some(writes) = i.open.remove(&tx) {
             for (key, deleted, item) in writes {
-                i.rows.insert(key, (tx, deleted, item));
+                i.rows.insert(key, Row { version: tx, deleted, item, committed_at: at });
             }
         }
     }
@@ -63,6 +79,15 @@ impl MemorySource {
             self.write(tx, k, false, serde_json::json!({ "id": k, "v": value }));
         }
         self.commit(tx);
+    }
+
+    /// [`Self::upsert`] committed at `at`.
+    pub fn upsert_at(&self, keys: impl IntoIterator<Item = i64>, value: i64, at: OffsetDateTime) {
+        let tx = self.begin();
+        for k in keys {
+            self.write(tx, k, false, serde_json::json!({ "id": k, "v": value }));
+        }
+        self.commit_at(tx, at);
     }
 
     pub fn delete(&self, key: i64) {
@@ -99,7 +124,7 @@ impl MemorySource {
             return Err(SourceError::Unavailable("injected: database unavailable".into()));
         }
         let horizon = i.open.keys().next().copied().unwrap_or(u64::MAX);
-        let ordered: BTreeSet<(u64, i64)> = i.rows.iter().map(|(k, (v, _, _))| (*v, *k)).collect();
+        let ordered: BTreeSet<(u64, i64)> = i.rows.iter().map(|(k, r)| (r.version, *k)).collect();
         let mut fetched = Fetched::default();
         for (v, k) in ordered {
             if v >= horizon || after.is_some_and(|a| (v, k) <= a) || upto.is_some_and(|u| (v, k) > u) {
@@ -108,9 +133,9 @@ impl MemorySource {
             if fetched.changes.len() == limit {
                 break;
             }
-            let (_, deleted, item) = &i.rows[&k];
-            let op = if *deleted { Operation::Delete } else { Operation::Update };
-            let change = Change::from_json(op, item.clone()).map_err(|e| SourceError::Invalid(e.to_string()))?;
+            let row = &i.rows[&k];
+            let op = if row.deleted { Operation::Delete } else { Operation::Update };
+            let change = Change::from_json(op, row.item.clone()).map_err(|e| SourceError::Invalid(e.to_string()))?;
             fetched.changes.push(change);
             fetched.last = Some(serde_json::json!([v, k]));
         }
@@ -149,5 +174,24 @@ impl Source for MemorySource {
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
         Ok(self.read(after, None, usize::MAX)?.changes.len() as u64)
+    }
+
+    /// The commit time of the first committed row after `after`, the guard's horizon ignored, as the
+    /// PostgreSQL source dates its first pending row.
+    async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
+        let after = Self::position(after)?;
+        let i = self.inner.lock().expect("memory source lock");
+        let first = i
+            .rows
+            .iter()
+            .filter(|(k, r)| after.is_none_or(|a| (r.version, **k) > a))
+            .min_by_key(|(k, r)| (r.version, **k));
+        Ok(match first {
+            None => Lag::CaughtUp,
+            Some((_, r)) => {
+                let age = (OffsetDateTime::now_utc() - r.committed_at).max(time::Duration::ZERO);
+                Lag::Behind(age.unsigned_abs())
+            }
+        })
     }
 }

@@ -11,6 +11,8 @@
 //!   first fetch has moved past `upto` and will come again later with its newer values; nothing is lost.
 //! - Delivery is at-least-once: the engine may ask for the same range several times.
 //! - Sources connect lazily: nothing here runs at process start.
+//! - `pending` and `oldest_pending_age` are for status only: they are never called on a tick's path, and each
+//!   must cost one bounded query (a count, or the first row of the keyset range), not a walk of the backlog.
 
 pub mod memory;
 pub mod mssql;
@@ -19,6 +21,7 @@ pub mod postgres;
 use crate::change::Change;
 use serde_json::Value;
 use std::fmt;
+use std::time::Duration;
 
 /// An opaque, serializable place in a source's change stream. `Value::Null` is "before everything".
 pub type Position = Value;
@@ -43,6 +46,19 @@ pub struct Fetched {
     /// then so a quiet table's stored position does not age out of the source's retention (SQL Server change
     /// tracking). `None` when the source has nothing to say.
     pub advance: Option<Position>,
+}
+
+/// How long the oldest undelivered change has waited: the lag an operator alerts on. Unlike "time since the
+/// checkpoint last moved", it grows while a function is stuck *and* while it keeps up with a slowly aging
+/// backlog, and it is zero as soon as nothing is waiting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lag {
+    /// Nothing is waiting after the position.
+    CaughtUp,
+    /// The first change waiting after the position was committed (or stamped) this long ago.
+    Behind(Duration),
+    /// Changes may be waiting but the source cannot date them; the text says why and what would make it able to.
+    Unknown(String),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,4 +93,13 @@ pub trait Source: Send + Sync + fmt::Debug {
     async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError>;
     /// How many changes are waiting after `after` (for status and scaling).
     async fn pending(&self, after: &Position) -> Result<u64, SourceError>;
+    /// The age of the first change after `after`, in delivery order (for status and the lag gauge). Unlike
+    /// `pending`, it includes changes the late-commit guard still holds back: a change that is committed but
+    /// not yet deliverable is waiting all the same, and a guard stuck behind an open transaction must show as
+    /// a growing lag, not as nothing to do. Sources that cannot date a change answer [`Lag::Unknown`] (the
+    /// default) rather than a guess.
+    async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
+        let _ = after;
+        Ok(Lag::Unknown(format!("{} does not record when a change was made", self.name())))
+    }
 }

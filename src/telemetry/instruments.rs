@@ -113,6 +113,9 @@ pub(super) struct StatusGauges {
     pub(super) pending: u64,
     pub(super) target_workers: u64,
     pub(super) seconds_since_progress: f64,
+    /// `None` when the source cannot date its changes: the gauge then has no point for the function rather
+    /// than a 0 that would read as "caught up".
+    pub(super) lag: Option<f64>,
     pub(super) quarantined: u64,
 }
 
@@ -146,6 +149,21 @@ pub(super) fn register_gauges(meter: &Meter, snapshots: &Snapshots) {
         .with_description("Seconds since the checkpoint last moved while changes are pending (0 when none are).")
         .with_unit("s")
         .with_callback(move |o| each(&s, |g, attrs| o.observe(g.seconds_since_progress, attrs)))
+        .build();
+    let s = snapshots.clone();
+    meter
+        .f64_observable_gauge("sql_trigger.lag")
+        .with_description(
+            "Age of the oldest undelivered change (0 when none waits), at the last status poll; absent when the source cannot date changes.",
+        )
+        .with_unit("s")
+        .with_callback(move |o| {
+            each(&s, |g, attrs| {
+                if let Some(lag) = g.lag {
+                    o.observe(lag, attrs)
+                }
+            })
+        })
         .build();
     let s = snapshots.clone();
     meter

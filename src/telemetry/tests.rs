@@ -312,9 +312,10 @@ async fn a_failed_tick_counts_a_failure_by_kind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gauges_report_the_last_status_poll() {
-    // GIVEN 2,500 changes waiting, and a status poll every 20 ms
+    // GIVEN 2,500 changes committed an hour ago waiting, and a status poll every 20 ms
     let s = setup(Duration::from_millis(20));
-    s.source.upsert(1..=2500, 1);
+    let hour_ago = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    s.source.upsert_at(1..=2500, 1, hour_ago);
 
     // WHEN a poll has run
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -334,6 +335,10 @@ async fn the_gauges_report_the_last_status_poll() {
     assert_eq!(gauge("sql_trigger.target_workers"), Some(3.0));
     assert_eq!(gauge("sql_trigger.batches.quarantined"), Some(0.0));
     assert!(gauge("sql_trigger.seconds_since_progress").is_some());
+    // AND the lag is the hour those changes have waited, as of that poll (between then and now)
+    let since_commit = (time::OffsetDateTime::now_utc() - hour_ago).as_seconds_f64();
+    let lag = gauge("sql_trigger.lag").expect("the memory source dates its changes");
+    assert!((3600.0..=since_commit).contains(&lag), "lag {lag}, at most {since_commit}");
     s.telemetry.shutdown().await;
 }
 

@@ -577,6 +577,13 @@ async fn a_direct_admin_request_without_the_key_or_with_a_wrong_key_is_401_and_c
     let listed = direct(&host, "GET", "", &code(ADMIN_KEY), None).await;
     assert_eq!(listed.status().as_u16(), 200);
     assert_eq!(listed.json::<Value>().await.expect("JSON")["functions"], json!([FUNCTION]));
+    // AND the root with a trailing slash answers the same, with the key and without it
+    let url = format!("{}/admin/", host.base_url());
+    let slash = support::http_client().get(&url).header("x-functions-key", ADMIN_KEY).send().await.expect("answer");
+    assert_eq!(slash.status().as_u16(), 200);
+    assert_eq!(slash.json::<Value>().await.expect("JSON")["functions"], json!([FUNCTION]));
+    let refused = support::http_client().get(&url).send().await.expect("answer");
+    assert_eq!(refused.status().as_u16(), 401);
     // AND the CLI names the configured functions when asked about another
     let output = handler_cli(app.root(), &Action::Status.cli_args("Nope")).await;
     assert!(!output.status.success());

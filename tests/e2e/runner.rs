@@ -117,13 +117,13 @@ impl Webhook {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// A `handler run` process; killed on drop if it still runs.
-struct Runner {
+pub(crate) struct Runner {
     child: Child,
     logs: ScratchDir,
 }
 
 impl Runner {
-    fn start(app: &AppFolder, args: &[&str]) -> Self {
+    pub(crate) fn start(app: &AppFolder, args: &[&str]) -> Self {
         let logs = ScratchDir::new("runner").expect("a scratch directory");
         let file = |name: &str| std::fs::File::create(logs.path().join(name)).expect("a log file");
         let mut command = Command::new(support::handler_exe());
@@ -144,12 +144,12 @@ impl Runner {
         std::fs::read_to_string(self.logs.path().join("stdout")).unwrap_or_default()
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.logs.path().join("stderr")).unwrap_or_default()
     }
 
     /// Waits for the exit, failing the test after `limit`.
-    async fn exit(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) async fn exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for handler run") {
@@ -161,7 +161,7 @@ impl Runner {
     }
 
     /// SIGTERM, as a container runtime sends on stop.
-    fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         embedded::send_signal(&mut self.child, Signal::Terminate).expect("SIGTERM");
     }
 }
@@ -490,6 +490,82 @@ async fn the_admin_routes_of_a_running_runner_pause_and_resume_its_deliveries() 
     runner.terminate();
     let status = runner.exit(Duration::from_secs(10)).await;
     assert!(status.success(), "{status}\n{}", runner.stderr());
+}
+
+#[tokio::test]
+async fn run_with_an_admin_port_but_no_admin_key_refuses_to_start_and_names_the_setting() {
+    // GIVEN an app without Sql_Trigger_AdminKey, and orders waiting
+    let orders = Orders::new("run_nokey").await;
+    let app = runner_app(&orders, &unique_app_name("run-nokey"), json!({}), &[FILE_STATE]);
+    orders.insert(1..=3).await;
+    let port = embedded::free_port().expect("a free port").to_string();
+
+    // WHEN `handler run --admin-port` starts
+    let mut runner = Runner::start(&app, &["--admin-port", &port]);
+    let status = runner.exit(Duration::from_secs(10)).await;
+
+    // THEN it exits non-zero before doing anything, naming the setting and the way out
+    assert!(!status.success(), "started without an admin key: {}", runner.stderr());
+    let stderr = runner.stderr();
+    assert!(stderr.contains("error: --admin-port needs the app setting Sql_Trigger_AdminKey"), "{stderr}");
+    assert!(stderr.contains("or drop --admin-port"), "{stderr}");
+    // AND it delivered nothing and wrote no state
+    assert!(runner.stdout().is_empty(), "{}", runner.stdout());
+    assert!(!app.root().join(".sql-pseudo-trigger").exists(), "state was written");
+}
+
+#[tokio::test]
+async fn run_once_that_stops_at_a_halted_function_exits_non_zero_naming_it() {
+    // GIVEN PoisonAction halt, MaxAttempts 2, and a webhook that refuses the batch holding order 2
+    let orders = Orders::new("run_halt").await;
+    let hook = Webhook::start(Behaviour { poison: Some(2), ..Behaviour::default() }).await;
+    let app = runner_app(
+        &orders,
+        &unique_app_name("run-halt"),
+        json!({ "sink": webhook_sink(&hook.url) }),
+        &[FILE_STATE, ("Sql_Trigger_MaxAttempts", "2"), ("Sql_Trigger_PoisonAction", "halt")],
+    );
+    orders.insert(1..=3).await;
+    wait_until_visible(&orders, 3).await;
+
+    // WHEN `handler run --once` drains it
+    let mut runner = Runner::start(&app, &["--once"]);
+    let status = runner.exit(Duration::from_secs(30)).await;
+
+    // THEN the batch was refused twice, the function halted, and the exit status says the drain did not finish
+    let refused: Vec<u16> = hook.received().iter().map(|r| r.status).collect();
+    assert_eq!(refused, vec![400, 400]);
+    assert!(!status.success(), "a halted drain exited 0:\n{}", runner.stderr());
+    let stderr = runner.stderr();
+    assert!(stderr.contains("error: the drain stopped before the end of the backlog"), "{stderr}");
+    assert!(stderr.contains(&format!("function {FUNCTION}: function {FUNCTION} is halted")), "{stderr}");
+}
+
+#[tokio::test]
+async fn run_once_exits_zero_after_a_clean_drain_and_non_zero_once_the_source_changed_under_its_state() {
+    // GIVEN a function drained once, cleanly
+    let orders = Orders::new("run_changed").await;
+    let app = runner_app(&orders, &unique_app_name("run-changed"), json!({}), &[FILE_STATE]);
+    orders.insert(1..=3).await;
+    wait_until_visible(&orders, 3).await;
+    run_once(&app).await;
+
+    // WHEN its cursor column is changed in sqltrigger.json and it drains again
+    let path = app.root().join(FUNCTION).join("sqltrigger.json");
+    let mut trigger: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    trigger["cursorColumn"] = json!("created_version");
+    std::fs::write(&path, trigger.to_string()).expect("write");
+    let mut runner = Runner::start(&app, &["--once"]);
+    let status = runner.exit(Duration::from_secs(30)).await;
+
+    // THEN it refuses the stored positions and exits non-zero with the error and what to run
+    assert!(!status.success(), "a drain that could not start exited 0:\n{}", runner.stderr());
+    let stderr = runner.stderr();
+    assert!(
+        stderr.contains(&format!("function {FUNCTION}: the source changed since the state was written")),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("handler state reset {FUNCTION}")), "{stderr}");
 }
 
 /// Polls `done` for at most 10 s while `runner` runs.

@@ -35,10 +35,15 @@ use super::sql::{self, After, CtShape, Slot, Statement, Upto};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
 use crate::ident::Ident;
-use crate::source::{Fetched, Position, Source, SourceError, StartFrom};
+use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::OnceCell;
+
+/// SQL Server's answers to a statement the login lacks a permission for: 229 (an object permission), 297 and
+/// 300 (a database permission such as VIEW DATABASE STATE).
+const PERMISSION_DENIED: &[u32] = &[229, 297, 300];
 
 #[derive(Debug)]
 pub struct MssqlChangeTracking {
@@ -49,6 +54,8 @@ pub struct MssqlChangeTracking {
     /// A position this process polled and found nothing after, with the version that poll was bounded by:
     /// everything up to that version is delivered, so the next read may start there.
     idle: std::sync::Mutex<Option<(Position, i64)>>,
+    /// Whether the log already said why the lag is unknown (status is polled every few seconds).
+    lag_reason_logged: AtomicBool,
 }
 
 /// Values for a statement's parameter slots.
@@ -93,7 +100,14 @@ impl MssqlChangeTracking {
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
         let settings = Settings::parse(&spec.connection_setting, &spec.connection)?;
         let options = Options::parse(&spec.options)?;
-        Ok(Self { spec, options, pool: Pool::new(settings), discovered: OnceCell::new(), idle: Default::default() })
+        Ok(Self {
+            spec,
+            options,
+            pool: Pool::new(settings),
+            discovered: OnceCell::new(),
+            idle: Default::default(),
+            lag_reason_logged: AtomicBool::new(false),
+        })
     }
 
     async fn shape(&self) -> Result<&CtShape, SourceError> {
@@ -544,5 +558,43 @@ impl Source for MssqlChangeTracking {
                 Err(self.lost(base, None))
             }
         }
+    }
+
+    async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
+        let shape = self.shape().await?;
+        let ctx = "reading the commit time of the oldest pending change";
+        let (base, last) = match self.parse(after).await? {
+            CtPosition::Changes { base, last } => (base, last),
+            CtPosition::Snapshot { .. } => {
+                return Ok(Lag::Unknown(
+                    "the table is being walked (startFrom snapshot or a resync), and its current rows have no commit time; the lag is known again once the walk is done".into(),
+                ))
+            }
+        };
+        let s = shape.oldest(if last.is_some() { After::Key } else { After::Start });
+        let params = self.bind(&s, &Values { base, after: last.as_ref(), ..Default::default() })?;
+        let reason = match self.pool.query_coded(&s.sql, &params, ctx).await {
+            Ok(rows) => {
+                let Some(row) = rows.first() else { return Ok(Lag::CaughtUp) };
+                if let Some(seconds) = int(row, 1, ctx)? {
+                    return Ok(Lag::Behind(std::time::Duration::from_secs(seconds.max(0) as u64)));
+                }
+                let version = big(row, 0, ctx)?.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+                format!("the commit time of version {version} is no longer in sys.dm_tran_commit_table (change-tracking cleanup removed it); the lag is known again once that change is delivered")
+            }
+            Err((_, Some(code))) if PERMISSION_DENIED.contains(&code) => {
+                let user =
+                    self.discovered.get().map(|(_, db)| db.user.clone()).unwrap_or_else(|| "the login user".into());
+                format!(
+                    "reading commit times (sys.dm_tran_commit_table) needs VIEW DATABASE STATE, which login user {user} lacks (SQL Server error {code}); run GRANT VIEW DATABASE STATE TO [{}] for a lag",
+                    user.replace(']', "]]")
+                )
+            }
+            Err((e, _)) => return Err(e),
+        };
+        if !self.lag_reason_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(table = %self.spec.table, "the lag of this function is unknown: {reason}");
+        }
+        Ok(Lag::Unknown(reason))
     }
 }

@@ -409,7 +409,14 @@ impl Pool {
         }
     }
 
-    async fn run(&self, sql: &str, params: Option<&[Param]>, context: &str) -> Result<Vec<Row>, SourceError> {
+    /// Runs a statement, retrying transient failures; a failure comes with SQL Server's error number when the
+    /// server refused the statement, for callers that treat one refusal (a missing permission) as an answer.
+    async fn run(
+        &self,
+        sql: &str,
+        params: Option<&[Param]>,
+        context: &str,
+    ) -> Result<Vec<Row>, (SourceError, Option<u32>)> {
         let started = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 1;
@@ -418,13 +425,16 @@ impl Pool {
                 Ok(rows) => return Ok(rows),
                 Err(f) => {
                     let message = describe(&f, &self.settings.setting, context);
+                    let code = match &f {
+                        Failure::Tds(tiberius::error::Error::Server(t)) => Some(t.code()),
+                        _ => None,
+                    };
                     if !is_transient(&f) {
-                        return Err(SourceError::Invalid(message));
+                        return Err((SourceError::Invalid(message), code));
                     }
                     if attempt > self.settings.max_retries || started.elapsed() + backoff > RETRY_BUDGET {
-                        return Err(SourceError::Unavailable(format!(
-                            "{message} (gave up after {attempt} attempt(s))"
-                        )));
+                        let message = format!("{message} (gave up after {attempt} attempt(s))");
+                        return Err((SourceError::Unavailable(message), code));
                     }
                     tracing::warn!(setting = %self.settings.setting, attempt, error = %message, "transient sql server failure; retrying");
                     tokio::time::sleep(backoff).await;
@@ -437,12 +447,22 @@ impl Pool {
 
     /// A parameterized statement (`sp_executesql`), retried while its failures are transient.
     pub async fn query(&self, sql: &str, params: &[Param], context: &str) -> Result<Vec<Row>, SourceError> {
+        self.run(sql, Some(params), context).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Self::query`], with SQL Server's error number beside a failure the server reported.
+    pub async fn query_coded(
+        &self,
+        sql: &str,
+        params: &[Param],
+        context: &str,
+    ) -> Result<Vec<Row>, (SourceError, Option<u32>)> {
         self.run(sql, Some(params), context).await
     }
 
     /// A statement without parameters, sent as a plain batch.
     pub async fn batch(&self, sql: &str, context: &str) -> Result<Vec<Row>, SourceError> {
-        self.run(sql, None, context).await
+        self.run(sql, None, context).await.map_err(|(e, _)| e)
     }
 }
 

@@ -14,7 +14,7 @@ use super::sql::{After, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
 use crate::ident::Ident;
-use crate::source::{Fetched, Position, Source, SourceError, StartFrom};
+use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
@@ -183,5 +183,12 @@ impl Source for MssqlRowversion {
         let ctx = "counting changed rows";
         let row = one_row(self.pool.query(&s.sql, &params, ctx).await?, ctx)?;
         Ok(big(&row, 0, ctx)?.unwrap_or(0).max(0) as u64)
+    }
+
+    /// A rowversion is a counter, not a time, and SQL Server keeps no commit time for it: the lag is unknown.
+    async fn oldest_pending_age(&self, _after: &Position) -> Result<Lag, SourceError> {
+        Ok(Lag::Unknown(
+            "a rowversion says in what order rows changed, not when, and SQL Server records no commit time for it; use the change-tracking source (mssql-change-tracking) for a lag".into(),
+        ))
     }
 }

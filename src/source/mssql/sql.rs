@@ -7,7 +7,8 @@
 //!   names are upper case) and built-in functions. In a case-sensitive database `sys.objects` must be written
 //!   in lower case and `INFORMATION_SCHEMA.COLUMNS` in upper case; staying upper case everywhere a value is
 //!   bound keeps one spelling valid in every collation. The one statement that reads `sys.databases` binds
-//!   nothing and writes those names in lower case.
+//!   nothing and writes those names in lower case; the lag's read of `sys.dm_tran_commit_table` binds values
+//!   and writes exactly that view's names in lower case (`golden::SYSTEM_NAMES` checks), everything else upper case.
 //! - SQL Server has no row-value comparison, so the keyset `(v, k1, k2) > (@v, @k1, @k2)` is expanded to
 //!   `v >= @v AND (v > @v OR (v = @v AND (k1 > @k1 OR (k1 = @k1 AND k2 > @k2))))`: the leading `v >= @v`
 //!   is redundant for the result but gives the optimizer a bounded range to seek.
@@ -271,6 +272,42 @@ ORDER BY {}",
             "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID({table_param})) AS MINV, COUNT_BIG(*) AS PENDING \
 FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
             preds.join(" AND ")
+        );
+        Statement { sql, slots: p.0 }
+    }
+
+    /// The age of the first pending change after a position (the lag in status): its version is a
+    /// `commit_ts` of `sys.dm_tran_commit_table`, whose `commit_time` says when it committed. Same predicate
+    /// and order as the fetch, first row only. Row shape: `VER, AGE_S`; no row when nothing waits, and a NULL
+    /// `AGE_S` when the commit table no longer holds that version. Reading the view needs VIEW DATABASE STATE.
+    ///
+    /// The view's names must be lower case (a case-sensitive database knows them only so); they come last, in
+    /// an `OUTER APPLY` after every bound parameter, so the upper-case part a mock can match holds the whole
+    /// predicate. `commit_time` is compared with `SYSUTCDATETIME()`: the view's documentation does not name
+    /// its time zone; UTC is assumed (Azure SQL runs in UTC), and only a real server (tier 3) can confirm it.
+    pub fn oldest(&self, from: After) -> Statement {
+        let mut p = Params::default();
+        let table = self.table.mssql();
+        let base = p.p(Slot::Base);
+        let mut preds = vec!["CT.SYS_CHANGE_VERSION <= CHANGE_TRACKING_CURRENT_VERSION()".to_string()];
+        match from {
+            After::Start => {}
+            After::Version => preds.push(format!("CT.SYS_CHANGE_VERSION > {}", p.p(Slot::AfterVersion))),
+            After::Key => preds.push(format!(
+                "({})",
+                keyset(&self.key_params(&mut p, Slot::AfterVersion, Slot::AfterKey, "CT"), false)
+            )),
+        }
+        preds.extend(self.context_filter(&mut p));
+        let order: Vec<String> = std::iter::once("CT.SYS_CHANGE_VERSION".to_string())
+            .chain(self.key.iter().map(|k| format!("CT.{}", k.name.mssql())))
+            .collect();
+        let sql = format!(
+            "SELECT C.VER, A.AGE_S FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
+WHERE {} ORDER BY {}) AS C \
+OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S FROM sys.dm_tran_commit_table AS TC WHERE TC.commit_ts = C.VER) AS A",
+            preds.join(" AND "),
+            order.join(", ")
         );
         Statement { sql, slots: p.0 }
     }

@@ -8,18 +8,22 @@
 //!
 //! Item JSON is built by PostgreSQL (`row_to_json`): numerics keep every digit, timestamps are ISO 8601,
 //! json/jsonb stay JSON, and bytea is sent as base64 like the official trigger's binary columns.
+//!
+//! The lag (status) dates the first pending row: a timestamp cursor by its own value, any other cursor by the
+//! commit timestamp of the row's last writer, which PostgreSQL keeps only with `track_commit_timestamp = on`.
 
 mod sql;
 
 pub use sql::Guard;
 
-use super::{Fetched, Position, Source, SourceError, StartFrom};
+use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
 use crate::config::{Secret, SourceSpec};
 use crate::ident::Ident;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use sha2::{Digest, Sha256};
-use sql::Shape;
+use sql::{Age, Shape};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_postgres::types::ToSql;
@@ -31,13 +35,16 @@ pub struct PostgresCursor {
     spec: SourceSpec,
     pool: Pool,
     shape: OnceCell<Shape>,
+    /// Whether the log already said why the lag is unknown: status is polled every few seconds, and the reason
+    /// (a server setting) does not change until a restart.
+    lag_reason_logged: AtomicBool,
 }
 
 impl PostgresCursor {
     /// Builds the source without connecting: the pool opens connections on first use.
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
         let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE).map_err(SourceError::Invalid)?;
-        Ok(Self { spec, pool, shape: OnceCell::new() })
+        Ok(Self { spec, pool, shape: OnceCell::new(), lag_reason_logged: AtomicBool::new(false) })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, SourceError> {
@@ -180,6 +187,11 @@ impl PostgresCursor {
             );
         }
 
+        let age = match cursor_typname.as_str() {
+            "timestamptz" => Age::Cursor { with_time_zone: true },
+            "timestamp" => Age::Cursor { with_time_zone: false },
+            _ => Age::CommitTimestamp,
+        };
         Ok(Shape {
             table: quoted,
             cursor,
@@ -189,6 +201,7 @@ impl PostgresCursor {
             soft_delete,
             inserted: self.spec.inserted_column.clone(),
             guard,
+            age,
         })
     }
 
@@ -311,6 +324,44 @@ impl Source for PostgresCursor {
         }
         .map_err(|e| db_error(e, &self.spec.table))?;
         Ok(row.get::<_, i64>(0).max(0) as u64)
+    }
+
+    async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
+        let shape = self.shape().await?;
+        let client = self.client().await?;
+        let table = &self.spec.table;
+        let dated = match shape.age {
+            Age::Cursor { .. } => true,
+            // Asked every time: the setting changes only with a restart, which this process would not notice.
+            Age::CommitTimestamp => {
+                client.query_one(sql::COMMIT_TIMESTAMPS, &[]).await.map_err(|e| db_error(e, table))?.get::<_, bool>(0)
+            }
+        };
+        let row = if after.is_null() {
+            client.query_opt(&shape.oldest_first(dated), &[]).await
+        } else {
+            let texts = self.position_texts(shape, after)?;
+            let params: Vec<&(dyn ToSql + Sync)> = texts.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+            client.query_opt(&shape.oldest_after(dated), &params).await
+        }
+        .map_err(|e| db_error(e, table))?;
+        let Some(row) = row else { return Ok(Lag::CaughtUp) };
+        let seconds: Option<f64> = row.get(0);
+        if let Some(age) = seconds.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok()) {
+            return Ok(Lag::Behind(age));
+        }
+        let reason = match (dated, shape.age) {
+            (false, _) => format!(
+                "cursorColumn {} is not a time and track_commit_timestamp is off, so PostgreSQL does not record when a change was committed; turn it on (ALTER SYSTEM SET track_commit_timestamp = on, then restart PostgreSQL; on Azure set the server parameter) or use a timestamptz cursor",
+                shape.cursor
+            ),
+            (true, Age::CommitTimestamp) => "the first pending change has no recorded commit timestamp: it was committed before track_commit_timestamp was turned on, or its timestamp was already truncated; the lag is known again once it is delivered".to_string(),
+            (true, Age::Cursor { .. }) => format!("the first pending change's {} is not a finite time", shape.cursor),
+        };
+        if !self.lag_reason_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(table = %table, "the lag of this function is unknown: {reason}");
+        }
+        Ok(Lag::Unknown(reason))
     }
 }
 

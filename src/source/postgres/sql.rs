@@ -18,6 +18,17 @@ pub enum Guard {
     None,
 }
 
+/// How the age of a pending change is read (the lag in status).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Age {
+    /// The cursor is the change's time: age = now minus the cursor (`localtimestamp` for a `timestamp` column,
+    /// as the lag guard compares it).
+    Cursor { with_time_zone: bool },
+    /// The cursor is not a time (xid8, integers): the commit timestamp of the row's last writer, `xmin`, which
+    /// PostgreSQL records only with `track_commit_timestamp = on`.
+    CommitTimestamp,
+}
+
 /// The table's shape as the source uses it.
 #[derive(Debug, Clone)]
 pub struct Shape {
@@ -32,6 +43,7 @@ pub struct Shape {
     pub soft_delete: Option<(Ident, bool)>,
     pub inserted: Option<Ident>,
     pub guard: Guard,
+    pub age: Age,
 }
 
 impl Shape {
@@ -192,7 +204,38 @@ impl Shape {
         let preds = self.guard_predicate().map(|g| format!(" WHERE {g}")).unwrap_or_default();
         format!("SELECT count(*) FROM {} t{}", self.table, preds)
     }
+
+    /// The age in seconds of the first row after a position (parameters: the position texts), for the lag.
+    /// Deliberately unguarded: a committed row the guard still holds back is waiting too. One index probe: the
+    /// first row of the keyset range. No row when nothing waits; a NULL age when the row cannot be dated
+    /// (`dated` false: commit timestamps are off, so the function that reads them would fail).
+    pub fn oldest_after(&self, dated: bool) -> String {
+        self.oldest(dated, Some(format!("({}) > {}", self.order_columns().join(", "), self.position_params(1))))
+    }
+
+    /// [`Self::oldest_after`] from the beginning: no parameters.
+    pub fn oldest_first(&self, dated: bool) -> String {
+        self.oldest(dated, None)
+    }
+
+    fn oldest(&self, dated: bool, after: Option<String>) -> String {
+        let age = match (dated, self.age) {
+            (false, _) => "NULL::float8".to_string(),
+            (true, Age::Cursor { with_time_zone }) => {
+                let now = if with_time_zone { "now()" } else { "localtimestamp" };
+                format!("EXTRACT(EPOCH FROM {now} - t.{})::float8", self.cursor.pg())
+            }
+            (true, Age::CommitTimestamp) => {
+                "EXTRACT(EPOCH FROM now() - pg_xact_commit_timestamp(t.xmin))::float8".into()
+            }
+        };
+        let filter = after.map(|p| format!(" WHERE {p}")).unwrap_or_default();
+        format!("SELECT {age} FROM {} t{filter} ORDER BY {} LIMIT 1", self.table, self.order_columns().join(", "))
+    }
 }
+
+/// Whether PostgreSQL records commit timestamps (`track_commit_timestamp`, set only at server start).
+pub const COMMIT_TIMESTAMPS: &str = "SELECT current_setting('track_commit_timestamp')::bool";
 
 /// A SQL string literal. Only used for JSON key names built from validated identifiers.
 fn quote_literal(s: &str) -> String {
@@ -229,6 +272,7 @@ mod tests {
             soft_delete: Some((id("deleted"), true)),
             inserted: Some(id("created")),
             guard,
+            age: Age::CommitTimestamp,
         }
     }
 
@@ -250,6 +294,37 @@ ORDER BY t.\"version\", t.\"id\" LIMIT $3"
         assert!(s.fetch_first().contains("WHERE t.\"version\" < now() - make_interval(secs => 5.000) ORDER BY"));
         let s = shape(Guard::None);
         assert!(!s.fetch_first().contains("WHERE"));
+    }
+
+    #[test]
+    fn the_lag_dates_the_first_row_of_the_keyset_range_ignoring_the_guard() {
+        // An xid8 cursor is dated by its row's commit timestamp, and not at all while those are off
+        assert_eq!(
+            shape(Guard::Xid8).oldest_after(true),
+            "SELECT EXTRACT(EPOCH FROM now() - pg_xact_commit_timestamp(t.xmin))::float8 FROM \"public\".\"orders\" t \
+WHERE (t.\"version\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) ORDER BY t.\"version\", t.\"id\" LIMIT 1"
+        );
+        assert_eq!(
+            shape(Guard::Xid8).oldest_first(false),
+            "SELECT NULL::float8 FROM \"public\".\"orders\" t ORDER BY t.\"version\", t.\"id\" LIMIT 1"
+        );
+        // A timestamp cursor is its own date, compared in its own kind of time
+        let stamped = |with_time_zone| Shape {
+            cursor_type: "timestamp with time zone".into(),
+            age: Age::Cursor { with_time_zone },
+            ..shape(Guard::Lag { seconds: 5.0, with_time_zone })
+        };
+        assert_eq!(
+            stamped(true).oldest_first(true),
+            "SELECT EXTRACT(EPOCH FROM now() - t.\"version\")::float8 FROM \"public\".\"orders\" t ORDER BY t.\"version\", t.\"id\" LIMIT 1"
+        );
+        assert!(stamped(false)
+            .oldest_first(true)
+            .starts_with("SELECT EXTRACT(EPOCH FROM localtimestamp - t.\"version\")"));
+        assert!(
+            !stamped(true).oldest_after(true).contains("make_interval"),
+            "the safety lag does not hide a waiting row"
+        );
     }
 
     #[test]

@@ -478,7 +478,17 @@ async fn the_admin_routes_of_a_running_runner_pause_and_resume_its_deliveries() 
         assert!(Instant::now() < deadline, "the runner did not report a paused tick: {status}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // AND the runner ticks twice more while paused (an event to wait for, not a time)
+    let ticks = status["last_tick"]["ticks"].as_u64().expect("a tick count");
+    loop {
+        let (_, later) = admin("GET", "status").await;
+        assert_eq!(later["last_tick"]["outcome"], "Paused", "{later}");
+        if later["last_tick"]["ticks"].as_u64().unwrap_or(0) >= ticks + 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(10), "the runner stopped ticking: {later}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // THEN status says paused, and nothing more reached the webhook
     assert_eq!(status["paused"], true);
     assert_eq!(hook.accepted(), each(1..=5));

@@ -6,7 +6,7 @@ SELECT @stored = [token] FROM [Sales Ünïcode].[sql_pseudo_trigger_fence] WITH 
 IF @stored > @P2 SET @status = 1;
 IF @status = 0 AND @stored IS NULL INSERT INTO [Sales Ünïcode].[sql_pseudo_trigger_fence] ([function], [token], [updated_at]) VALUES (@P1, @P2, SYSUTCDATETIME());
 IF @status = 0 AND @stored IS NOT NULL UPDATE [Sales Ünïcode].[sql_pseudo_trigger_fence] SET [token] = @P2, [updated_at] = SYSUTCDATETIME() WHERE [function] = @P1;
-IF @status = 0 AND EXISTS (SELECT 1 FROM [Sales Ünïcode].[sql_pseudo_trigger_checkpoint] WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1 AND [batch_id] = @P3 AND [from_position] = @P4 AND [to_position] = @P5) SET @status = 2;
+IF @status = 0 AND EXISTS (SELECT * FROM [Sales Ünïcode].[sql_pseudo_trigger_checkpoint] WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1 AND [batch_id] = @P3 AND [from_position] = @P4 COLLATE Latin1_General_100_BIN2 AND [to_position] = @P5 COLLATE Latin1_General_100_BIN2) SET @status = 2;
 IF @status = 0
 BEGIN
 DELETE t FROM [Sales Ünïcode].[Order]] Lines] AS t INNER JOIN OPENJSON(@P7) WITH ([Id] bigint N'$."Id"', [Line] int N'$."Line"') AS d ON t.[Id] = d.[Id] AND t.[Line] = d.[Line];

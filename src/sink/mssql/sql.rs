@@ -306,6 +306,28 @@ mod tests {
         assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..1000), (Some(0), 1000..2000), (Some(0), 2000..2500)]);
     }
 
+    /// The changes `tests/mssql_sink_wire.rs` delivers with `maxRowsPerStatement: 2`, so the wire test can
+    /// compare what tiberius sends with this reviewed text.
+    #[test]
+    fn golden_exactly_once_delivery_of_a_delete_and_five_rows_in_statements_of_two() {
+        let mut changes = vec![change(Operation::Delete, r#"{"Id":-1,"Line":1}"#)];
+        changes.extend((1..=5).map(|i| {
+            change(
+                Operation::Insert,
+                &format!(r#"{{"Id":{i},"Line":1,"order":"o{i}","Qty \"x\"":1.5,"Photo":"AQID"}}"#),
+            )
+        }));
+        let s = shape();
+        let p = plan(&s, &changes).expect("valid");
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        let cp = beside(&s.table, "sql_pseudo_trigger_checkpoint");
+        let (text, params) = delivery(&s, &p, &fence, Some(&cp), 2);
+        golden("delivery_exactly_once_split.sql", &text);
+        let slices: Vec<(Option<usize>, std::ops::Range<usize>)> =
+            params.into_iter().map(|p| (p.group, p.rows)).collect();
+        assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..2), (Some(0), 2..4), (Some(0), 4..5)]);
+    }
+
     #[test]
     fn golden_plain_insert_of_an_identity_table_and_a_merge_with_identity_insert() {
         let mut s = shape();

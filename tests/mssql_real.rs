@@ -9,7 +9,9 @@
 //!
 //! The scenarios follow the official trigger's acceptance checklist (see docs/sql-server.md): single
 //! operations, net change, batch size, every column type, validation errors, retention overtaken, snapshot
-//! start, context filter, pending counts, two functions on one table, metadata, rowversion.
+//! start, context filter, pending counts, two functions on one table, metadata, rowversion. Then the upsert
+//! sink's (`mssql_real/sink.rs`): upsert and delete by key, identity keys, a whole batch rolled back, the
+//! fence, exactly once and what sink mode resumes from.
 
 use serde_json::{json, Value};
 use sql_pseudo_trigger::config::{Secret, SourceKind, SourceSpec};
@@ -17,6 +19,9 @@ use sql_pseudo_trigger::ident::{Ident, TableName};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+#[path = "mssql_real/sink.rs"]
+mod sink;
 
 type Admin = tiberius::Client<Compat<tokio::net::TcpStream>>;
 
@@ -133,6 +138,7 @@ async fn real_server_suite() {
     pending_counts_and_two_functions(&mut ctx).await;
     metadata_names_changed_columns(&mut ctx).await;
     rowversion_source_reads_updates_and_soft_deletes(&mut ctx).await;
+    sink::scenarios(&mut ctx).await;
 
     for t in std::mem::take(&mut ctx.tables) {
         ctx.exec(&format!("DROP TABLE IF EXISTS [dbo].[{t}]")).await;

@@ -214,18 +214,22 @@ WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";
 
 /// The type to read a column as in `OPENJSON ... WITH`, from its catalog type. Only known type names reach a
 /// statement; `Err` says why a column cannot be written.
-pub fn type_sql(name: &str, max_length: i32, precision: i32, scale: i32) -> Result<String, String> {
+///
+/// Strings and binary are read at their `(max)` width, not the column's: OPENJSON converts as `CONVERT` does,
+/// and a conversion to a shorter string type cuts the value off instead of failing. Read whole, an over-long
+/// value reaches the column itself, whose assignment refuses it under `ANSI_WARNINGS` (on for tiberius'
+/// logins, which the server treats as ODBC's), as the official output binding refuses it.
+pub fn type_sql(name: &str, _max_length: i32, precision: i32, scale: i32) -> Result<String, String> {
     let name = name.to_ascii_lowercase();
-    // sys.columns.max_length is in bytes: n-types hold two bytes per character; -1 is (max).
-    let chars = |per_char: i32| if max_length == -1 { "max".to_string() } else { (max_length / per_char).to_string() };
     Ok(match name.as_str() {
         "bit" | "tinyint" | "smallint" | "int" | "bigint" | "money" | "smallmoney" | "real" | "date"
         | "smalldatetime" | "datetime" | "uniqueidentifier" | "xml" => name,
         "float" => format!("float({precision})"),
         "decimal" | "numeric" => format!("{name}({precision}, {scale})"),
         "datetime2" | "datetimeoffset" | "time" => format!("{name}({scale})"),
-        "char" | "varchar" | "binary" | "varbinary" => format!("{name}({})", chars(1)),
-        "nchar" | "nvarchar" => format!("{name}({})", chars(2)),
+        "char" | "varchar" => "varchar(max)".into(),
+        "nchar" | "nvarchar" => "nvarchar(max)".into(),
+        "binary" | "varbinary" => "varbinary(max)".into(),
         "text" | "ntext" | "image" => {
             return Err(format!("{name} columns cannot be written (deprecated types the output binding rejects too); use varchar(max), nvarchar(max) or varbinary(max)"))
         }
@@ -274,7 +278,7 @@ mod tests {
             columns: vec![
                 column("Id", "bigint"),
                 column("Line", "int"),
-                column("order", "nvarchar(100)"),
+                column("order", "nvarchar(max)"),
                 column("Qty \"x\"", "decimal(12, 2)"),
                 column("Photo", "varbinary(max)"),
             ],
@@ -356,7 +360,11 @@ mod tests {
 
     #[test]
     fn types_come_from_a_fixed_list() {
-        assert_eq!(type_sql("nvarchar", 200, 0, 0).as_deref(), Ok("nvarchar(100)"));
+        // Strings and binary are read whole; the column's own length check applies on assignment.
+        assert_eq!(type_sql("nvarchar", 200, 0, 0).as_deref(), Ok("nvarchar(max)"));
+        assert_eq!(type_sql("nchar", 20, 0, 0).as_deref(), Ok("nvarchar(max)"));
+        assert_eq!(type_sql("char", 3, 0, 0).as_deref(), Ok("varchar(max)"));
+        assert_eq!(type_sql("binary", 2, 0, 0).as_deref(), Ok("varbinary(max)"));
         assert_eq!(type_sql("varbinary", -1, 0, 0).as_deref(), Ok("varbinary(max)"));
         assert_eq!(type_sql("decimal", 9, 12, 2).as_deref(), Ok("decimal(12, 2)"));
         assert_eq!(type_sql("datetime2", 8, 27, 7).as_deref(), Ok("datetime2(7)"));

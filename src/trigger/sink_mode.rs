@@ -92,36 +92,35 @@ impl Trigger {
     }
 
     async fn deliver_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        let out = self.tick_inner(RetryContext::default()).await?;
-        match self.reconcile(sink, out).await? {
-            Reconciled::Deliver(out) => self.deliver_batch(sink, out).await,
-            Reconciled::Resumed(logs) => {
-                // The document now starts where the destination ends: no second reconciliation.
-                let mut out = self.tick_inner(RetryContext::default()).await?;
-                out.logs.splice(0..0, logs);
-                self.deliver_batch(sink, out).await
-            }
+        let mut out = self.tick_inner(RetryContext::default()).await?;
+        if let Some(logs) = self.reconcile(sink, &mut out).await? {
+            // The document now starts where the destination ends: no second reconciliation.
+            out = self.tick_inner(RetryContext::default()).await?;
+            out.logs.splice(0..0, logs);
         }
+        self.deliver_batch(sink, out).await
     }
 
-    /// See "Resuming from the destination" in the module docs.
-    async fn reconcile(&self, sink: &dyn Sink, mut out: TickOutcome) -> Result<Reconciled, TickError> {
-        let Some((doc, _)) = out.committed.as_ref() else { return Ok(Reconciled::Deliver(out)) };
-        let Some(flight) = doc.in_flight.as_ref() else { return Ok(Reconciled::Deliver(out)) };
+    /// See "Resuming from the destination" in the module docs. Leaves `out` to be delivered as it is (its
+    /// lease token raised, or replaced by a conflict when another instance moved first), or answers the lines
+    /// that say where the document was moved, after which the tick starts again.
+    async fn reconcile(&self, sink: &dyn Sink, out: &mut TickOutcome) -> Result<Option<Vec<String>>, TickError> {
+        let Some((doc, _)) = out.committed.as_ref() else { return Ok(None) };
+        let Some(flight) = doc.in_flight.as_ref() else { return Ok(None) };
         let acknowledged_nothing = doc.counters.batches == 0 && doc.counters.quarantined == 0;
         if out.batch_id.is_none() || !acknowledged_nothing || flight.quarantined.is_some() {
-            return Ok(Reconciled::Deliver(out));
+            return Ok(None);
         }
         let Some(Resume { fence, applied }) =
             sink.resume_position(self.app(), &self.config.name).await.map_err(TickError::Sink)?
         else {
-            return Ok(Reconciled::Deliver(out));
+            return Ok(None);
         };
         let this_batch =
             |a: &crate::sink::Applied| a.batch_id == flight.batch_id && a.from == flight.from && a.to == flight.to;
         let moved = applied.filter(|a| a.to != flight.from && !this_batch(a));
         if moved.is_none() && fence <= out.fence {
-            return Ok(Reconciled::Deliver(out));
+            return Ok(None);
         }
 
         let (mut doc, etag) = out.committed.take().expect("checked above");
@@ -164,15 +163,16 @@ impl Trigger {
         tracing::warn!(function = %self.config.name, "{line}");
         let mut rewritten = TickOutcome::default();
         if !self.commit(&mut doc, Some(&etag), &mut rewritten).await? {
-            return Ok(Reconciled::Deliver(rewritten));
+            *out = rewritten;
+            return Ok(None);
         }
         if moved.is_some() {
-            return Ok(Reconciled::Resumed(vec![line]));
+            return Ok(Some(vec![line]));
         }
         out.fence = fence + 1;
         out.committed = rewritten.committed;
         out.logs.insert(0, line);
-        Ok(Reconciled::Deliver(out))
+        Ok(None)
     }
 
     /// Delivers the batch `tick_inner` recorded in flight, if any, and acknowledges it.
@@ -259,14 +259,6 @@ impl Trigger {
             }
         }
     }
-}
-
-/// What reconciling a new state document with its sink decided.
-enum Reconciled {
-    /// Go on with the outcome as it is (nothing to reconcile, or another instance moved first).
-    Deliver(TickOutcome),
-    /// The document was moved to what the sink recorded; these lines say how. Tick again.
-    Resumed(Vec<String>),
 }
 
 /// A batch fetched ahead: the changes after `after`, fetched at `at`.

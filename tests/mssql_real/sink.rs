@@ -110,9 +110,9 @@ async fn upserts_and_deletes_by_key_with_odd_names_binary_and_defaults(ctx: &mut
     // AND an extra property or a missing NOT NULL column is refused naming it, before anything is sent
     let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"Id": 9, "Line": 1, "Ünïcode Col": "x", "colour": "red"}))])
         .await
-        .unwrap_err();
+        .expect_err("refused");
     assert!(e.to_string().contains("property \"colour\" of change 0 is not a column"), "{e}");
-    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"Id": 9, "Line": 1}))]).await.unwrap_err();
+    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"Id": 9, "Line": 1}))]).await.expect_err("refused");
     assert!(e.to_string().contains("lacks column \"Ünïcode Col\""), "{e}");
 }
 
@@ -157,7 +157,7 @@ async fn a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_
     let mut batch = vec![delete(json!({"id": 1}))];
     batch.extend((2..=9).map(|i| upsert(json!({"id": i, "n": i}))));
     batch.push(upsert(json!({"id": 10, "n": -1})));
-    let e = deliver(sink.as_ref(), 2, 1, &batch).await.unwrap_err();
+    let e = deliver(sink.as_ref(), 2, 1, &batch).await.expect_err("refused");
 
     // THEN it is rejected naming the constraint (error 547), and nothing of it was applied
     assert!(matches!(e, SinkError::Rejected(_)) && e.to_string().contains("SQL Server error 547"), "{e}");
@@ -168,7 +168,7 @@ async fn a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_
     // AND a value too long for its column (read whole by OPENJSON, so the column's own check refuses it
     // rather than a conversion cutting it off), or not a number, is rejected without quoting the value
     for bad in [json!({"id": 20, "n": 1, "s": "secret-and-too-long"}), json!({"id": 21, "n": "secret"})] {
-        let e = deliver(sink.as_ref(), 3, 1, &[upsert(bad)]).await.unwrap_err();
+        let e = deliver(sink.as_ref(), 3, 1, &[upsert(bad)]).await.expect_err("refused");
         assert!(matches!(e, SinkError::Rejected(_)), "{e:?}");
         // Error 2628 quotes the value as cut to the column's length ('secre'), 245 quotes it whole.
         assert!(!e.to_string().contains("secre"), "errors never quote values: {e}");

@@ -36,9 +36,9 @@
 //! above any the destination saw (so a writer of the lost document's lineage is refused); the tick then
 //! starts again from there. If only the destination's fencing token is larger than this instance's, the
 //! same write raises the token and the batch is delivered as recorded. A conditional write that fails
-//! means another instance moved first, and the tick delivers nothing. Consequence for operators: to re-apply everything after deleting a function's
-//! state, delete its checkpoint row in the target too (a `reset` or `replay` of a document that has
-//! acknowledged batches is not affected).
+//! means another instance moved first, and the tick delivers nothing. Consequence for operators: to
+//! re-apply everything after deleting a function's state, delete its checkpoint row in the target too (a
+//! `reset` or `replay` of a document that has acknowledged batches is not affected).
 //!
 //! # Fetching ahead
 //! While a full batch is being delivered (a backlog is draining) the next batch is fetched at the same time,

@@ -10,7 +10,9 @@
 //! The scenarios follow the official trigger's acceptance checklist (see docs/sql-server.md): single
 //! operations, net change, batch size, every column type, validation errors, retention overtaken, snapshot
 //! start, context filter, pending counts, two functions on one table, metadata, rowversion; and the lag, whose
-//! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm.
+//! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm. Then the upsert
+//! sink's (`mssql_real/sink.rs`): upsert and delete by key, identity keys, a whole batch rolled back, the
+//! fence, exactly once and what sink mode resumes from.
 
 use serde_json::{json, Value};
 use sql_pseudo_trigger::config::{Secret, SourceKind, SourceSpec};
@@ -18,6 +20,9 @@ use sql_pseudo_trigger::ident::{Ident, TableName};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+#[path = "mssql_real/sink.rs"]
+mod sink;
 
 type Admin = tiberius::Client<Compat<tokio::net::TcpStream>>;
 
@@ -135,6 +140,7 @@ async fn real_server_suite() {
     lag_dates_the_oldest_pending_commit(&mut ctx).await;
     metadata_names_changed_columns(&mut ctx).await;
     rowversion_source_reads_updates_and_soft_deletes(&mut ctx).await;
+    sink::scenarios(&mut ctx).await;
 
     for t in std::mem::take(&mut ctx.tables) {
         ctx.exec(&format!("DROP TABLE IF EXISTS [dbo].[{t}]")).await;

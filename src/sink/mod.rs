@@ -14,6 +14,10 @@
 //!   the engine treats like a lost compare-and-swap: nothing is acknowledged, nothing is counted as failed.
 //! - [`SinkError::Rejected`] counts toward `Sql_Trigger_MaxAttempts` (then quarantine or halt);
 //!   [`SinkError::Transient`] does not, so an outage of the destination never quarantines a batch.
+//! - `resume_position` says what the destination recorded for a function (the fence token, and an
+//!   exactly-once sink's last applied batch). Sink mode asks only while the function's state document has
+//!   acknowledged nothing, which is how a lost document shows, so the target's record wins over `startFrom`
+//!   (see `trigger::sink_mode`). Sinks that record nothing keep the default, `None`.
 
 mod mssql;
 mod postgres;
@@ -22,6 +26,7 @@ mod target;
 mod upsert;
 mod webhook;
 
+pub use mssql::MssqlSink;
 pub use postgres::PostgresSink;
 pub use stdout::StdoutSink;
 pub use webhook::WebhookSink;
@@ -75,6 +80,23 @@ pub enum SinkError {
     Fenced { ours: u64, stored: u64 },
 }
 
+/// What a destination recorded for one function (see [`Sink::resume_position`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resume {
+    /// The largest fencing token that wrote to the destination for this function (0: none yet).
+    pub fence: u64,
+    /// An exactly-once sink's checkpoint row: the last batch applied, in the rows' own transaction.
+    pub applied: Option<Applied>,
+}
+
+/// A batch an exactly-once sink applied: its id and its range in the source, `(from, to]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub batch_id: u64,
+    pub from: Position,
+    pub to: Position,
+}
+
 #[async_trait::async_trait]
 pub trait Sink: Send + Sync + fmt::Debug {
     async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError>;
@@ -84,6 +106,13 @@ pub trait Sink: Send + Sync + fmt::Debug {
     /// destination, in the same transaction as the rows); it then needs the batch's `range`.
     fn exactly_once(&self) -> bool {
         false
+    }
+    /// What the destination recorded for `app`/`function`: the fence token that last wrote and, for an
+    /// exactly-once sink, its checkpoint row. `None` (the default): this sink records nothing. Reads only
+    /// (creating a missing bookkeeping table is allowed); an error is reported like a failed delivery, and
+    /// sink mode delivers nothing until the destination answers.
+    async fn resume_position(&self, _app: &str, _function: &str) -> Result<Option<Resume>, SinkError> {
+        Ok(None)
     }
 }
 
@@ -100,7 +129,7 @@ pub fn from_options(function: &str, options: Option<&Value>, env: &Env) -> Resul
         "stdout" => Ok(Arc::new(StdoutSink::new())),
         "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
         "postgres" | "postgresql" => PostgresSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
-        "mssql" | "sqlserver" => mssql::from_options(options, env),
+        "mssql" | "sqlserver" => MssqlSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
         other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
     };
     built.map_err(|e| ConfigError::new(setting, e))

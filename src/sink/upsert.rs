@@ -35,7 +35,7 @@ pub struct Column {
     pub nullable: bool,
     pub has_default: bool,
     pub identity: bool,
-    /// Computed or generated: never written.
+    /// Computed or generated (or, SQL Server, of a type the sink cannot write): never written.
     pub generated: bool,
     /// Binary: items carry it as base64 text (as every source here sends it), decoded by the statement.
     pub binary: bool,
@@ -116,10 +116,11 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
             };
             if shape.columns[i].generated && change.operation != Operation::Delete {
                 return Err(format!(
-                    "property {:?} of change {n} is generated column {} of {}, which cannot be written; leave it out of the items (\"columns\" in the source's sqltrigger.json)",
+                    "property {:?} of change {n} is column {:?} of {}, which is computed or generated or of a type the sink cannot write ({}); leave it out of the items (\"columns\" in the source's sqltrigger.json)",
                     name.as_ref(),
-                    shape.columns[i].name.pg(),
-                    shape.table
+                    shape.columns[i].name.as_str(),
+                    shape.table,
+                    shape.columns[i].sql_type
                 ));
             }
             columns.push(i);
@@ -363,7 +364,12 @@ mod tests {
         let mut s = shape();
         s.columns[2].generated = true;
         let e = plan(&s, &[change(Operation::Insert, r#"{"id":1,"name":"a","order":2}"#)]).unwrap_err();
-        assert!(e.contains("generated column"), "{e}");
+        assert!(
+            e.contains(
+                "property \"order\" of change 0 is column \"order\" of public.orders, which is computed or generated"
+            ),
+            "{e}"
+        );
         let e = plan(&s, &[change(Operation::Insert, "[1,2]")]).unwrap_err();
         assert!(e.contains("not a JSON object"), "{e}");
     }

@@ -114,15 +114,25 @@ impl MemorySource {
         v.map(Some).ok_or_else(|| SourceError::Invalid(format!("bad position {p}")))
     }
 
+    /// A fetch: counted, and failing while failures are injected.
     fn read(&self, after: &Position, upto: Option<&Position>, limit: usize) -> Result<Fetched, SourceError> {
+        {
+            let mut i = self.inner.lock().expect("memory source lock");
+            i.fetches += 1;
+            if i.failures > 0 {
+                i.failures -= 1;
+                return Err(SourceError::Unavailable("injected: database unavailable".into()));
+            }
+        }
+        self.scan(after, upto, limit)
+    }
+
+    /// The committed rows after `after` (up to `upto`) below the horizon, in position order. Neither counted
+    /// nor failed by injection: status reads (pending) must not use up a failure a test aimed at a tick.
+    fn scan(&self, after: &Position, upto: Option<&Position>, limit: usize) -> Result<Fetched, SourceError> {
         let after = Self::position(after)?;
         let upto = upto.map(Self::position).transpose()?.flatten();
-        let mut i = self.inner.lock().expect("memory source lock");
-        i.fetches += 1;
-        if i.failures > 0 {
-            i.failures -= 1;
-            return Err(SourceError::Unavailable("injected: database unavailable".into()));
-        }
+        let i = self.inner.lock().expect("memory source lock");
         let horizon = i.open.keys().next().copied().unwrap_or(u64::MAX);
         let ordered: BTreeSet<(u64, i64)> = i.rows.iter().map(|(k, r)| (r.version, *k)).collect();
         let mut fetched = Fetched::default();
@@ -173,7 +183,7 @@ impl Source for MemorySource {
     }
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
-        Ok(self.read(after, None, usize::MAX)?.changes.len() as u64)
+        Ok(self.scan(after, None, usize::MAX)?.changes.len() as u64)
     }
 
     /// The commit time of the first committed row after `after`, the guard's horizon ignored, as the

@@ -22,6 +22,25 @@
 //! A delivering tick costs two conditional writes (plus a read when this process did not write the state last,
 //! see `Trigger::tick_inner`), plus one write per heartbeat.
 //!
+//! # Resuming from the destination
+//! The state document is the engine's memory; an exactly-once SQL sink's checkpoint row is the record of
+//! what was applied, written in the rows' own transaction. They can disagree only when the document is
+//! new: its blob was deleted or lost, and the tick started over from `startFrom`, which would re-apply
+//! (`earliest`) or skip (`now`) batches the destination already has or never got. The fence has the same
+//! blind spot: a new document's lease tokens start again at 1, below the token the destination holds, and
+//! every write would be refused as fenced. So while the document has acknowledged nothing (no batch
+//! delivered or quarantined under it, which is how a new document looks), a delivering tick first asks
+//! the sink what it recorded ([`Sink::resume_position`]; one small query, and none once a batch is
+//! acknowledged). If the sink's last applied batch ends elsewhere than where this batch starts (and is not
+//! this very batch), the batch just recorded is dropped undelivered and the document is rewritten with one
+//! conditional write: checkpoint at the end of the applied batch, batch ids after its id, the lease token
+//! above any the destination saw (so a writer of the lost document's lineage is refused); the tick then
+//! starts again from there. If only the destination's fencing token is larger than this instance's, the
+//! same write raises the token and the batch is delivered as recorded. A conditional write that fails
+//! means another instance moved first, and the tick delivers nothing. Consequence for operators: to
+//! re-apply everything after deleting a function's state, delete its checkpoint row in the target too (a
+//! `reset` or `replay` of a document that has acknowledged batches is not affected).
+//!
 //! # Fetching ahead
 //! While a full batch is being delivered (a backlog is draining) the next batch is fetched at the same time,
 //! on another connection, and kept for the next tick if that tick starts where this batch ends. A drain then
@@ -30,10 +49,10 @@
 //! changed since is delivered again later with its newer values, exactly as when a delivery is slow. A
 //! fetch kept longer than one lease duration is dropped.
 
-use super::state::StateDoc;
+use super::state::{Lease, StateDoc};
 use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger};
 use crate::protocol::RetryContext;
-use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::sink::{Resume, Sink, SinkBatch, SinkError};
 use crate::source::{Fetched, Position};
 use crate::state::{Etag, StateStore, StoreError};
 use std::sync::{Arc, Mutex};
@@ -75,6 +94,90 @@ impl Trigger {
 
     async fn deliver_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
         let mut out = self.tick_inner(RetryContext::default()).await?;
+        if let Some(logs) = self.reconcile(sink, &mut out).await? {
+            // The document now starts where the destination ends: no second reconciliation.
+            out = self.tick_inner(RetryContext::default()).await?;
+            out.logs.splice(0..0, logs);
+        }
+        self.deliver_batch(sink, out).await
+    }
+
+    /// See "Resuming from the destination" in the module docs. Leaves `out` to be delivered as it is (its
+    /// lease token raised, or replaced by a conflict when another instance moved first), or answers the lines
+    /// that say where the document was moved, after which the tick starts again.
+    async fn reconcile(&self, sink: &dyn Sink, out: &mut TickOutcome) -> Result<Option<Vec<String>>, TickError> {
+        let Some((doc, _)) = out.committed.as_ref() else { return Ok(None) };
+        let Some(flight) = doc.in_flight.as_ref() else { return Ok(None) };
+        let acknowledged_nothing = doc.counters.batches == 0 && doc.counters.quarantined == 0;
+        if out.batch_id.is_none() || !acknowledged_nothing || flight.quarantined.is_some() {
+            return Ok(None);
+        }
+        let Some(Resume { fence, applied }) =
+            sink.resume_position(self.app(), &self.config.name).await.map_err(TickError::Sink)?
+        else {
+            return Ok(None);
+        };
+        let this_batch =
+            |a: &crate::sink::Applied| a.batch_id == flight.batch_id && a.from == flight.from && a.to == flight.to;
+        let moved = applied.filter(|a| a.to != flight.from && !this_batch(a));
+        if moved.is_none() && fence <= out.fence {
+            return Ok(None);
+        }
+
+        let (mut doc, etag) = out.committed.take().expect("checked above");
+        let now = OffsetDateTime::now_utc();
+        let ours = out.fence;
+        let line = match &moved {
+            // The document's lineage is new: its token goes above anything the destination saw, so a writer of
+            // the earlier lineage that still holds a batch is refused.
+            Some(applied) => {
+                let flight = doc.in_flight.take().expect("checked above");
+                doc.checkpoint = applied.to.clone();
+                doc.next_batch_id = doc.next_batch_id.max(applied.batch_id + 1);
+                doc.progress_at = Some(now);
+                // Released at once: the next fetch takes it again and keeps the token (same owner).
+                doc.lease = Some(Lease { owner: self.owner.clone(), token: ours.max(fence) + 1, expires_at: now });
+                format!(
+                    "the state document has acknowledged nothing, but {} records batch {} as applied up to {}: continuing after it, under fencing token {} (the {} change(s) fetched after {} are dropped undelivered)",
+                    sink.describe(),
+                    applied.batch_id,
+                    applied.to,
+                    ours.max(fence) + 1,
+                    flight.rows,
+                    flight.from
+                )
+            }
+            // The batch recorded stays as it is (its id and range name it to an exactly-once sink): only the
+            // token moves above the destination's.
+            None => {
+                if let Some(lease) = doc.lease.as_mut() {
+                    lease.token = fence + 1;
+                }
+                format!(
+                    "{} holds fencing token {fence}, above this state document's {ours}: a new state document restarted the tokens; batch {} goes under token {}",
+                    sink.describe(),
+                    out.batch_id.unwrap_or_default(),
+                    fence + 1
+                )
+            }
+        };
+        tracing::warn!(function = %self.config.name, "{line}");
+        let mut rewritten = TickOutcome::default();
+        if !self.commit(&mut doc, Some(&etag), &mut rewritten).await? {
+            *out = rewritten;
+            return Ok(None);
+        }
+        if moved.is_some() {
+            return Ok(Some(vec![line]));
+        }
+        out.fence = fence + 1;
+        out.committed = rewritten.committed;
+        out.logs.insert(0, line);
+        Ok(None)
+    }
+
+    /// Delivers the batch `tick_inner` recorded in flight, if any, and acknowledges it.
+    async fn deliver_batch(&self, sink: &dyn Sink, mut out: TickOutcome) -> Result<TickOutcome, TickError> {
         let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
         let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
 

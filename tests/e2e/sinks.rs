@@ -473,6 +473,94 @@ async fn with_exactly_once_a_crash_after_the_sinks_commit_applies_nothing_twice(
     assert!(host.output().contains("already applied"), "{}", host.output());
 }
 
+/// What [`lose_state_mid_stream`] leaves: the copy, the rows applied before the loss, the state documents
+/// before the loss and at the end, and the handler's output.
+struct AfterLoss {
+    copy: BTreeMap<i64, ((String, String), i32)>,
+    applied_before: usize,
+    before: sql_pseudo_trigger::trigger::state::StateDoc,
+    after: sql_pseudo_trigger::trigger::state::StateDoc,
+    output: String,
+}
+
+/// Mirrors 40 orders in batches of 7 with the state in a file: a first process applies a batch, a second
+/// takes over (fencing token 2) and applies another, then the state document is deleted, and the timer fires
+/// until the copy holds all 40 and nothing is in flight.
+async fn lose_state_mid_stream(prefix: &str, sink_extra: Value) -> AfterLoss {
+    let (orders, app, app_name) = mirror(prefix, sink_extra, json!({"maxBatchSize": 7})).await;
+    for t in 0..4 {
+        orders.insert(t * 10 + 1..=t * 10 + 10).await;
+    }
+    let dir = embedded::ScratchDir::new(prefix).expect("a state directory");
+    let dir_text = dir.path().display().to_string();
+    let file_state = [("Sql_Trigger_StateStore", "file"), ("Sql_Trigger_StateDirectory", dir_text.as_str())];
+    let store = sql_pseudo_trigger::state::FileStore::new(dir.path());
+    let mut host = app.start_handler(&file_state).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for applied in [7, 14] {
+        if applied == 14 {
+            host.kill();
+            host = app.start_handler(&file_state).await;
+        }
+        while copy_rows(&orders).await.len() < applied {
+            assert!(host.run_timer(FUNCTION).await.expect("timer run").succeeded, "{}", host.output());
+            assert!(Instant::now() < deadline, "{applied} rows not applied within 20 s:\n{}", host.output());
+        }
+    }
+    let applied_before = copy_rows(&orders).await.len();
+    let (before, _) = state(&store, &app_name).await;
+    assert!(before.in_flight.is_none(), "sink mode acknowledges in the tick that delivers");
+    assert_eq!(before.lease.as_ref().map(|l| l.token), Some(2), "the second process wrote under token 2");
+
+    std::fs::remove_file(dir.path().join(state_key(&app_name))).expect("delete the state document");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let run = host.run_timer(FUNCTION).await.expect("timer run");
+        assert!(run.succeeded, "{}", host.output());
+        let settled = load_state(&store, &app_name).await.is_some_and(|(doc, _)| doc.in_flight.is_none());
+        if settled && copy_rows(&orders).await.len() == 40 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not mirrored within 20 s:\n{}", host.output());
+    }
+    let (after, _) = state(&store, &app_name).await;
+    AfterLoss { copy: copy_rows(&orders).await, applied_before, before, after, output: host.output() }
+}
+
+#[tokio::test]
+async fn with_exactly_once_a_state_document_deleted_mid_stream_resumes_from_the_targets_checkpoint_row() {
+    // GIVEN 40 orders mirrored exactly once, startFrom earliest
+    // WHEN the state document is deleted after a few batches, and the timer keeps firing
+    let r = lose_state_mid_stream("sink_lost_state_once", json!({"exactlyOnce": true})).await;
+
+    // THEN the copy holds the 40 orders, each applied exactly once: the new document started after the batch
+    // the checkpoint row named, not from the beginning, and delivered exactly the rows not yet applied
+    let twice: Vec<i64> = r.copy.iter().filter(|(_, (_, n))| *n != 1).map(|(id, _)| *id).collect();
+    assert_eq!(r.copy.len(), 40);
+    assert!(twice.is_empty(), "applied more than once: {twice:?}\n{}", r.output);
+    assert_eq!(r.after.counters.delivered as usize, 40 - r.applied_before, "{:?}", r.after.counters);
+    assert!(r.after.next_batch_id > r.before.next_batch_id, "batch ids continue after the recorded batch");
+    assert!(r.output.contains("records batch"), "{}", r.output);
+}
+
+#[tokio::test]
+async fn at_least_once_a_state_document_deleted_mid_stream_starts_over_above_the_targets_fencing_token() {
+    // GIVEN the same mirror without exactlyOnce (the target records its fence, no position)
+    // WHEN the state document is deleted after a few batches, and the timer keeps firing
+    let r = lose_state_mid_stream("sink_lost_state_fence", json!({})).await;
+
+    // THEN the new document (tokens restarting at 1, below the target's 2) starts over from startFrom
+    // (earliest) under token 3 instead of being refused as fenced forever: the rows applied before the loss
+    // are applied a second time (at-least-once), the others once
+    assert_eq!(r.copy.len(), 40);
+    let twice = r.copy.values().filter(|(_, n)| *n == 2).count();
+    assert_eq!(twice, r.applied_before, "{:?}", r.copy);
+    assert!(r.copy.values().all(|(_, n)| *n <= 2), "{:?}", r.copy);
+    assert_eq!(r.after.counters.delivered, 40, "{:?}", r.after.counters);
+    assert!(r.output.contains("holds fencing token 2, above this state document's 1"), "{}", r.output);
+    assert_eq!(r.after.lease.map(|l| l.token), Some(3));
+}
+
 /// A tiny deterministic generator (xorshift), seeded per run and printed, so a failing run can be replayed.
 struct Dice(u64);
 

@@ -9,6 +9,11 @@
 //! Parameters: `@P1` app/function, `@P2` fencing token, `@P3` batch id, `@P4`/`@P5` the batch's from/to
 //! positions as JSON text, `@P6` rows, then one JSON array per statement from `@P7` on. The batch ends with
 //! one result row: `status` 0 = written, 1 = fenced (`stored` is the newer token), 2 = already applied.
+//!
+//! Identifiers of the database are quoted as they are spelled (`[name]`); catalog views are named in lower
+//! case (`sys.columns`), as a case-sensitive database requires. Positions are compared as binary text
+//! (`COLLATE Latin1_General_100_BIN2`): under a case-insensitive collation two different positions could
+//! otherwise compare equal.
 
 use crate::ident::{Ident, TableName};
 use crate::sink::upsert::{RowGroup, TableShape, WritePlan};
@@ -150,7 +155,7 @@ pub fn delivery(
             let t = table.mssql();
             (
                 format!(
-                    "IF @status = 0 AND EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1 AND [batch_id] = @P3 AND [from_position] = @P4 AND [to_position] = @P5) SET @status = 2;\n"
+                    "IF @status = 0 AND EXISTS (SELECT * FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [function] = @P1 AND [batch_id] = @P3 AND [from_position] = @P4 COLLATE {BINARY} AND [to_position] = @P5 COLLATE {BINARY}) SET @status = 2;\n"
                 ),
                 format!(
                     "MERGE INTO {t} WITH (HOLDLOCK) AS c USING (SELECT @P1 AS [function]) AS s ON c.[function] = s.[function] \
@@ -178,11 +183,30 @@ SELECT @status AS [status], @stored AS [stored];"
     (text, params)
 }
 
-/// Columns, their types and flags, and key positions. `@P1` = the table's quoted name.
-pub const COLUMNS: &str = "SELECT c.name, t.name AS type_name, c.max_length, c.precision, c.scale, c.is_nullable, \
-CAST(CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS bit) AS has_default, c.is_identity, \
-CAST(CASE WHEN c.is_computed = 1 OR t.name IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS bit) AS is_generated, \
-ic.key_ordinal \
+/// A binary collation: positions are compared byte for byte.
+const BINARY: &str = "Latin1_General_100_BIN2";
+
+/// What the destination recorded for one function, for a trigger whose state document was lost: the
+/// fence row's token and, with `checkpoint`, the last batch applied. Always one row. `@P1` = app/function.
+pub fn resume(fence_table: &TableName, checkpoint: Option<&TableName>) -> String {
+    let fence = format!("(SELECT f.[token] FROM {} AS f WHERE f.[function] = @P1) AS [fence]", fence_table.mssql());
+    match checkpoint {
+        Some(table) => format!(
+            "SELECT {fence}, c.[batch_id], c.[from_position], c.[to_position] FROM (SELECT @P1 AS [function]) AS k LEFT JOIN {} AS c ON c.[function] = k.[function];",
+            table.mssql()
+        ),
+        None => format!("SELECT {fence};"),
+    }
+}
+
+/// Columns in table order: name, type, max length in bytes (-1 = max), precision, scale, nullable, has a
+/// default, identity, computed or rowversion, position in the primary key (NULL outside it). Numbers and
+/// flags are read as `int`. `@P1` = the table's quoted name.
+pub const COLUMNS: &str = "SELECT c.name, t.name AS [type_name], CAST(c.max_length AS int) AS [max_length], \
+CAST(c.precision AS int) AS [precision], CAST(c.scale AS int) AS [scale], CAST(c.is_nullable AS int) AS [is_nullable], \
+CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS [has_default], CAST(c.is_identity AS int) AS [is_identity], \
+CASE WHEN c.is_computed = 1 OR t.name IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
+CAST(ic.key_ordinal AS int) AS [key_ordinal] \
 FROM sys.columns AS c JOIN sys.types AS t ON t.user_type_id = c.system_type_id AND t.system_type_id = c.system_type_id \
 LEFT JOIN sys.indexes AS i ON i.object_id = c.object_id AND i.is_primary_key = 1 \
 LEFT JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.column_id = c.column_id \
@@ -190,18 +214,22 @@ WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";
 
 /// The type to read a column as in `OPENJSON ... WITH`, from its catalog type. Only known type names reach a
 /// statement; `Err` says why a column cannot be written.
-pub fn type_sql(name: &str, max_length: i16, precision: u8, scale: u8) -> Result<String, String> {
+///
+/// Strings and binary are read at their `(max)` width, not the column's: OPENJSON converts as `CONVERT` does,
+/// and a conversion to a shorter string type cuts the value off instead of failing. Read whole, an over-long
+/// value reaches the column itself, whose assignment refuses it under `ANSI_WARNINGS` (on for tiberius'
+/// logins, which the server treats as ODBC's), as the official output binding refuses it.
+pub fn type_sql(name: &str, _max_length: i32, precision: i32, scale: i32) -> Result<String, String> {
     let name = name.to_ascii_lowercase();
-    // sys.columns.max_length is in bytes: n-types hold two bytes per character; -1 is (max).
-    let chars = |per_char: i16| if max_length == -1 { "max".to_string() } else { (max_length / per_char).to_string() };
     Ok(match name.as_str() {
         "bit" | "tinyint" | "smallint" | "int" | "bigint" | "money" | "smallmoney" | "real" | "date"
         | "smalldatetime" | "datetime" | "uniqueidentifier" | "xml" => name,
         "float" => format!("float({precision})"),
         "decimal" | "numeric" => format!("{name}({precision}, {scale})"),
         "datetime2" | "datetimeoffset" | "time" => format!("{name}({scale})"),
-        "char" | "varchar" | "binary" | "varbinary" => format!("{name}({})", chars(1)),
-        "nchar" | "nvarchar" => format!("{name}({})", chars(2)),
+        "char" | "varchar" => "varchar(max)".into(),
+        "nchar" | "nvarchar" => "nvarchar(max)".into(),
+        "binary" | "varbinary" => "varbinary(max)".into(),
         "text" | "ntext" | "image" => {
             return Err(format!("{name} columns cannot be written (deprecated types the output binding rejects too); use varchar(max), nvarchar(max) or varbinary(max)"))
         }
@@ -250,7 +278,7 @@ mod tests {
             columns: vec![
                 column("Id", "bigint"),
                 column("Line", "int"),
-                column("order", "nvarchar(100)"),
+                column("order", "nvarchar(max)"),
                 column("Qty \"x\"", "decimal(12, 2)"),
                 column("Photo", "varbinary(max)"),
             ],
@@ -282,6 +310,28 @@ mod tests {
         assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..1000), (Some(0), 1000..2000), (Some(0), 2000..2500)]);
     }
 
+    /// The changes `tests/mssql_sink_wire.rs` delivers with `maxRowsPerStatement: 2`, so the wire test can
+    /// compare what tiberius sends with this reviewed text.
+    #[test]
+    fn golden_exactly_once_delivery_of_a_delete_and_five_rows_in_statements_of_two() {
+        let mut changes = vec![change(Operation::Delete, r#"{"Id":-1,"Line":1}"#)];
+        changes.extend((1..=5).map(|i| {
+            change(
+                Operation::Insert,
+                &format!(r#"{{"Id":{i},"Line":1,"order":"o{i}","Qty \"x\"":1.5,"Photo":"AQID"}}"#),
+            )
+        }));
+        let s = shape();
+        let p = plan(&s, &changes).expect("valid");
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        let cp = beside(&s.table, "sql_pseudo_trigger_checkpoint");
+        let (text, params) = delivery(&s, &p, &fence, Some(&cp), 2);
+        golden("delivery_exactly_once_split.sql", &text);
+        let slices: Vec<(Option<usize>, std::ops::Range<usize>)> =
+            params.into_iter().map(|p| (p.group, p.rows)).collect();
+        assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..2), (Some(0), 2..4), (Some(0), 4..5)]);
+    }
+
     #[test]
     fn golden_plain_insert_of_an_identity_table_and_a_merge_with_identity_insert() {
         let mut s = shape();
@@ -294,6 +344,8 @@ mod tests {
         golden("create_fence.sql", &create_fence(&fence));
         golden("create_checkpoint.sql", &create_checkpoint(&beside(&s.table, "sql_pseudo_trigger_checkpoint")));
         golden("catalog_columns.sql", COLUMNS);
+        golden("resume_exactly_once.sql", &resume(&fence, Some(&beside(&s.table, "sql_pseudo_trigger_checkpoint"))));
+        golden("resume_fence.sql", &resume(&fence, None));
     }
 
     #[test]
@@ -308,7 +360,11 @@ mod tests {
 
     #[test]
     fn types_come_from_a_fixed_list() {
-        assert_eq!(type_sql("nvarchar", 200, 0, 0).as_deref(), Ok("nvarchar(100)"));
+        // Strings and binary are read whole; the column's own length check applies on assignment.
+        assert_eq!(type_sql("nvarchar", 200, 0, 0).as_deref(), Ok("nvarchar(max)"));
+        assert_eq!(type_sql("nchar", 20, 0, 0).as_deref(), Ok("nvarchar(max)"));
+        assert_eq!(type_sql("char", 3, 0, 0).as_deref(), Ok("varchar(max)"));
+        assert_eq!(type_sql("binary", 2, 0, 0).as_deref(), Ok("varbinary(max)"));
         assert_eq!(type_sql("varbinary", -1, 0, 0).as_deref(), Ok("varbinary(max)"));
         assert_eq!(type_sql("decimal", 9, 12, 2).as_deref(), Ok("decimal(12, 2)"));
         assert_eq!(type_sql("datetime2", 8, 27, 7).as_deref(), Ok("datetime2(7)"));

@@ -18,7 +18,7 @@ mod sql;
 
 use super::target::{chunks, Target};
 use super::upsert::{self, Column, TableShape};
-use super::{Sink, SinkBatch, SinkError};
+use super::{Applied, Resume, Sink, SinkBatch, SinkError};
 use crate::config::Env;
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
@@ -258,5 +258,31 @@ impl Sink for PostgresSink {
 
     fn exactly_once(&self) -> bool {
         self.target.checkpoint_table.is_some()
+    }
+
+    async fn resume_position(&self, app: &str, function: &str) -> Result<Option<Resume>, SinkError> {
+        // Discovery first: it creates the bookkeeping tables the statements read.
+        self.shape().await?;
+        let key = format!("{app}/{function}");
+        let err = |e| self.error(e);
+        let client = self.client().await?;
+        let fence = client.query_opt(&sql::fence_token(&self.target.fence_table), &[&key]).await.map_err(err)?;
+        let fence = fence.map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+        let Some(table) = &self.target.checkpoint_table else { return Ok(Some(Resume { fence, applied: None })) };
+        let applied = match client.query_opt(&sql::read_checkpoint(table), &[&key]).await.map_err(err)? {
+            None => None,
+            Some(row) => {
+                let position = |n: usize| -> Result<Value, SinkError> {
+                    serde_json::from_str(row.get::<_, &str>(n)).map_err(|e| {
+                        SinkError::Rejected(format!(
+                            "the checkpoint row of {key} in {table} holds a position that is not JSON ({e}); delete the row to start over from startFrom"
+                        ))
+                    })
+                };
+                let batch_id = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+                Some(Applied { batch_id, from: position(1)?, to: position(2)? })
+            }
+        };
+        Ok(Some(Resume { fence, applied }))
     }
 }

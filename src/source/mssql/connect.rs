@@ -11,7 +11,10 @@
 //! timeout, deadlock, Azure SQL's reconfiguration and throttling codes) are retried with exponential
 //! backoff inside [`RETRY_BUDGET`] (and at most `ConnectRetryCount` times, a connection-string key
 //! borrowed from ADO.NET; 0 turns retries off); everything else is `SourceError::Invalid` at once with a message that
-//! says what to change. Statements here are single reads, so a retry repeats no side effect.
+//! says what to change. The sources' statements are single reads, so a retry repeats no side effect.
+//! [`Pool::execute`] is the same loop for other callers (the upsert sink), returning the [`Failed`] statement
+//! so they word and classify it themselves; it may retry only statements that are atomic and idempotent
+//! (the sink's delivery is one transaction under `XACT_ABORT`, fenced and optionally exactly once).
 
 use crate::config::Secret;
 use crate::source::SourceError;
@@ -267,6 +270,26 @@ pub fn describe(f: &Failure, setting: &str, context: &str) -> String {
     }
 }
 
+/// A statement that failed for good: at once when the retry table says a retry cannot help, or when the
+/// retries of a transient failure ran out.
+#[derive(Debug)]
+pub struct Failed {
+    pub failure: Failure,
+    /// What the retry table said about the last failure.
+    pub transient: bool,
+    pub attempts: u32,
+}
+
+impl Failed {
+    /// The SQL Server error number, when the server reported the failure.
+    pub fn code(&self) -> Option<u32> {
+        match &self.failure {
+            Failure::Tds(tiberius::error::Error::Server(t)) => Some(t.code()),
+            _ => None,
+        }
+    }
+}
+
 /// A statement parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Param {
@@ -409,14 +432,9 @@ impl Pool {
         }
     }
 
-    /// Runs a statement, retrying transient failures; a failure comes with SQL Server's error number when the
-    /// server refused the statement, for callers that treat one refusal (a missing permission) as an answer.
-    async fn run(
-        &self,
-        sql: &str,
-        params: Option<&[Param]>,
-        context: &str,
-    ) -> Result<Vec<Row>, (SourceError, Option<u32>)> {
+    /// The retry loop: attempts until success, a failure the retry table does not retry, or the end of the
+    /// budget. `context` words the warning logged before each retry.
+    async fn run_raw(&self, sql: &str, params: Option<&[Param]>, context: &str) -> Result<Vec<Row>, Failed> {
         let started = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 1;
@@ -424,18 +442,11 @@ impl Pool {
             match self.attempt(sql, params).await {
                 Ok(rows) => return Ok(rows),
                 Err(f) => {
+                    let transient = is_transient(&f);
+                    if !transient || attempt > self.settings.max_retries || started.elapsed() + backoff > RETRY_BUDGET {
+                        return Err(Failed { failure: f, transient, attempts: attempt });
+                    }
                     let message = describe(&f, &self.settings.setting, context);
-                    let code = match &f {
-                        Failure::Tds(tiberius::error::Error::Server(t)) => Some(t.code()),
-                        _ => None,
-                    };
-                    if !is_transient(&f) {
-                        return Err((SourceError::Invalid(message), code));
-                    }
-                    if attempt > self.settings.max_retries || started.elapsed() + backoff > RETRY_BUDGET {
-                        let message = format!("{message} (gave up after {attempt} attempt(s))");
-                        return Err((SourceError::Unavailable(message), code));
-                    }
                     tracing::warn!(setting = %self.settings.setting, attempt, error = %message, "transient sql server failure; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -443,6 +454,42 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// [`Self::run_raw`] with its failure worded as a source error, beside SQL Server's error number when the
+    /// server refused the statement (for callers that treat one refusal, a missing permission, as an answer).
+    async fn run(
+        &self,
+        sql: &str,
+        params: Option<&[Param]>,
+        context: &str,
+    ) -> Result<Vec<Row>, (SourceError, Option<u32>)> {
+        self.run_raw(sql, params, context).await.map_err(|failed| {
+            let message = describe(&failed.failure, &self.settings.setting, context);
+            let error = if failed.transient {
+                SourceError::Unavailable(format!("{message} (gave up after {} attempt(s))", failed.attempts))
+            } else {
+                SourceError::Invalid(message)
+            };
+            (error, failed.code())
+        })
+    }
+
+    /// The app setting this pool connects with, for messages.
+    pub fn setting(&self) -> &str {
+        &self.settings.setting
+    }
+
+    /// A parameterized statement (`sp_executesql`), retried while its failures are transient, answering the
+    /// failure itself: for callers that are not a source and word their errors themselves. See the module
+    /// docs for which statements may be retried.
+    pub async fn execute(&self, sql: &str, params: &[Param], context: &str) -> Result<Vec<Row>, Failed> {
+        self.run_raw(sql, Some(params), context).await
+    }
+
+    /// A statement without parameters, sent as a plain batch, answering the failure itself.
+    pub async fn execute_batch(&self, sql: &str, context: &str) -> Result<Vec<Row>, Failed> {
+        self.run_raw(sql, None, context).await
     }
 
     /// A parameterized statement (`sp_executesql`), retried while its failures are transient.

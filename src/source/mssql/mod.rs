@@ -22,7 +22,8 @@ mod sql;
 mod types;
 
 pub use change_tracking::MssqlChangeTracking;
-/// The connection layer, for other SQL Server users in the crate (the upsert sink): `Pool::query` retries a
-/// whole statement on transient failures, which is safe for reads and for atomic, idempotent batches only.
-pub use connect::{Auth, Param, Pool, Settings, RETRY_BUDGET, TOKEN_SCOPE, TRANSIENT_CODES};
+/// The connection layer, for other SQL Server users in the crate (the upsert sink): `Pool::execute` retries a
+/// whole statement on transient failures, which is safe for reads and for atomic, idempotent batches only,
+/// and answers a [`Failed`] statement for the caller to word; `describe` is the sources' wording.
+pub use connect::{describe, Auth, Failed, Failure, Param, Pool, Settings, RETRY_BUDGET, TOKEN_SCOPE, TRANSIENT_CODES};
 pub use rowversion::MssqlRowversion;

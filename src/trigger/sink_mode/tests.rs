@@ -397,3 +397,180 @@ async fn a_batch_fetched_ahead_is_dropped_when_the_state_moved_on_without_it() {
     assert_eq!(out.changes.len(), 50);
     assert_eq!(sink.taken(), ids(1..=250));
 }
+
+/// Takes every batch and records what an exactly-once SQL sink records in its target: the last batch
+/// applied (id and range) and the largest fencing token that wrote; `resume_position` answers it. With
+/// `fence_only`, it records the fence alone, as an at-least-once SQL sink does.
+#[derive(Debug, Default)]
+struct RecordingSink {
+    fence_only: bool,
+    recorded: Mutex<Resume>,
+    taken: Mutex<Vec<(u64, u64, Vec<i64>)>>,
+    asked: Mutex<u32>,
+    unreachable: Mutex<bool>,
+}
+
+impl RecordingSink {
+    fn at_least_once_with_fence(fence: u64) -> Self {
+        Self { fence_only: true, recorded: Mutex::new(Resume { fence, applied: None }), ..Default::default() }
+    }
+
+    /// `(batch_id, fence, ids)` of every batch taken.
+    fn taken(&self) -> Vec<(u64, u64, Vec<i64>)> {
+        self.taken.lock().expect("taken").clone()
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        self.taken().into_iter().flat_map(|(_, _, ids)| ids).collect()
+    }
+
+    fn asked(&self) -> u32 {
+        *self.asked.lock().expect("asked")
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for RecordingSink {
+    async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
+        let mut recorded = self.recorded.lock().expect("recorded");
+        if batch.fence < recorded.fence {
+            return Err(SinkError::Fenced { ours: batch.fence, stored: recorded.fence });
+        }
+        recorded.fence = batch.fence;
+        if !self.fence_only {
+            let (from, to) = batch.range.expect("sink mode hands out the range");
+            recorded.applied = Some(Applied { batch_id: batch.batch_id, from: from.clone(), to: to.clone() });
+        }
+        let ids = batch
+            .changes
+            .iter()
+            .map(|c| serde_json::from_str::<serde_json::Value>(c.item.get()).expect("json")["id"].as_i64().expect("id"))
+            .collect();
+        self.taken.lock().expect("taken").push((batch.batch_id, batch.fence, ids));
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "recording sink".into()
+    }
+
+    async fn resume_position(&self, _app: &str, _function: &str) -> Result<Option<Resume>, SinkError> {
+        *self.asked.lock().expect("asked") += 1;
+        if *self.unreachable.lock().expect("unreachable") {
+            return Err(SinkError::Transient("scripted outage".into()));
+        }
+        Ok(Some(self.recorded.lock().expect("recorded").clone()))
+    }
+}
+
+use crate::sink::Applied;
+
+/// A process of `w`'s function on its own, empty state store: the state document is lost.
+fn process_with_lost_state(w: &World, owner: &str) -> Process {
+    let lost = World { source: w.source.clone(), store: Arc::new(MemoryStore::new()) };
+    lost.process(owner, TriggerSettings { max_batch_size: 3, ..settings() })
+}
+
+#[tokio::test]
+async fn a_lost_state_document_resumes_after_the_last_batch_the_sink_applied() {
+    // GIVEN rows 1-6 applied exactly once in two batches of three, under fencing token 1
+    let w = World::default();
+    w.source.upsert(1..=3, 1);
+    w.source.upsert(4..=6, 1);
+    let p1 = w.process("p1", TriggerSettings { max_batch_size: 3, ..settings() });
+    let sink = RecordingSink::default();
+    for _ in 0..2 {
+        p1.trigger.tick_into(&sink).await.expect("tick");
+    }
+    assert_eq!(sink.ids(), ids(1..=6));
+
+    // WHEN the state document is lost, rows 7-8 arrive, and a process ticks with no state (startFrom earliest)
+    w.source.upsert(7..=8, 2);
+    let p2 = process_with_lost_state(&w, "p2");
+    let out = p2.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN that very tick continues after batch 2, as batch 3, under a token above the sink's: rows 1-6 are
+    // not applied again and nothing is skipped
+    assert_eq!((out.kind, out.batch_id), (OutcomeKind::Delivered, Some(3)));
+    assert_eq!(sink.ids(), ids(1..=8));
+    assert_eq!(sink.taken().last().map(|(b, f, _)| (*b, *f)), Some((3, 2)));
+    assert!(
+        out.logs.iter().any(|l| l.contains("recording sink records batch 2 as applied up to [2,6]")),
+        "{:?}",
+        out.logs
+    );
+    // AND once a batch is acknowledged under the new document, the sink is not asked again
+    let asked = sink.asked();
+    w.source.upsert([9], 3);
+    p2.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!(sink.ids(), ids(1..=9));
+    assert_eq!(sink.asked(), asked);
+}
+
+#[tokio::test]
+async fn a_lost_state_document_raises_its_lease_token_above_the_fence_the_destination_holds() {
+    // GIVEN an at-least-once SQL destination that has seen fencing token 5 from this function's earlier life
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let sink = RecordingSink::at_least_once_with_fence(5);
+
+    // WHEN a process ticks with no state
+    let p = process_with_lost_state(&w, "p1");
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN the batch is written under token 6 instead of being refused as fenced forever (from startFrom:
+    // an at-least-once sink records no position)
+    assert_eq!((out.kind, out.batch_id), (OutcomeKind::Delivered, Some(1)));
+    assert_eq!(sink.taken(), vec![(1, 6, ids(1..=2))]);
+    assert!(
+        out.logs.iter().any(|l| l.contains("recording sink holds fencing token 5, above this state document's 1")),
+        "{:?}",
+        out.logs
+    );
+}
+
+#[tokio::test]
+async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_again_not_skipped() {
+    // GIVEN a new function whose first batch the sink applied, and whose acknowledgement never reached the store
+    let w = World::default();
+    w.source.upsert(1..=3, 1);
+    let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    let p1 = w.process("p1", expired.clone());
+    let sink = RecordingSink::default();
+    let recorded = p1.trigger.tick(RetryContext::default()).await.expect("tick records batch 1");
+    assert_eq!(recorded.batch_id, Some(1));
+    let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
+    let flight = doc.in_flight.expect("in flight");
+    *sink.recorded.lock().expect("recorded") =
+        Resume { fence: 1, applied: Some(Applied { batch_id: 1, from: flight.from.clone(), to: flight.to.clone() }) };
+
+    // WHEN another process takes it over
+    let p2 = w.process("p2", expired);
+    let out = p2.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN the sink's record names this very batch: it is delivered again (an exactly-once sink skips it)
+    assert_eq!((out.kind, out.batch_id), (OutcomeKind::Redelivered, Some(1)));
+    assert_eq!(sink.taken(), vec![(1, 2, ids(1..=3))]);
+    assert!(w.state().await.in_flight.is_none());
+}
+
+#[tokio::test]
+async fn while_the_sink_cannot_say_what_it_recorded_a_new_document_delivers_nothing_and_counts_nothing() {
+    // GIVEN a new function whose destination is down
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let p = w.process("p1", settings());
+    let sink = RecordingSink::default();
+    *sink.unreachable.lock().expect("unreachable") = true;
+
+    // WHEN it ticks, and again once the destination is back
+    let e = p.trigger.tick_into(&sink).await.unwrap_err();
+    let failures = w.state().await.in_flight.expect("recorded in flight").failures;
+    *sink.unreachable.lock().expect("unreachable") = false;
+    p.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN the first tick failed transiently without delivering or counting, and the next delivered
+    assert_eq!(e.kind(), crate::trigger::ErrorKind::Transient);
+    assert_eq!(failures, 0);
+    assert_eq!(sink.ids(), ids(1..=2));
+}

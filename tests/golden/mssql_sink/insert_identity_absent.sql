@@ -1,1 +1,1 @@
-INSERT INTO [Sales Ünïcode].[Order]] Lines] ([Line], [order]) SELECT [Line], [order] FROM OPENJSON(@P7) WITH ([Line] int N'$."Line"', [order] nvarchar(100) N'$."order"') AS s;
+INSERT INTO [Sales Ünïcode].[Order]] Lines] ([Line], [order]) SELECT [Line], [order] FROM OPENJSON(@P7) WITH ([Line] int N'$."Line"', [order] nvarchar(max) N'$."order"') AS s;

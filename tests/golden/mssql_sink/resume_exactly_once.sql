@@ -1,0 +1,1 @@
+SELECT (SELECT f.[token] FROM [Sales Ünïcode].[sql_pseudo_trigger_fence] AS f WHERE f.[function] = @P1) AS [fence], c.[batch_id], c.[from_position], c.[to_position] FROM (SELECT @P1 AS [function]) AS k LEFT JOIN [Sales Ünïcode].[sql_pseudo_trigger_checkpoint] AS c ON c.[function] = k.[function];

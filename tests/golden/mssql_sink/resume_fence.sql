@@ -1,0 +1,1 @@
+SELECT (SELECT f.[token] FROM [Sales Ünïcode].[sql_pseudo_trigger_fence] AS f WHERE f.[function] = @P1) AS [fence];

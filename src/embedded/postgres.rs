@@ -234,16 +234,16 @@ impl EmbeddedPostgres {
             // commits and "PostgreSQL restarted" tests would see time go backwards. With fsync off it costs
             // one write() to the page cache per commit.
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=200", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10"]);
-        for (name, value) in &self.settings {
-            command.arg("-c").arg(format!("{name}={value}"));
-        }
-        command
+            .args(["-c", "max_connections=200", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10"])
             .current_dir(self.scratch.path())
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr);
+        // After the defaults: of two `-c` settings of one name, the last wins.
+        for (name, value) in &self.settings {
+            command.arg("-c").arg(format!("{name}={value}"));
+        }
         if let Some(user) = self.run_as {
             command.uid(user.uid).gid(user.gid);
         }

@@ -105,7 +105,9 @@ pub fn from_options(
     let built: Result<Arc<dyn Sink>, String> = match kind {
         "stdout" => Ok(Arc::new(StdoutSink::new())),
         "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
-        "postgres" | "postgresql" => PostgresSink::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        "postgres" | "postgresql" => {
+            PostgresSink::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>)
+        }
         "mssql" | "sqlserver" => mssql::from_options(options, env),
         other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
     };

@@ -56,9 +56,10 @@ impl PostgresSink {
     async fn client(&self) -> Result<deadpool_postgres::Client, SinkError> {
         // Transient even when the certificate is not trusted: the batch is fine, so it must not count toward
         // quarantine; the message names the fix and the batch waits in flight until it is made.
-        self.pool.get().await.map_err(|e| {
-            SinkError::Transient(connect_failure(&self.target.setting, &e).message().to_string())
-        })
+        self.pool
+            .get()
+            .await
+            .map_err(|e| SinkError::Transient(connect_failure(&self.target.setting, &e).message().to_string()))
     }
 
     /// The table's shape, from the cache while it is fresh.

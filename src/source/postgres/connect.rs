@@ -12,8 +12,7 @@ use std::time::Duration;
 /// Every connection goes through `tls`, so the connection string's `sslmode` decides whether TLS is used
 /// (see the `tls` module for what each mode means here).
 pub fn pool(setting: &str, connection: &Secret, size: usize, tls: &PostgresTls) -> Result<Pool, String> {
-    let mut config: tokio_postgres::Config =
-        connection.expose().parse().map_err(|e| unparsable(setting, &e))?;
+    let mut config: tokio_postgres::Config = connection.expose().parse().map_err(|e| unparsable(setting, &e))?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
@@ -144,7 +143,8 @@ mod tests {
     #[test]
     fn the_three_sslmodes_parse() {
         for mode in ["disable", "prefer", "require"] {
-            let built = pool("Pg", &Secret::new(format!("host=db user=app sslmode={mode}")), 1, &PostgresTls::default());
+            let built =
+                pool("Pg", &Secret::new(format!("host=db user=app sslmode={mode}")), 1, &PostgresTls::default());
             assert!(built.is_ok(), "sslmode={mode}: {built:?}");
         }
     }

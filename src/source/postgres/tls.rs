@@ -87,7 +87,8 @@ impl PostgresTls {
             Some(v) if v.eq_ignore_ascii_case("true") => true,
             Some(v) if v.eq_ignore_ascii_case("false") => false,
             Some(v) => {
-                errors.push(problem(POSTGRES_TRUST_SERVER_CERTIFICATE.name, format!("must be true or false, got {v:?}")));
+                errors
+                    .push(problem(POSTGRES_TRUST_SERVER_CERTIFICATE.name, format!("must be true or false, got {v:?}")));
                 false
             }
         };
@@ -454,7 +455,10 @@ impl fmt::Display for HandshakeError {
                  certificate's start date"
             ),
             Problem::Revoked => {
-                write!(f, "the certificate of PostgreSQL server {host} has been revoked: install a new one on the server")
+                write!(
+                    f,
+                    "the certificate of PostgreSQL server {host} has been revoked: install a new one on the server"
+                )
             }
             Problem::NoRoots(e) => write!(
                 f,

@@ -6,6 +6,10 @@
 //! What each sslmode means with the verifying connector is in `src/source/postgres/tls.rs`; these tests pin
 //! it: `require` and the default `prefer` verify the certificate and host name, `disable` is plaintext, and
 //! the plain test servers everyone else uses keep working with the default.
+//!
+//! Connection strings name `localhost` (the name the certificate must list) and dial `hostaddr=127.0.0.1`:
+//! `localhost` may also resolve to ::1, where the server does not listen, and tokio-postgres reports only the
+//! last address's error, which would then hide the TLS error under test.
 
 mod support;
 
@@ -191,7 +195,7 @@ async fn with_the_private_ca_configured_the_source_reads_rows_over_verified_tls(
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
     let connection = format!(
-        "host=localhost port={} user=postgres dbname={db} sslmode=require application_name=tls_verified",
+        "host=localhost hostaddr=127.0.0.1 port={} user=postgres dbname={db} sslmode=require application_name=tls_verified",
         server.port()
     );
     let app = load(&orders_app(&pki, &connection, &[("Sql_Trigger_PostgresRootCertificate", "certs/ca.pem")]));
@@ -210,7 +214,8 @@ async fn without_the_ca_the_source_refuses_the_server_and_names_the_setting_that
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("host=localhost port={} user=postgres dbname={db} sslmode=require", server.port());
+    let connection =
+        format!("host=localhost hostaddr=127.0.0.1 port={} user=postgres dbname={db} sslmode=require", server.port());
     let app = load(&orders_app(&pki, &connection, &[]));
 
     // WHEN the source checks the table (the handler's start-up check)
@@ -230,7 +235,7 @@ async fn the_default_sslmode_prefer_verifies_too_when_the_server_offers_tls() {
     // GIVEN no sslmode in the connection string (prefer) and no CA: stricter than libpq's prefer, on purpose
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
-    let connection = format!("host=localhost port={} user=postgres", server.port());
+    let connection = format!("host=localhost hostaddr=127.0.0.1 port={} user=postgres", server.port());
 
     // WHEN a connection is opened
     let result = session_is_encrypted(&connection, &PostgresTls::default()).await;
@@ -249,7 +254,7 @@ async fn sslmode_disable_connects_in_plaintext_to_a_server_that_offers_tls() {
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
     let connection = format!(
-        "host=localhost port={} user=postgres dbname={db} sslmode=disable application_name=tls_plain",
+        "host=localhost hostaddr=127.0.0.1 port={} user=postgres dbname={db} sslmode=disable application_name=tls_plain",
         server.port()
     );
 
@@ -356,7 +361,7 @@ async fn scram_is_bound_to_the_tls_session_for_sha256_and_sha384_signed_certific
         let tls = tls_from(&[("Sql_Trigger_PostgresRootCertificate", "ca.pem")], pki.dir.path());
         let connection = |password: &str| {
             format!(
-                "host=localhost port={} user=binder password={password} dbname=postgres sslmode=require \
+                "host=localhost hostaddr=127.0.0.1 port={} user=binder password={password} dbname=postgres sslmode=require \
                  channel_binding=require",
                 server.port()
             )
@@ -388,7 +393,7 @@ async fn the_handler_delivers_from_a_tls_server_whose_ca_is_given_as_pem_text() 
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require", server.port());
+    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require&hostaddr=127.0.0.1", server.port());
     let app = orders_app(&pki, &connection, &[("Sql_Trigger_PostgresRootCertificate", &pki.read("ca.pem"))]);
     let host = app.start_handler(&[]).await;
 
@@ -406,7 +411,10 @@ async fn the_handler_reports_an_untrusted_certificate_at_start_up_with_the_setti
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("postgres://postgres:Never-Logged-7@localhost:{}/{db}?sslmode=require", server.port());
+    let connection = format!(
+        "postgres://postgres:Never-Logged-7@localhost:{}/{db}?sslmode=require&hostaddr=127.0.0.1",
+        server.port()
+    );
     let app = orders_app(&pki, &connection, &[]);
 
     // WHEN the handler starts (its start-up check connects) and the timer fires
@@ -426,7 +434,7 @@ async fn trusting_any_certificate_delivers_and_is_warned_about_at_start_up() {
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require", server.port());
+    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require&hostaddr=127.0.0.1", server.port());
     let app = orders_app(&pki, &connection, &[("Sql_Trigger_PostgresTrustServerCertificate", "true")]);
 
     // WHEN the handler starts and the timer fires

@@ -88,7 +88,8 @@ pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
             ConnectFailure::Unavailable(message)
         };
     }
-    // tokio-postgres's own words when the server answers "no" to TLS under sslmode=require (connect_tls.rs).
+    // tokio-postgres's own words when the server answers "no" to TLS under sslmode=require (its connect_tls.rs);
+    // tests/postgres_tls.rs pins them, so a release that rewords them fails a test rather than this message.
     if causes.iter().any(|c| c.to_string() == "server does not support TLS") {
         return ConnectFailure::Misconfigured(format!(
             "{prefix}: the server does not support TLS, but the connection string requires it (sslmode=require); \

@@ -15,7 +15,7 @@ mod tls;
 
 pub use connect::{connect_failure, pool, ConnectFailure};
 pub use sql::Guard;
-pub use tls::{HandshakeError, PostgresTls};
+pub use tls::PostgresTls;
 
 use super::{Fetched, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};

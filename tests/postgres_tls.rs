@@ -297,6 +297,29 @@ async fn a_host_name_the_certificate_does_not_list_is_refused_with_the_names_it_
 }
 
 #[tokio::test]
+async fn an_address_without_a_host_name_cannot_be_verified_and_says_to_add_one() {
+    // GIVEN a TLS server dialled by hostaddr alone: there is no name to check the certificate against
+    let pki = Pki::new("sha256");
+    let server = tls_server(&pki, None);
+    let tls = tls_from(&[("Sql_Trigger_PostgresRootCertificate", "ca.pem")], pki.dir.path());
+    let connection = format!("hostaddr=127.0.0.1 port={} user=postgres", server.port());
+
+    // WHEN a connection is opened with the default sslmode
+    let result = session_is_encrypted(&connection, &tls).await;
+
+    // THEN it is refused, saying which key to add
+    assert_eq!(
+        result,
+        Err(ConnectFailure::Misconfigured(
+            "cannot connect to PostgreSQL (app setting Pg): the server offers TLS, but the connection string gives \
+             no host name to verify its certificate against (hostaddr= alone); add host= with the name the \
+             certificate lists"
+                .into()
+        ))
+    );
+}
+
+#[tokio::test]
 async fn trusting_any_certificate_encrypts_without_verifying_issuer_or_name() {
     // GIVEN Sql_Trigger_PostgresTrustServerCertificate=true, no CA, and a name the certificate does not list
     let pki = Pki::new("sha256");

@@ -97,6 +97,13 @@ pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
              plaintext connection is acceptable"
         ));
     }
+    // Also tokio-postgres's: `hostaddr=` alone gives an address but no name to verify the certificate against.
+    if causes.iter().any(|c| c.to_string() == "no hostname provided for TLS handshake") {
+        return ConnectFailure::Misconfigured(format!(
+            "{prefix}: the server offers TLS, but the connection string gives no host name to verify its \
+             certificate against (hostaddr= alone); add host= with the name the certificate lists"
+        ));
+    }
     let chain: Vec<String> = std::iter::once(e.to_string()).chain(causes.iter().map(ToString::to_string)).collect();
     ConnectFailure::Unavailable(format!("{prefix}: {}", chain.join(": ")))
 }

@@ -50,16 +50,18 @@ struct Inner {
     trust: Trust,
     /// Built when the first server offers TLS, not before: loading the platform's roots costs a few
     /// milliseconds and may fail (a container without CA certificates), which must not break plaintext
-    /// connections (`sslmode=disable`, or `prefer` against a server without TLS).
+    /// connections (`sslmode=disable`, or `prefer` against a server without TLS). Built once per process, a
+    /// failure included: roots installed later take effect at the next start.
     config: OnceLock<Result<Arc<ClientConfig>, Problem>>,
 }
 
 /// Where trust in a server certificate comes from.
 #[derive(Debug, Clone, Default)]
 enum Trust {
-    /// The platform's roots, plus the operator's CA certificates (`Sql_Trigger_PostgresRootCertificate`).
+    /// The platform's roots: no setting given.
     #[default]
     Platform,
+    /// The platform's roots plus the operator's CA certificates (`Sql_Trigger_PostgresRootCertificate`).
     PlatformAnd(Vec<CertificateDer<'static>>),
     /// `Sql_Trigger_PostgresTrustServerCertificate=true`: encrypt, but verify neither the certificate nor the
     /// host name; only the handshake's signatures are checked.

@@ -2,7 +2,7 @@
 //! state store, and the sink of each function that names one. Building it opens no connection; sources,
 //! stores and sinks connect on first use.
 
-use crate::config::{AppConfig, ConfigError, ConfigErrors, SourceKind, StateStoreKind};
+use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, SourceKind, StateStoreKind};
 use crate::sink::Sink;
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
@@ -32,12 +32,20 @@ impl App {
     /// Builds the app over a given store (tests use memory or a fault-injecting wrapper).
     pub fn with_store(config: AppConfig, store: Arc<dyn StateStore>) -> Result<Self, ConfigErrors> {
         let owner = instance_id(&config);
+        if config.postgres_tls.trusts_any_certificate() {
+            tracing::warn!(
+                "{}=true: PostgreSQL server certificates and host names are not verified, so whoever can intercept \
+                 a connection can read its rows and password; set {} to the server's CA certificate instead",
+                settings::POSTGRES_TRUST_SERVER_CERTIFICATE.name,
+                settings::POSTGRES_ROOT_CERTIFICATE.name
+            );
+        }
         let mut errors = Vec::new();
         let mut triggers = BTreeMap::new();
         let mut sinks = BTreeMap::new();
         for f in &config.functions {
             if let Some(options) = f.source.options.get("sink") {
-                match crate::sink::from_options(&f.name, Some(options), &config.env) {
+                match crate::sink::from_options(&f.name, Some(options), &config.env, &config.postgres_tls) {
                     Ok(sink) => {
                         sinks.insert(f.name.to_ascii_lowercase(), sink);
                     }
@@ -45,7 +53,7 @@ impl App {
                 }
             }
             let source: Arc<dyn Source> = match f.source.kind {
-                SourceKind::PostgresCursor => match PostgresCursor::new(f.source.clone()) {
+                SourceKind::PostgresCursor => match PostgresCursor::new(f.source.clone(), &config.postgres_tls) {
                     Ok(s) => Arc::new(s),
                     Err(e) => {
                         errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));

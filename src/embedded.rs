@@ -24,7 +24,9 @@ mod postgres;
 mod process;
 
 pub use azurite::{Azurite, AZURITE_READY_TIMEOUT, DEV_ACCOUNT, DEV_ACCOUNT_KEY};
-pub use postgres::{connect, create_database, url_with_database, EmbeddedPostgres, POSTGRES_READY_TIMEOUT};
+pub use postgres::{
+    connect, create_database, url_with_database, EmbeddedPostgres, PostgresOptions, POSTGRES_READY_TIMEOUT,
+};
 pub use process::{free_port, log_tail, send_signal, shut_down, spawn_owned, wait_timeout, ScratchDir, Signal};
 
 use std::io;

@@ -325,7 +325,8 @@ impl Server {
             o.extend(extra.clone());
         }
         let env = Env::from_pairs([("TargetDb".to_string(), self.connection_string())]);
-        sink::from_options("F", Some(&options), &env).unwrap_or_else(|e| panic!("a valid sink: {e}"))
+        sink::from_options("F", Some(&options), &env, &Default::default())
+            .unwrap_or_else(|e| panic!("a valid sink: {e}"))
     }
 
     /// Every message sent so far was a login, a plain batch or an RPC in autocommit mode; none asked for a

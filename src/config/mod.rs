@@ -14,6 +14,7 @@ pub use outputs::{OutputRoute, OutputShape};
 pub use secret::Secret;
 pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
 
+use crate::source::postgres::PostgresTls;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -128,6 +129,9 @@ pub struct AppConfig {
     pub admin_functions: Vec<AdminFunction>,
     /// Function folders this handler does not serve (no sqltrigger.json); invoking them answers 404.
     pub other_functions: Vec<String>,
+    /// What PostgreSQL connections trust (`Sql_Trigger_PostgresRootCertificate`,
+    /// `Sql_Trigger_PostgresTrustServerCertificate`), shared by every PostgreSQL source and sink.
+    pub postgres_tls: PostgresTls,
     pub env: Env,
 }
 
@@ -215,6 +219,10 @@ impl AppConfig {
                 ));
             }
         }
+        let postgres_tls = PostgresTls::from_env(&env, root).unwrap_or_else(|mut problems| {
+            errors.append(&mut problems);
+            PostgresTls::default()
+        });
         let app_name =
             env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
         if !valid_path_part(&app_name) {
@@ -233,6 +241,7 @@ impl AppConfig {
             functions,
             admin_functions,
             other_functions,
+            postgres_tls,
             env,
         })
     }

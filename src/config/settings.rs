@@ -123,6 +123,21 @@ pub const ADMIN_KEY: SettingDef = SettingDef {
     doc: "Key for the admin routes served directly at /admin (for `handler run`); requests carry it in x-functions-key or code. Under the Functions host use the admin function template instead, which function keys protect.",
 };
 
+pub const POSTGRES_ROOT_CERTIFICATE: SettingDef = SettingDef {
+    name: "Sql_Trigger_PostgresRootCertificate",
+    function_key: None,
+    host_json_key: None,
+    default: "(unset: the platform's trusted roots only)",
+    doc: "CA certificate(s) that PostgreSQL connections (sources and sinks) trust in addition to the platform's roots, for a server with its own CA: the path of a PEM file (absolute, or relative to the app root) or the PEM text itself. Server certificates and host names are verified whenever TLS is used: with sslmode=require, and with the default sslmode=prefer when the server offers TLS. See docs/operations.md.",
+};
+pub const POSTGRES_TRUST_SERVER_CERTIFICATE: SettingDef = SettingDef {
+    name: "Sql_Trigger_PostgresTrustServerCertificate",
+    function_key: None,
+    host_json_key: None,
+    default: "false",
+    doc: "`true`: encrypt PostgreSQL connections without verifying the server's certificate or host name, like SQL Server's TrustServerCertificate. Whoever can intercept the connection can then read the rows and the password; a warning is logged at start-up. Prefer Sql_Trigger_PostgresRootCertificate.",
+};
+
 pub const APPLICATIONINSIGHTS_CONNECTION_STRING: SettingDef = SettingDef {
     name: "APPLICATIONINSIGHTS_CONNECTION_STRING",
     function_key: None,
@@ -168,6 +183,8 @@ pub const ALL: &[SettingDef] = &[
     APP_NAME,
     LOG_LEVEL,
     ADMIN_KEY,
+    POSTGRES_ROOT_CERTIFICATE,
+    POSTGRES_TRUST_SERVER_CERTIFICATE,
     APPLICATIONINSIGHTS_CONNECTION_STRING,
     OTEL_EXPORTER_OTLP_ENDPOINT,
     METRICS,

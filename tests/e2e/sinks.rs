@@ -40,7 +40,7 @@ fn pg_sink(url: &str, table: &str, extra: Value) -> Arc<dyn Sink> {
         o.extend(extra.clone());
     }
     let env = Env::from_pairs([("TargetDb".to_string(), url.to_string())]);
-    sink::from_options("F", Some(&options), &env).unwrap_or_else(|e| panic!("a valid sink: {e}"))
+    sink::from_options("F", Some(&options), &env, &Default::default()).unwrap_or_else(|e| panic!("a valid sink: {e}"))
 }
 
 fn change(op: Operation, item: Value) -> Change {

@@ -34,7 +34,7 @@ fn sink_on(ctx: &mut Ctx, table: &str, name: &str, extra: Value) -> std::sync::A
         o.extend(extra.clone());
     }
     let env = Env::from_pairs([("TargetDb".to_string(), ctx.cs.clone())]);
-    sink::from_options("F", Some(&options), &env).unwrap_or_else(|e| panic!("a valid sink: {e}"))
+    sink::from_options("F", Some(&options), &env, &Default::default()).unwrap_or_else(|e| panic!("a valid sink: {e}"))
 }
 
 fn upsert(item: Value) -> Change {

@@ -6,7 +6,9 @@
 //! parent-death signal, so they die with the process even though the static holding them is never dropped.
 //! Under nextest every test is its own process and gets its own servers (about 0.3 s for PostgreSQL here).
 //!
-//! Set `TEST_POSTGRES_URL` (an admin URL; TLS is not used) or `TEST_AZURITE_CONNECTION_STRING` /
+//! Set `TEST_POSTGRES_URL` (an admin URL; the fixture's own connections do not use TLS, but the handler under
+//! test verifies the certificate of a server that offers TLS, so add `?sslmode=disable` for a server whose
+//! certificate this machine does not trust) or `TEST_AZURITE_CONNECTION_STRING` /
 //! `TEST_AZURITE_BLOB_URL` to use servers you run yourself instead.
 //!
 //! Tests that stop or restart a server must start their own (`EmbeddedPostgres::start()`,

@@ -21,6 +21,7 @@ use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, Sink, SinkBatch, SinkError};
 use crate::config::Env;
 use crate::ident::{Ident, TableName};
+use crate::source::postgres::{connect_failure, PostgresTls};
 use deadpool_postgres::Pool;
 use serde_json::Value;
 use std::sync::Arc;
@@ -46,16 +47,19 @@ pub struct PostgresSink {
 
 impl PostgresSink {
     /// Reads the options and builds the pool without connecting.
-    pub fn from_options(options: &Value, env: &Env) -> Result<Self, String> {
+    pub fn from_options(options: &Value, env: &Env, tls: &PostgresTls) -> Result<Self, String> {
         let target = Target::from_options(options, env, DEFAULT_ROWS_PER_STATEMENT)?;
-        let pool = crate::source::postgres::pool(&target.setting, &target.connection, POOL_SIZE)?;
+        let pool = crate::source::postgres::pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
         Ok(Self { target, pool, shape: Mutex::new(None) })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, SinkError> {
-        self.pool.get().await.map_err(|e| {
-            SinkError::Transient(format!("cannot connect to PostgreSQL (app setting {}): {e}", self.target.setting))
-        })
+        // Transient even when the certificate is not trusted: the batch is fine, so it must not count toward
+        // quarantine; the message names the fix and the batch waits in flight until it is made.
+        self.pool
+            .get()
+            .await
+            .map_err(|e| SinkError::Transient(connect_failure(&self.target.setting, &e).message().to_string()))
     }
 
     /// The table's shape, from the cache while it is fresh.

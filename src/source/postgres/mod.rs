@@ -12,15 +12,19 @@
 //! The lag (status) dates the first pending row: a timestamp cursor by its own value, any other cursor by the
 //! commit timestamp of the row's last writer, which PostgreSQL keeps only with `track_commit_timestamp = on`.
 
+mod connect;
 mod sql;
+mod tls;
 
+pub use connect::{connect_failure, pool, ConnectFailure};
 pub use sql::Guard;
+pub use tls::PostgresTls;
 
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
-use crate::config::{Secret, SourceSpec};
+use crate::config::SourceSpec;
 use crate::ident::Ident;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use sha2::{Digest, Sha256};
 use sql::{Age, Shape};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,18 +45,18 @@ pub struct PostgresCursor {
 }
 
 impl PostgresCursor {
-    /// Builds the source without connecting: the pool opens connections on first use.
-    pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
-        let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE).map_err(SourceError::Invalid)?;
+    /// Builds the source without connecting: the pool opens connections on first use, through `tls`.
+    pub fn new(spec: SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
+        let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
         Ok(Self { spec, pool, shape: OnceCell::new(), lag_reason_logged: AtomicBool::new(false) })
     }
 
+    /// A pooled connection. A certificate that is not trusted or `sslmode=require` against a server without
+    /// TLS needs an operator (`Invalid`); anything else may pass on the next tick.
     async fn client(&self) -> Result<deadpool_postgres::Client, SourceError> {
-        self.pool.get().await.map_err(|e| {
-            SourceError::Unavailable(format!(
-                "cannot connect to PostgreSQL (app setting {}): {e}",
-                self.spec.connection_setting
-            ))
+        self.pool.get().await.map_err(|e| match connect_failure(&self.spec.connection_setting, &e) {
+            ConnectFailure::Misconfigured(m) => SourceError::Invalid(m),
+            ConnectFailure::Unavailable(m) => SourceError::Unavailable(m),
         })
     }
 
@@ -363,31 +367,6 @@ impl Source for PostgresCursor {
         }
         Ok(Lag::Unknown(reason))
     }
-}
-
-/// A pool of at most `size` connections to the database in app setting `setting`, opening none until used.
-/// Shared by the source and the PostgreSQL sink, so both read connection strings the same way.
-pub fn pool(setting: &str, connection: &Secret, size: usize) -> Result<Pool, String> {
-    let mut config: tokio_postgres::Config = connection.expose().parse().map_err(|e| {
-        format!(
-            "app setting {setting} is not a PostgreSQL connection string ({e}); use postgres://user:password@host:5432/db or key=value form"
-        )
-    })?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
-    }
-    if config.get_application_name().is_none() {
-        config.application_name("sql-pseudo-trigger");
-    }
-    let manager =
-        Manager::from_config(config, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    Pool::builder(manager)
-        .max_size(size)
-        .wait_timeout(Some(Duration::from_secs(30)))
-        .create_timeout(Some(Duration::from_secs(15)))
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .build()
-        .map_err(|e| format!("cannot build the connection pool: {e}"))
 }
 
 /// Classifies a PostgreSQL error: what a retry can fix is `Unavailable`, the rest says what to change.

@@ -1,0 +1,479 @@
+//! TLS for PostgreSQL connections: a tokio-postgres connector over rustls that verifies the server's
+//! certificate and host name, the two app settings that decide what it trusts, and handshake errors that say
+//! what to change.
+//!
+//! What the connection string's `sslmode` means with this connector (tokio-postgres implements three modes):
+//! - `disable`: plaintext; no TLS is attempted.
+//! - `prefer` (the default): TLS when the server offers it, plaintext when it does not. When TLS is used the
+//!   certificate **is verified**, and one that fails verification fails the connection: there is no fallback to
+//!   plaintext. That is stricter than libpq, whose `prefer` and `require` encrypt without verifying anything.
+//!   We verify because the password and every row cross this connection, and an unverified TLS session hands
+//!   both to whoever can intercept it.
+//! - `require`: TLS or no connection, verified as above (what libpq calls `verify-full`).
+//!
+//! What is trusted: the platform's roots (so Azure Database for PostgreSQL, whose certificates chain to public
+//! roots, needs nothing), plus the CA certificates in `Sql_Trigger_PostgresRootCertificate` (a self-hosted
+//! server with its own CA). `Sql_Trigger_PostgresTrustServerCertificate=true` turns verification off, like
+//! SQL Server's `TrustServerCertificate`; the app logs a warning at start-up when it is set.
+//!
+//! Why our own connector rather than the tokio-postgres-rustls crate: the tree already holds rustls,
+//! tokio-rustls and rustls-platform-verifier (through reqwest and tiberius), the connector is small, and here
+//! its errors can name the setting that fixes them.
+
+use crate::config::settings::{POSTGRES_ROOT_CERTIFICATE, POSTGRES_TRUST_SERVER_CERTIFICATE};
+use crate::config::{ConfigError, Env};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use sha2::{Digest, Sha256, Sha384, Sha512};
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+
+/// The TLS side of every PostgreSQL connection the handler opens (sources and sinks): what it trusts, and the
+/// rustls configuration built from that on first use. Cloning shares one configuration.
+#[derive(Clone, Default)]
+pub struct PostgresTls {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    trust: Trust,
+    /// Built when the first server offers TLS, not before: loading the platform's roots costs a few
+    /// milliseconds and may fail (a container without CA certificates), which must not break plaintext
+    /// connections (`sslmode=disable`, or `prefer` against a server without TLS). Built once per process, a
+    /// failure included: roots installed later take effect at the next start.
+    config: OnceLock<Result<Arc<ClientConfig>, Problem>>,
+}
+
+/// Where trust in a server certificate comes from.
+#[derive(Debug, Clone, Default)]
+enum Trust {
+    /// The platform's roots: no setting given.
+    #[default]
+    Platform,
+    /// The platform's roots plus the operator's CA certificates (`Sql_Trigger_PostgresRootCertificate`).
+    PlatformAnd(Vec<CertificateDer<'static>>),
+    /// `Sql_Trigger_PostgresTrustServerCertificate=true`: encrypt, but verify neither the certificate nor the
+    /// host name; only the handshake's signatures are checked.
+    AnyCertificate,
+}
+
+impl fmt::Debug for PostgresTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner.trust {
+            Trust::Platform => f.write_str("PostgresTls(platform roots)"),
+            Trust::PlatformAnd(roots) => write!(f, "PostgresTls(platform roots and {} more)", roots.len()),
+            Trust::AnyCertificate => f.write_str("PostgresTls(any certificate)"),
+        }
+    }
+}
+
+impl PostgresTls {
+    /// Reads `Sql_Trigger_PostgresRootCertificate` (a PEM file, relative to `app_root`, or the PEM text) and
+    /// `Sql_Trigger_PostgresTrustServerCertificate`, reporting every problem with its setting.
+    pub fn from_env(env: &Env, app_root: &Path) -> Result<Self, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let problem = |def: &str, msg: String| ConfigError::new(format!("app setting {def}"), msg);
+        let trust_any = match env.get(POSTGRES_TRUST_SERVER_CERTIFICATE.name).map(str::trim) {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("true") => true,
+            Some(v) if v.eq_ignore_ascii_case("false") => false,
+            Some(v) => {
+                errors
+                    .push(problem(POSTGRES_TRUST_SERVER_CERTIFICATE.name, format!("must be true or false, got {v:?}")));
+                false
+            }
+        };
+        let roots = match env.get(POSTGRES_ROOT_CERTIFICATE.name) {
+            None => None,
+            Some(value) => match read_roots(value, app_root) {
+                Ok(roots) => Some(roots),
+                Err(e) => {
+                    errors.push(problem(POSTGRES_ROOT_CERTIFICATE.name, e));
+                    None
+                }
+            },
+        };
+        if trust_any && env.get(POSTGRES_ROOT_CERTIFICATE.name).is_some() {
+            errors.push(problem(
+                POSTGRES_TRUST_SERVER_CERTIFICATE.name,
+                format!(
+                    "is true, which verifies no certificate, so {} would be ignored: set only one of them",
+                    POSTGRES_ROOT_CERTIFICATE.name
+                ),
+            ));
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let trust = match (trust_any, roots) {
+            (true, _) => Trust::AnyCertificate,
+            (false, Some(roots)) => Trust::PlatformAnd(roots),
+            (false, None) => Trust::Platform,
+        };
+        Ok(Self { inner: Arc::new(Inner { trust, config: OnceLock::new() }) })
+    }
+
+    /// True under `Sql_Trigger_PostgresTrustServerCertificate=true`: the start-up warning's condition.
+    pub fn trusts_any_certificate(&self) -> bool {
+        matches!(self.inner.trust, Trust::AnyCertificate)
+    }
+
+    fn client_config(&self) -> Result<Arc<ClientConfig>, Problem> {
+        self.inner.config.get_or_init(|| build_config(&self.inner.trust).map(Arc::new)).clone()
+    }
+}
+
+/// The operator's CA certificates: PEM text (it holds `-----BEGIN`), else the path of a PEM file.
+fn read_roots(value: &str, app_root: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let (pem, what) = if value.contains("-----BEGIN") {
+        // A PEM pasted into a one-line setting often arrives with literal `\n`s; base64 never holds `\`.
+        (value.replace("\\n", "\n").into_bytes(), "the PEM text".to_string())
+    } else {
+        let path = app_root.join(value.trim());
+        let bytes = std::fs::read(&path).map_err(|e| {
+            format!(
+                "cannot read {} ({e}); give the path of a PEM file (absolute, or relative to the app root) or the PEM text itself",
+                path.display()
+            )
+        })?;
+        (bytes, path.display().to_string())
+    };
+    let roots: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what} is not valid PEM ({e})"))?;
+    if roots.is_empty() {
+        return Err(format!(
+            "{what} holds no certificate (-----BEGIN CERTIFICATE-----); convert a DER file with `openssl x509 -inform der -in ca.cer -out ca.pem`"
+        ));
+    }
+    for (i, root) in roots.iter().enumerate() {
+        RootCertStore::empty()
+            .add(root.clone())
+            .map_err(|e| format!("certificate {} in {what} cannot be a trusted root ({e})", i + 1))?;
+    }
+    Ok(roots)
+}
+
+/// Why the platform verifier: it is what reqwest (the state store's client) uses, so PostgreSQL trusts what the
+/// rest of the process trusts. On Linux it reads the system's store (`/etc/ssl/certs`, or `SSL_CERT_FILE`) and
+/// verifies with webpki, exactly as `rustls-native-certs` would; on Windows and macOS it asks the operating
+/// system, which also knows roots an administrator installed and checks revocation. Extra roots are added to
+/// the platform's, not substituted for them.
+fn build_config(trust: &Trust) -> Result<ClientConfig, Problem> {
+    // Explicitly ring, the provider main.rs installs: the tree also carries aws-lc-rs, so the process default
+    // would be ambiguous wherever nobody installed one (library users, tests).
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier: Arc<dyn ServerCertVerifier> = match trust {
+        Trust::Platform => Arc::new(
+            rustls_platform_verifier::Verifier::new(provider.clone()).map_err(|e| Problem::NoRoots(e.to_string()))?,
+        ),
+        Trust::PlatformAnd(roots) => Arc::new(
+            rustls_platform_verifier::Verifier::new_with_extra_roots(roots.iter().cloned(), provider.clone())
+                .map_err(|e| Problem::NoRoots(e.to_string()))?,
+        ),
+        Trust::AnyCertificate => Arc::new(AnyCertificate(provider.clone())),
+    };
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Problem::Failed(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    // What libpq 17 sends: PostgreSQL 17 requires it for `sslnegotiation=direct`; older servers ignore it.
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(config)
+}
+
+impl<S> MakeTlsConnect<S> for PostgresTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = TlsStream<S>;
+    type TlsConnect = Connect;
+    type Error = HandshakeError;
+
+    /// Never fails: tokio-postgres calls this for every connection before it knows whether the server speaks
+    /// TLS at all, so every problem waits for [`Connect::connect`], which runs only once the server said yes.
+    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, HandshakeError> {
+        Ok(Connect { tls: self.clone(), host: host.to_string() })
+    }
+}
+
+/// One handshake with the server `host` (the connection string's `host`, which the certificate must name).
+#[derive(Debug)]
+pub struct Connect {
+    tls: PostgresTls,
+    host: String,
+}
+
+impl<S> TlsConnect<S> for Connect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = TlsStream<S>;
+    type Error = HandshakeError;
+    type Future = Pin<Box<dyn Future<Output = Result<TlsStream<S>, HandshakeError>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let fail = |problem| HandshakeError { host: self.host.clone(), problem };
+            let config = self.tls.client_config().map_err(fail)?;
+            let name = ServerName::try_from(self.host.clone())
+                .map_err(|e| fail(Problem::Failed(format!("{:?} is not a host name ({e})", self.host))))?;
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .map_err(|e| fail(Problem::from_io(e)))?;
+            Ok(TlsStream(stream))
+        })
+    }
+}
+
+/// An established TLS session with the server.
+#[derive(Debug)]
+pub struct TlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for TlsStream<S> {
+    /// `tls-server-end-point` (RFC 5929), so SCRAM authentication is bound to this TLS session
+    /// (SCRAM-SHA-256-PLUS) and `channel_binding=require` works: a password exchange relayed through a
+    /// man in the middle then fails, which matters most when certificates are not verified.
+    fn channel_binding(&self) -> ChannelBinding {
+        let (_, session) = self.0.get_ref();
+        match session.peer_certificates().and_then(<[_]>::first).and_then(|cert| tls_server_end_point(cert)) {
+            Some(hash) => ChannelBinding::tls_server_end_point(hash),
+            None => ChannelBinding::none(),
+        }
+    }
+}
+
+/// The hash of the server's certificate with the hash function of its signature (MD5 and SHA-1 become
+/// SHA-256), as RFC 5929 and PostgreSQL define it. `None` for signatures without one obvious hash (RSA-PSS,
+/// Ed25519): authentication then uses plain SCRAM-SHA-256, as PostgreSQL's own client would.
+fn tls_server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01]; // 1.2.840.113549.1.1
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01]; // 1.2.840.10045.4.1
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03]; // 1.2.840.10045.4.3
+    let oid = signature_algorithm(cert)?;
+    let (family, last) = oid.split_last().map(|(last, family)| (family, *last))?;
+    match (family, last) {
+        // md5, sha1 and sha256 with RSA; ecdsa with SHA-1 and SHA-256.
+        (RSA, 4 | 5 | 11) | (ECDSA_SHA2, 2) => Some(Sha256::digest(cert).to_vec()),
+        _ if oid == ECDSA_SHA1 => Some(Sha256::digest(cert).to_vec()),
+        (RSA, 12) | (ECDSA_SHA2, 3) => Some(Sha384::digest(cert).to_vec()),
+        (RSA, 13) | (ECDSA_SHA2, 4) => Some(Sha512::digest(cert).to_vec()),
+        _ => None,
+    }
+}
+
+/// The OID of `Certificate.signatureAlgorithm`: `SEQUENCE { tbsCertificate SEQUENCE, signatureAlgorithm
+/// SEQUENCE { OID, ... }, signature BIT STRING }`. A walk over three DER headers, rather than an X.509 crate.
+fn signature_algorithm(cert: &[u8]) -> Option<&[u8]> {
+    let (0x30, certificate, _) = der(cert)? else { return None };
+    let (0x30, _tbs, rest) = der(certificate)? else { return None };
+    let (0x30, algorithm, _) = der(rest)? else { return None };
+    let (0x06, oid, _) = der(algorithm)? else { return None };
+    Some(oid)
+}
+
+/// One DER element at the start of `bytes`: `(tag, contents, what follows)`.
+fn der(bytes: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = bytes.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        (rest[..n].iter().fold(0usize, |len, b| len << 8 | usize::from(*b)), &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// `Sql_Trigger_PostgresTrustServerCertificate=true`: any certificate for any name, but the handshake's
+/// signatures are still checked (the session is still encrypted to whoever presented that certificate).
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS handshake with a PostgreSQL server that did not succeed: the message names the server, the problem
+/// and the fix. Never holds the connection string.
+#[derive(Debug, Clone)]
+pub struct HandshakeError {
+    host: String,
+    problem: Problem,
+}
+
+#[derive(Debug, Clone)]
+enum Problem {
+    /// The chain ends at no trusted root.
+    Untrusted,
+    /// The certificate does not name the host; the names it does list.
+    WrongName(Vec<String>),
+    Expired,
+    NotValidYet,
+    Revoked,
+    /// No root could be loaded at all.
+    NoRoots(String),
+    /// Any other certificate problem: the certificate was seen and refused.
+    Rejected(String),
+    /// The handshake itself failed (connection reset, protocol mismatch): possibly transient.
+    Failed(String),
+}
+
+impl Problem {
+    fn from_io(e: io::Error) -> Self {
+        let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
+            return Self::Failed(e.to_string());
+        };
+        let rustls::Error::InvalidCertificate(cert) = tls else { return Self::Failed(tls.to_string()) };
+        match cert {
+            CertificateError::UnknownIssuer => Self::Untrusted,
+            CertificateError::NotValidForName => Self::WrongName(Vec::new()),
+            CertificateError::NotValidForNameContext { presented, .. } => {
+                Self::WrongName(presented.iter().map(|name| bare_name(name)).collect())
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => Self::Expired,
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => Self::NotValidYet,
+            CertificateError::Revoked => Self::Revoked,
+            other => Self::Rejected(rustls::Error::InvalidCertificate(other.clone()).to_string()),
+        }
+    }
+}
+
+/// `DnsName("db.example.com")` and `IpAddress(10.0.0.5)`, webpki's forms of the names a certificate lists, as
+/// the bare names an operator would type.
+fn bare_name(name: &str) -> String {
+    let dns = name.strip_prefix("DnsName(\"").and_then(|n| n.strip_suffix("\")"));
+    let ip = name.strip_prefix("IpAddress(").and_then(|n| n.strip_suffix(')'));
+    dns.or(ip).unwrap_or(name).to_string()
+}
+
+impl HandshakeError {
+    /// True when retrying cannot help: the certificate or what we trust must change. False for a handshake
+    /// that broke off, which the next attempt may complete.
+    pub fn needs_operator(&self) -> bool {
+        !matches!(self.problem, Problem::Failed(_))
+    }
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = &self.host;
+        let root = POSTGRES_ROOT_CERTIFICATE.name;
+        match &self.problem {
+            Problem::Untrusted => write!(
+                f,
+                "the certificate of PostgreSQL server {host} is not signed by a certificate authority this handler \
+                 trusts; if the server has its own CA, set app setting {root} to that CA's certificate (a PEM file \
+                 or the PEM text). Certificates are verified whenever TLS is used, with the default sslmode=prefer too"
+            ),
+            Problem::WrongName(presented) if presented.is_empty() => write!(
+                f,
+                "the certificate of PostgreSQL server {host} is not valid for the name {host}: it lists no name in \
+                 its subjectAltName (the common name is not used); reissue it with {host} in its subjectAltName"
+            ),
+            Problem::WrongName(presented) => write!(
+                f,
+                "the certificate of PostgreSQL server {host} is not valid for the name {host} (it is for {}): \
+                 connect with a host name the certificate lists (hostaddr= can give the address to dial), or \
+                 reissue it with {host} in its subjectAltName",
+                presented.join(", ")
+            ),
+            Problem::Expired => write!(
+                f,
+                "the certificate of PostgreSQL server {host} has expired: renew it on the server (or check this \
+                 machine's clock)"
+            ),
+            Problem::NotValidYet => write!(
+                f,
+                "the certificate of PostgreSQL server {host} is not valid yet: check this machine's clock and the \
+                 certificate's start date"
+            ),
+            Problem::Revoked => {
+                write!(
+                    f,
+                    "the certificate of PostgreSQL server {host} has been revoked: install a new one on the server"
+                )
+            }
+            Problem::NoRoots(e) => write!(
+                f,
+                "cannot verify PostgreSQL server {host}: no trusted root certificate could be loaded ({e}); install \
+                 the platform's CA certificates (ca-certificates) or set app setting {root}"
+            ),
+            Problem::Rejected(e) => write!(f, "the certificate of PostgreSQL server {host} was refused: {e}"),
+            Problem::Failed(e) => write!(f, "the TLS handshake with PostgreSQL server {host} failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for HandshakeError {}
+
+#[cfg(test)]
+mod tests;

@@ -15,7 +15,7 @@
 //!
 //! Every contender is checked: afterwards the copy must equal the source on every row.
 //!
-//! Knobs: BENCH_UPSERT_ROWS (100000), BENCH_UPSERT_BATCHES (1000,10000; ours), BENCH_UPSERT_PEER_BATCH (1000),
+//! Knobs: BENCH_UPSERT_ROWS (100000), BENCH_UPSERT_BATCHES (1000,5000,10000; ours), BENCH_UPSERT_PEER_BATCH (1000),
 //! BENCH_REPEATS (3; ours and raw, median reported), BENCH_SKIP_PEER=1, SQL_PSEUDO_TRIGGER_HANDLER,
 //! BENCH_PYTHON (scripts/bench sets both), BENCH_UPSERT_LOG (a log filter for ours, whose log is then printed),
 //! BENCH_DOC (the document to write; `0` writes nothing). `cargo test --all-targets` runs this binary without
@@ -61,7 +61,7 @@ impl Options {
                 .map_or(Ok(default), |t| t.trim().parse().map_err(|_| format!("{name}={t:?} is not a number")))
         };
         let batches = std::env::var("BENCH_UPSERT_BATCHES")
-            .unwrap_or_else(|_| "1000,10000".into())
+            .unwrap_or_else(|_| "1000,5000,10000".into())
             .split(',')
             .map(|b| b.trim().parse::<usize>().map_err(|_| format!("BENCH_UPSERT_BATCHES: {b:?} is not a number")))
             .collect::<BenchResult<Vec<_>>>()?;

@@ -243,6 +243,14 @@ async fn run_sink_mode(
         };
         pace(name, &summary, &mut window, pause, &mut stop).await;
     }
+    match trigger.withdraw_chained().await {
+        Ok(true) => {
+            tracing::info!(function = %name, "withdrew the batch recorded for the next tick (never delivered) and released the lease")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(function = %name, error = %e,
+            "could not withdraw the batch recorded for the next tick; the next instance delivers it once this one's lease expires"),
+    }
     tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
     summary
 }

@@ -99,6 +99,8 @@ pub struct Trigger {
     observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
     /// Sink mode: the batch after the one being delivered, fetched while the sink wrote (see `sink_mode`).
     ahead: std::sync::Mutex<Option<sink_mode::Ahead>>,
+    /// Sink mode: the batch recorded in flight by the previous tick's acknowledgement, to deliver next.
+    chained: std::sync::Mutex<Option<sink_mode::Chained>>,
     /// The document this process wrote last and its etag, so the next tick need not read it back (see
     /// `tick_inner`). Taken at the start of a tick: any failure leaves it empty and the next tick reads.
     written: std::sync::Mutex<Option<(StateDoc, Etag)>>,
@@ -143,6 +145,7 @@ impl Trigger {
             stats: std::sync::Mutex::new(TickStats::default()),
             observer: std::sync::OnceLock::new(),
             ahead: std::sync::Mutex::new(None),
+            chained: std::sync::Mutex::new(None),
             written: std::sync::Mutex::new(None),
         }
     }

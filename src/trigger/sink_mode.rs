@@ -19,8 +19,22 @@
 //! or halt); `Transient` is not counted (a destination outage must not quarantine batches); `Fenced` means a
 //! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted.
 //!
-//! A delivering tick costs two conditional writes (plus a read when this process did not write the state last,
-//! see `Trigger::tick_inner`), plus one write per heartbeat.
+//! A delivering tick costs two conditional writes (record, acknowledge), plus a read when this process did not
+//! write the state last (see `Trigger::tick_inner`) and one write per heartbeat; while a backlog drains, one
+//! write (see "Chaining").
+//!
+//! # Chaining
+//! While a backlog drains, the acknowledgement of batch N also records batch N+1 (fetched ahead, see below)
+//! in flight under the same lease: one conditional write instead of two. The next tick then delivers N+1
+//! straight away, from the document this process wrote, without reading or writing the state first. This
+//! is the same record step, made earlier: a crash leaves N+1 in flight for the next owner to re-deliver, as
+//! a crash during any delivery does. It is used only while the lease has at least half its duration left
+//! (else the tick goes the ordinary way and re-records the batch), not while an operator has queued
+//! quarantined batches, and a clean stop of `handler run` withdraws an undelivered chained batch so the next
+//! instance need not wait out the lease. An operator's pause or reset between the two ticks is seen one batch
+//! later: the chained batch is delivered, its acknowledgement fails the compare-and-swap, and the next tick
+//! acts on the operator's document (the batch is delivered again when the function resumes; the sink
+//! absorbs the duplicate).
 //!
 //! # Resuming from the destination
 //! The state document is the engine's memory; an exactly-once SQL sink's checkpoint row is the record of
@@ -49,7 +63,7 @@
 //! changed since is delivered again later with its newer values, exactly as when a delivery is slow. A
 //! fetch kept longer than one lease duration is dropped.
 
-use super::state::{Lease, StateDoc};
+use super::state::{InFlight, Lease, StateDoc};
 use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger};
 use crate::protocol::RetryContext;
 use crate::sink::{Resume, Sink, SinkBatch, SinkError};
@@ -93,6 +107,9 @@ impl Trigger {
     }
 
     async fn deliver_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        if let Some(out) = self.take_chained() {
+            return self.deliver_batch(sink, out).await;
+        }
         let mut out = self.tick_inner(RetryContext::default()).await?;
         if let Some(logs) = self.reconcile(sink, &mut out).await? {
             // The document now starts where the destination ends: no second reconciliation.
@@ -176,6 +193,54 @@ impl Trigger {
         Ok(None)
     }
 
+    /// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver
+    /// without touching the state store, if the document this process wrote last still records it under this
+    /// process's lease with at least half the lease left (so the heartbeat starts well before it could lapse).
+    /// Taken either way: a chained batch not used now goes the ordinary way (re-fetched, re-recorded).
+    fn take_chained(&self) -> Option<TickOutcome> {
+        let chained = self.chained.lock().expect("chained lock").take()?;
+        let (doc, etag) = self.written.lock().expect("written lock").clone()?;
+        let flight = doc.in_flight.as_ref().filter(|f| f.batch_id == chained.batch_id && f.owner == self.owner)?;
+        let lease = doc.lease.as_ref().filter(|l| l.owner == self.owner)?;
+        let left = lease.expires_at - OffsetDateTime::now_utc();
+        if left < self.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
+            return None;
+        }
+        let mut out = TickOutcome {
+            kind: OutcomeKind::Delivered,
+            batch_id: Some(flight.batch_id),
+            fence: lease.token,
+            ..TickOutcome::default()
+        };
+        out.logs.push(format!(
+            "delivering batch {} with {} change(s), recorded in flight with the previous batch's acknowledgement",
+            flight.batch_id,
+            chained.changes.len()
+        ));
+        out.changes = chained.changes;
+        out.committed = Some((doc, etag));
+        Some(out)
+    }
+
+    /// On a clean stop: a batch recorded in flight with the last acknowledgement and never delivered is
+    /// withdrawn (nothing in flight, the lease released), so the next instance starts at once instead of
+    /// waiting out this one's lease. `Ok(false)`: there was none, or the state moved on (then nothing is
+    /// written and the batch is delivered by whoever holds the state, as after a crash).
+    pub async fn withdraw_chained(&self) -> Result<bool, TickError> {
+        let _one_at_a_time = self.lock.lock().await;
+        let Some(chained) = self.chained.lock().expect("chained lock").take() else { return Ok(false) };
+        let Some((mut doc, etag)) = self.written.lock().expect("written lock").clone() else { return Ok(false) };
+        if doc.in_flight.as_ref().is_none_or(|f| f.batch_id != chained.batch_id || f.owner != self.owner) {
+            return Ok(false);
+        }
+        doc.in_flight = None;
+        if let Some(lease) = doc.lease.as_mut().filter(|l| l.owner == self.owner) {
+            lease.expires_at = OffsetDateTime::now_utc();
+        }
+        let mut out = TickOutcome::default();
+        self.commit(&mut doc, Some(&etag), &mut out).await
+    }
+
     /// Delivers the batch `tick_inner` recorded in flight, if any, and acknowledges it.
     async fn deliver_batch(&self, sink: &dyn Sink, mut out: TickOutcome) -> Result<TickOutcome, TickError> {
         let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
@@ -214,10 +279,35 @@ impl Trigger {
         match delivered {
             Ok(()) => {
                 failpoint::hit("after-sink");
-                acknowledge(&mut doc, &flight, OffsetDateTime::now_utc());
+                let now = OffsetDateTime::now_utc();
+                acknowledge(&mut doc, &flight, now);
+                // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining"
+                // in the module docs), unless an operator queued quarantined batches, which go first.
+                let chainable = doc.retry_quarantined.is_empty() && !doc.paused && doc.halted.is_none();
+                let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
+                let next = chain.map(|fetched| {
+                    let next = InFlight {
+                        batch_id: doc.next_batch_id,
+                        from: flight.to.clone(),
+                        to: fetched.last.clone().unwrap_or(Position::Null),
+                        rows: fetched.changes.len() as u64,
+                        deliveries: 1,
+                        failures: 0,
+                        owner: self.owner.clone(),
+                        final_attempt: false,
+                        first_delivered_at: now,
+                        last_delivered_at: now,
+                        quarantined: None,
+                    };
+                    doc.next_batch_id += 1;
+                    doc.in_flight = Some(next.clone());
+                    self.take_lease(&mut doc, now);
+                    Chained { batch_id: next.batch_id, changes: fetched.changes }
+                });
                 let mut ack = TickOutcome::default();
                 if self.commit(&mut doc, Some(&etag), &mut ack).await? {
-                    if let Some(fetched) = ahead {
+                    *self.chained.lock().expect("chained lock") = next;
+                    if let Some(fetched) = keep {
                         let after = flight.to.clone();
                         *self.ahead.lock().expect("ahead lock") = Some(Ahead { after, fetched, at: Instant::now() });
                     }
@@ -260,6 +350,13 @@ impl Trigger {
             }
         }
     }
+}
+
+/// A batch recorded in flight by the write that acknowledged the batch before it: its id and its changes.
+#[derive(Debug)]
+pub(super) struct Chained {
+    batch_id: u64,
+    changes: Vec<crate::change::Change>,
 }
 
 /// A batch fetched ahead: the changes after `after`, fetched at `at`.

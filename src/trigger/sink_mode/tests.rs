@@ -574,3 +574,152 @@ async fn while_the_sink_cannot_say_what_it_recorded_a_new_document_delivers_noth
     assert_eq!(failures, 0);
     assert_eq!(sink.ids(), ids(1..=2));
 }
+
+impl World {
+    /// An operator's edit of the state document, through the same compare-and-swap.
+    async fn edit_state(&self, edit: impl FnOnce(&mut StateDoc)) {
+        let v = self.store.load("app/orders.json").await.expect("load").expect("a state document");
+        let mut doc: StateDoc = serde_json::from_slice(&v.bytes).expect("readable");
+        edit(&mut doc);
+        let bytes = serde_json::to_vec(&doc).expect("serializes");
+        self.store.save_if("app/orders.json", &bytes, Some(&v.etag)).await.expect("the operator's write");
+    }
+}
+
+#[tokio::test]
+async fn a_draining_backlog_records_each_next_batch_with_the_acknowledgement_of_the_one_before() {
+    // GIVEN 350 rows and batches of 100
+    let w = World::default();
+    w.source.upsert(1..=350, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::default();
+
+    // WHEN the backlog drains
+    let mut costs = Vec::new();
+    loop {
+        let out = p.trigger.tick_into(&sink).await.expect("tick");
+        costs.push((out.kind, out.changes.len(), out.store_operations));
+        if out.kind == OutcomeKind::Empty {
+            break;
+        }
+    }
+
+    // THEN every row arrived once, in order, in batches 1-4 under one fencing token
+    assert_eq!(sink.taken(), ids(1..=350));
+    let batches: Vec<(u64, u64)> = sink.seen().iter().map(|s| (s.batch_id, s.fence)).collect();
+    assert_eq!(batches, vec![(1, 1), (2, 1), (3, 1), (4, 1)]);
+    // AND the first tick read, recorded and acknowledged (recording batch 2 with it); every later batch cost
+    // one write: its acknowledgement, which recorded the next; the last empty tick one read
+    use OutcomeKind::{Delivered, Empty};
+    assert_eq!(
+        costs,
+        vec![(Delivered, 100, 3), (Delivered, 100, 1), (Delivered, 100, 1), (Delivered, 50, 1), (Empty, 0, 1)]
+    );
+    // AND the state says so: nothing in flight, four batches, no re-delivery
+    let doc = w.state().await;
+    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+    assert_eq!((doc.counters.batches, doc.counters.delivered, doc.counters.redelivered), (4, 350, 0));
+}
+
+#[tokio::test]
+async fn a_clean_stop_withdraws_a_chained_batch_so_the_next_instance_starts_at_once() {
+    // GIVEN p1 delivered rows 1-100 and recorded 101-200 in flight under its one-hour lease
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let p1 = w.process("p1", settings());
+    let sink = ScriptedSink::default();
+    p1.trigger.tick_into(&sink).await.expect("tick");
+    let recorded = w.state().await.in_flight.expect("batch 2 recorded with batch 1's acknowledgement");
+    assert_eq!((recorded.batch_id, recorded.rows, recorded.owner.as_str()), (2, 100, "p1"));
+
+    // WHEN p1 stops cleanly
+    assert!(p1.trigger.withdraw_chained().await.expect("withdraw"));
+
+    // THEN nothing is in flight and the lease is released; the checkpoint stays after row 100
+    let doc = w.state().await;
+    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+    assert!(doc.lease.as_ref().expect("a lease").expires_at <= OffsetDateTime::now_utc());
+    // AND a new instance delivers rows 101-250 at once, each once, under a new fencing token
+    let p2 = w.process("p2", settings());
+    let out = p2.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!((out.kind, out.changes.len(), out.fence), (OutcomeKind::Delivered, 100, 2));
+    while p2.trigger.tick_into(&sink).await.expect("tick").kind != OutcomeKind::Empty {}
+    assert_eq!(sink.taken(), ids(1..=250));
+    // AND withdrawing twice, or with nothing chained, writes nothing
+    let writes = p1.store.operations();
+    assert!(!p1.trigger.withdraw_chained().await.expect("withdraw"));
+    assert_eq!(p1.store.operations(), writes);
+}
+
+#[tokio::test]
+async fn a_crash_with_a_chained_batch_in_flight_hands_it_to_the_next_owner_and_loses_nothing() {
+    // GIVEN p1 delivered rows 1-100, recorded 101-200 in flight, and died (its lease lapses at once)
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    let p1 = w.process("p1", expired.clone());
+    let sink = ScriptedSink::default();
+    p1.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!(w.state().await.in_flight.map(|f| f.batch_id), Some(2));
+    drop(p1);
+
+    // WHEN another instance drains
+    let p2 = w.process("p2", expired);
+    let first = p2.trigger.tick_into(&sink).await.expect("tick");
+    while p2.trigger.tick_into(&sink).await.expect("tick").kind != OutcomeKind::Empty {}
+
+    // THEN it took batch 2 over (same id, same range) and every row arrived exactly once
+    assert_eq!((first.kind, first.batch_id, first.fence), (OutcomeKind::Redelivered, Some(2), 2));
+    assert_eq!(sink.taken(), ids(1..=250));
+    let doc = w.state().await;
+    assert_eq!((doc.counters.takeovers, doc.counters.delivered), (1, 250));
+    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+}
+
+#[tokio::test]
+async fn a_pause_between_two_chained_batches_holds_the_function_one_batch_later_and_loses_nothing() {
+    // GIVEN p1 delivered rows 1-100 and recorded 101-200 with that acknowledgement
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let p = w.process("p1", settings());
+    let sink = ScriptedSink::default();
+    p.trigger.tick_into(&sink).await.expect("tick");
+
+    // WHEN an operator pauses the function
+    w.edit_state(|doc| doc.paused = true).await;
+    // THEN the chained batch is still delivered, but its acknowledgement is refused (the state changed)
+    let chained = p.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!((chained.kind, chained.batch_id), (OutcomeKind::Delivered, Some(2)));
+    assert!(chained.logs.iter().any(|l| l.contains("state changed before its acknowledgement")), "{:?}", chained.logs);
+    // AND the next tick reads the pause and delivers nothing
+    assert_eq!(p.trigger.tick_into(&sink).await.expect("tick").kind, OutcomeKind::Paused);
+    assert_eq!(sink.taken(), ids(1..=200));
+
+    // WHEN the operator resumes it THEN batch 2 comes again (absorbed by a SQL sink) and the rest follows
+    w.edit_state(|doc| doc.paused = false).await;
+    while p.trigger.tick_into(&sink).await.expect("tick").kind != OutcomeKind::Empty {}
+    let expected: Vec<i64> = ids(1..=200).into_iter().chain(ids(101..=250)).collect();
+    assert_eq!(sink.taken(), expected);
+    assert!(w.state().await.in_flight.is_none());
+}
+
+#[tokio::test]
+async fn a_chained_batch_whose_lease_lapsed_is_not_delivered_from_memory() {
+    // GIVEN p1 delivered rows 1-100 and recorded 101-200 under a lease that lapsed, and p2 took that batch
+    // over, delivered it and recorded the next under its own lease
+    let w = World::default();
+    w.source.upsert(1..=250, 1);
+    let p1 = w.process("p1", TriggerSettings { lease_duration: Duration::ZERO, ..settings() });
+    let p2 = w.process("p2", settings());
+    let sink = ScriptedSink::default();
+    p1.trigger.tick_into(&sink).await.expect("tick");
+    let taken_over = p2.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!((taken_over.kind, taken_over.batch_id), (OutcomeKind::Redelivered, Some(2)));
+
+    // WHEN p1 ticks again, still remembering the batch it chained
+    let out = p1.trigger.tick_into(&sink).await.expect("tick");
+
+    // THEN it reads the state instead, finds p2's batch under p2's lease and delivers nothing
+    assert_eq!((out.kind, out.changes.len()), (OutcomeKind::LeaseHeld, 0));
+    assert_eq!(sink.taken(), ids(1..=200));
+}

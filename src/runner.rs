@@ -4,7 +4,9 @@
 //! sink refuses it ticks again as a *retry* (the signal a host retry gives), so the engine re-delivers the same
 //! batch and counts the failure toward `Sql_Trigger_MaxAttempts`. A transient failure (the destination is down)
 //! is not the batch's fault: the loop delivers the batch in hand again, backing off, without counting it (the
-//! sink contract), so an outage never quarantines a batch. After a full batch it ticks again at once
+//! sink contract), so an outage never quarantines a batch. A fencing refusal is not counted either: the token
+//! is raised past a token this state document never issued, and the batch delivered again, or, when another
+//! instance holds the state now, this one lets the batch go (see `Trigger::raise_fence`). After a full batch it ticks again at once
 //! (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`. On SIGTERM the batch in hand is
 //! finished, the last delivered batch is acknowledged, and the lease released, so nothing is lost and the next
 //! process starts at once.
@@ -109,7 +111,7 @@ async fn run_one(
         }
         let pause = match trigger.tick(retry).await {
             Ok(outcome) if !outcome.changes.is_empty() => {
-                let batch = SinkBatch {
+                let mut batch = SinkBatch {
                     app,
                     function: &name,
                     batch_id: outcome.batch_id.unwrap_or(0),
@@ -117,9 +119,29 @@ async fn run_one(
                     changes: &outcome.changes,
                     range: None,
                 };
-                let failed = &mut summary.failed_deliveries;
-                match deliver_through_outages(sink.as_ref(), &batch, &mut stop, settings.polling_interval, failed).await
-                {
+                let mut raised = false;
+                let delivered = loop {
+                    let failed = &mut summary.failed_deliveries;
+                    match deliver_through_outages(sink.as_ref(), &batch, &mut stop, settings.polling_interval, failed)
+                        .await
+                    {
+                        // Refused for a token this state document may never have issued: raised once, and the
+                        // same batch delivered again under the new token (see `Trigger::raise_fence`).
+                        Err(SinkError::Fenced { ours, stored }) if !raised => {
+                            raised = true;
+                            match trigger.raise_fence(batch.batch_id, ours, stored).await {
+                                Ok(Some(token)) => batch.fence = token,
+                                Ok(None) => break Err(SinkError::Fenced { ours, stored }),
+                                Err(e) => {
+                                    tracing::warn!(function = %name, error = %e, "could not raise the fencing token");
+                                    break Err(SinkError::Fenced { ours, stored });
+                                }
+                            }
+                        }
+                        other => break other,
+                    }
+                };
+                match delivered {
                     Ok(()) => {
                         let n = outcome.changes.len() as u64;
                         summary.delivered += n;
@@ -132,6 +154,17 @@ async fn run_one(
                         } else {
                             settings.polling_interval
                         }
+                    }
+                    Err(SinkError::Fenced { ours, stored }) => {
+                        // Another instance owns the function now (or the state moved on): not this batch's
+                        // fault, and not counted. The batch is no longer taken as answered here, so whoever
+                        // holds the state delivers it again.
+                        trigger.forget_answered();
+                        last_delivered_ok = false;
+                        retry = RetryContext::default();
+                        tracing::warn!(function = %name, batch_id = batch.batch_id,
+                            "{} has seen fencing token {stored} from a newer owner (this instance holds {ours}); delivering nothing more of this batch", sink.describe());
+                        settings.polling_interval
                     }
                     Err(e) => {
                         summary.failed_deliveries += 1;
@@ -362,6 +395,9 @@ mod tests {
         attempts: Mutex<Vec<Attempt>>,
         /// Sent `true` during the first delivery: a SIGTERM arriving while a batch is in hand.
         stop_during_first: Option<watch::Sender<bool>>,
+        /// The fencing token the destination holds, as a SQL sink's fence table does: a batch under a lower
+        /// token is refused, a higher one is recorded.
+        fence: Option<Mutex<u64>>,
     }
 
     impl ScriptedSink {
@@ -397,12 +433,18 @@ mod tests {
             }
             let result = {
                 let mut transient = self.transient.lock().expect("transient");
+                let mut fence = self.fence.as_ref().map(|f| f.lock().expect("fence"));
                 if *transient > 0 {
                     *transient -= 1;
                     Err(SinkError::Transient("scripted outage".into()))
+                } else if let Some(stored) = fence.as_deref_mut().filter(|stored| batch.fence < **stored) {
+                    Err(SinkError::Fenced { ours: batch.fence, stored: *stored })
                 } else if ids.iter().any(|id| self.poison.contains(id)) {
                     Err(SinkError::Rejected("scripted rejection".into()))
                 } else {
+                    if let Some(stored) = fence.as_deref_mut() {
+                        *stored = batch.fence;
+                    }
                     Ok(())
                 }
             };
@@ -600,6 +642,30 @@ mod tests {
         assert_eq!(doc.checkpoint, serde_json::json!([1, 100]));
         let lease = doc.lease.expect("a lease was taken");
         assert!(lease.expires_at <= time::OffsetDateTime::now_utc());
+    }
+
+    #[tokio::test]
+    async fn a_new_state_document_goes_above_the_token_the_sink_holds_instead_of_quarantining_every_batch() {
+        // GIVEN a sink that recorded fencing token 7 under an earlier state document of this function (since
+        // deleted: the new document's tokens start again at 1), MaxAttempts 2, and 250 rows in batches of 100
+        let w = world(100, 2);
+        w.source.upsert(1..=250, 1);
+        let sink = Arc::new(ScriptedSink { fence: Some(Mutex::new(7)), ..Default::default() });
+
+        // WHEN the runner drains once in deferred mode
+        let summary = run_to_end(&w, sink.clone(), true, never_stopped()).await;
+
+        // THEN batch 1 was refused once under token 1, then every row was accepted exactly once under token 8
+        let refused: Vec<u64> = sink.attempts().iter().filter(|(_, _, ok)| !ok).map(|(b, _, _)| *b).collect();
+        assert_eq!(refused, vec![1]);
+        assert_eq!(sink.accepted(), each(1..=250));
+        assert_eq!(*sink.fence.as_ref().expect("a fence").lock().expect("fence"), 8);
+        // AND the refusal was not counted: nothing quarantined, nothing failed, the document holds token 8
+        assert_eq!((summary.delivered, summary.failed_deliveries), (250, 0));
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 250));
+        assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+        assert_eq!(doc.lease.map(|l| l.token), Some(8));
     }
 
     #[test]

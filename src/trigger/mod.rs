@@ -262,6 +262,69 @@ impl Trigger {
         self.commit(&mut doc, Some(&etag), &mut out).await
     }
 
+    /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced: it has seen token
+    /// `stored` from a newer owner. If the state document still gives this instance the lease under `ours`
+    /// (and, unless the mode is `immediate`, still holds the batch in flight for it), no owner of this
+    /// document wrote under a larger token: the destination's token comes from an earlier document (deleted,
+    /// lost, or restored from a copy, so its tokens started again at 1). Then the token goes above the
+    /// destination's with one conditional write, and the answer is the token to deliver the same batch under
+    /// again (not counted as a failure). `None`: this instance was deposed, or the state moved on; it delivers
+    /// nothing more of the batch, and the batch is no longer taken as answered here, so no later tick of this
+    /// process acknowledges it from memory.
+    pub async fn raise_fence(&self, batch_id: u64, ours: u64, stored: u64) -> Result<Option<u64>, TickError> {
+        let _one_at_a_time = self.lock.lock().await;
+        // Read afresh, not the document this process wrote last: an operator's write since (a pause and a
+        // resume, say) is no reason to take this instance for deposed.
+        let raised = match self.load().await {
+            Ok(Some((doc, etag))) => self.raise_fence_on(doc, &etag, batch_id, ours, stored).await,
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        };
+        if !matches!(raised, Ok(Some(_))) {
+            self.forget_answered();
+        }
+        raised
+    }
+
+    /// [`Trigger::raise_fence`] on `doc` as read (or written) at `etag`.
+    pub(super) async fn raise_fence_on(
+        &self,
+        mut doc: StateDoc,
+        etag: &Etag,
+        batch_id: u64,
+        ours: u64,
+        stored: u64,
+    ) -> Result<Option<u64>, TickError> {
+        let immediate = self.config.settings.delivery_mode == DeliveryMode::Immediate;
+        let holds = match &doc.lease {
+            Some(lease) => lease.token == ours && (immediate || lease.owner == self.owner),
+            None => immediate && ours == 0,
+        };
+        let in_flight =
+            immediate || doc.in_flight.as_ref().is_some_and(|f| f.batch_id == batch_id && f.owner == self.owner);
+        if stored <= ours || !holds || !in_flight {
+            return Ok(None);
+        }
+        let token = stored + 1;
+        let now = OffsetDateTime::now_utc();
+        match doc.lease.as_mut() {
+            Some(lease) if immediate => lease.token = token,
+            Some(lease) => {
+                lease.token = token;
+                lease.expires_at = lease.expires_at.max(now + self.config.settings.lease_duration);
+            }
+            // Immediate mode takes no lease; this one only carries the token, and is released already.
+            None => doc.lease = Some(Lease { owner: self.owner.clone(), token, expires_at: now }),
+        }
+        let mut out = TickOutcome::default();
+        if !self.commit(&mut doc, Some(etag), &mut out).await? {
+            return Ok(None);
+        }
+        tracing::warn!(function = %self.config.name, batch_id,
+            "the sink holds fencing token {stored}, above this state document's {ours}, which no owner of this document wrote: the document is newer than the sink's record (deleted, lost or restored, its tokens restarted); delivering under token {token}");
+        Ok(Some(token))
+    }
+
     /// Tells `observer` about every later tick. Only the first observer set is kept: `false` if one was already.
     pub fn observe(&self, observer: Arc<dyn TickObserver>) -> bool {
         self.observer.set(observer).is_ok()

@@ -17,7 +17,9 @@
 //!
 //! Sink failures: `Rejected` is a known failure, counted toward `Sql_Trigger_MaxAttempts` (then quarantine
 //! or halt); `Transient` is not counted (a destination outage must not quarantine batches); `Fenced` means a
-//! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted.
+//! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted,
+//! unless the state document shows that no owner of it wrote the destination's token (see
+//! [`Trigger::raise_fence`]): then the token is raised past it and the next tick delivers the batch again.
 //!
 //! A delivering tick costs two conditional writes (record, acknowledge), plus a read when this process did not
 //! write the state last (see `Trigger::tick_inner`) and one write per heartbeat; while a backlog drains, one
@@ -90,7 +92,8 @@ impl Trigger {
         result
     }
 
-    fn forget_answered(&self) {
+    /// No batch counts as answered by this process any more: a later tick acknowledges nothing from memory.
+    pub(crate) fn forget_answered(&self) {
         *self.answered.lock().expect("answered lock") = None;
     }
 
@@ -326,6 +329,21 @@ impl Trigger {
                 Ok(out)
             }
             Err(SinkError::Fenced { ours, stored }) => {
+                if lost.is_none() {
+                    // The destination's token may come from an earlier document of this function (see
+                    // "Resuming from the destination" for a new one; a document restored from a copy has
+                    // acknowledged batches and is not reconciled): then the token is raised, and the next
+                    // tick delivers the batch again under it, as a batch whose delivery is not proven.
+                    if let Some(token) = self.raise_fence_on(doc, &etag, batch_id, ours, stored).await? {
+                        out.kind = OutcomeKind::Conflict;
+                        out.changes.clear();
+                        out.logs.push(format!(
+                            "batch {batch_id} not written: {} holds fencing token {stored}, above this state document's {ours}; no owner of this document wrote it, so the token was raised to {token} and the next tick delivers the batch again",
+                            sink.describe()
+                        ));
+                        return Ok(out);
+                    }
+                }
                 let line = format!(
                     "batch {batch_id} not written: {} has seen fencing token {stored} from a newer owner (this instance holds {ours}); it lost its lease and delivers nothing",
                     sink.describe()

@@ -112,6 +112,8 @@ struct Answer {
     batch_id: Option<u64>,
     rows: Vec<Row>,
     store_operations: u64,
+    /// The lease token the batch was answered under.
+    fence: u64,
 }
 
 /// The destination: one entry per output write that reached it.
@@ -240,7 +242,13 @@ impl Process {
         if landed > 0 {
             self.sink.lock().expect("sink").push(rows[..landed].to_vec());
         }
-        Ok(Answer { kind: out.kind, batch_id: out.batch_id, rows, store_operations: out.store_operations })
+        Ok(Answer {
+            kind: out.kind,
+            batch_id: out.batch_id,
+            rows,
+            store_operations: out.store_operations,
+            fence: out.fence,
+        })
     }
 
     /// A tick that must answer.
@@ -735,6 +743,93 @@ async fn immediate_mode_commits_before_answering_so_a_failed_host_write_loses_th
     let next = p.answer(NORMAL, Output::Written).await;
     assert_answer(&next, OutcomeKind::Delivered, Some(2), &rows([3], v2));
     assert_eq!(world.batches(), vec![rows([3], v2)]);
+}
+
+// Fencing tokens a sink saw under an earlier state document (see `Trigger::raise_fence`).
+
+#[tokio::test]
+async fn a_sink_token_no_owner_of_this_document_wrote_is_raised_past_and_the_batch_acknowledged_after() {
+    // GIVEN batch 1 answered under token 1, and an operator's pause and resume since
+    let world = World::new();
+    let p = world.process("p1", settings());
+    let v1 = world.upsert(1..=2);
+    let a = p.answer(NORMAL, Output::Fails).await;
+    assert_eq!((a.batch_id, a.fence), (Some(1), 1));
+    world.edit_state(|doc| doc.paused = true).await;
+    world.edit_state(|doc| doc.paused = false).await;
+
+    // WHEN a sink refuses it as fenced by token 5, a token this document never issued
+    let raised = p.trigger.raise_fence(1, 1, 5).await.expect("no store error");
+
+    // THEN the token goes to 6 with batch 1 still in flight, so the same batch can be delivered under it
+    assert_eq!(raised, Some(6));
+    let doc = world.state().await;
+    assert_eq!(doc.lease.as_ref().map(|l| (l.owner.as_str(), l.token)), Some(("p1", 6)));
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batch_id, f.failures)), Some((1, 0)));
+    // AND once delivered, the next invocation acknowledges it and the next batch goes under token 6
+    p.sink.lock().expect("sink").push(rows(1..=2, v1));
+    let v2 = world.upsert([3]);
+    let next = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&next, OutcomeKind::Delivered, Some(2), &rows([3], v2));
+    assert_eq!(next.fence, 6);
+    world.assert_nothing_lost();
+}
+
+#[tokio::test]
+async fn a_fence_refusal_that_cannot_be_raised_leaves_the_batch_to_be_delivered_again_uncounted() {
+    // GIVEN batch 1 answered by p1 under token 1
+    let world = World::new();
+    let p = world.process("p1", settings());
+    let v1 = world.upsert(1..=2);
+    p.answer(NORMAL, Output::Fails).await;
+
+    // WHEN a sink refuses it as fenced and the write that would raise the token fails
+    p.store.fail_next(StoreOp::Save, Fault::Unavailable, 1);
+    assert!(p.trigger.raise_fence(1, 1, 5).await.is_err());
+
+    // THEN the next invocation delivers batch 1 again instead of acknowledging it, and counts no failure
+    let again = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&again, OutcomeKind::Redelivered, Some(1), &rows(1..=2, v1));
+    assert_eq!(world.state().await.in_flight.map(|f| f.failures), Some(0));
+    world.assert_nothing_lost();
+}
+
+#[tokio::test]
+async fn a_token_from_a_newer_owner_of_this_document_is_never_raised_past() {
+    // GIVEN p1's batch 1 taken over by p2 (its lease lapsed): the document's token is 2, owner p2
+    let world = World::new();
+    let p1 = world.process("p1", expired_lease());
+    let p2 = world.process("p2", settings());
+    world.upsert(1..=2);
+    p1.answer(NORMAL, Output::Fails).await;
+    let taken = p2.answer(NORMAL, Output::Written).await;
+    assert_eq!((taken.kind, taken.fence), (OutcomeKind::Redelivered, 2));
+
+    // WHEN the sink refuses p1's late write as fenced by p2's token
+    let raised = p1.trigger.raise_fence(1, 1, 2).await.expect("no store error");
+
+    // THEN p1 is deposed: nothing raised, the document is p2's as it was
+    assert_eq!(raised, None);
+    let doc = world.state().await;
+    assert_eq!(doc.lease.map(|l| (l.owner, l.token)), Some(("p2".to_string(), 2)));
+}
+
+#[tokio::test]
+async fn in_immediate_mode_a_sink_token_above_the_documents_is_raised_past() {
+    // GIVEN immediate mode (no lease, so batches go under token 0), and a batch answered
+    let world = World::new();
+    let p = world.process("p1", TriggerSettings { delivery_mode: DeliveryMode::Immediate, ..settings() });
+    world.upsert(1..=2);
+    let a = p.answer(NORMAL, Output::Fails).await;
+    assert_eq!((a.batch_id, a.fence), (Some(1), 0));
+
+    // WHEN a sink refuses it as fenced by token 3
+    let raised = p.trigger.raise_fence(1, 0, 3).await.expect("no store error");
+
+    // THEN later batches go under token 4
+    assert_eq!(raised, Some(4));
+    world.upsert([3]);
+    assert_eq!(p.answer(NORMAL, Output::Written).await.fence, 4);
 }
 
 #[tokio::test]

@@ -655,6 +655,22 @@ async fn exactly_once_under_kill_9_at_random_points_leaves_the_exact_rows_each_a
     assert_eq!(doc.counters.delivered, 300, "crashes: {history:?}; counters {:?}", doc.counters);
 }
 
+/// `handler run --once` on the app at `root` with its state in files under `state`; killed (and the test
+/// failed) if it has not ended within 60 s, so a drain that never ends cannot hang the suite.
+async fn run_once_with_file_state(root: &std::path::Path, state: &std::path::Path) -> std::process::Output {
+    let run = tokio::process::Command::new(support::handler_exe())
+        .args(["run", "--once", "--app-root"])
+        .arg(root)
+        .env("Sql_Trigger_StateStore", "file")
+        .env("Sql_Trigger_StateDirectory", state)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("handler run --once ends within 60 s")
+        .expect("handler run")
+}
+
 #[tokio::test]
 async fn handler_run_once_drains_into_a_postgres_sink_in_sink_mode() {
     // GIVEN orders and an app for `handler run` (no host: file state, no timer needed)
@@ -666,14 +682,7 @@ async fn handler_run_once_drains_into_a_postgres_sink_in_sink_mode() {
     // WHEN `handler run --once` drains it (the guard may hold rows back briefly: run until mirrored)
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let output = tokio::process::Command::new(support::handler_exe())
-            .args(["run", "--once", "--app-root"])
-            .arg(app.root())
-            .env("Sql_Trigger_StateStore", "file")
-            .env("Sql_Trigger_StateDirectory", state.path())
-            .output()
-            .await
-            .expect("handler run");
+        let output = run_once_with_file_state(app.root(), state.path()).await;
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         assert!(output.stdout.is_empty(), "a postgres sink prints nothing on stdout");
         let copy: BTreeMap<i64, (String, String)> =
@@ -689,6 +698,59 @@ async fn handler_run_once_drains_into_a_postgres_sink_in_sink_mode() {
     assert_eq!(copy.len(), 39);
     assert!(!copy.contains_key(&5));
     assert!(copy.values().all(|(_, n)| *n == 1), "{copy:?}");
+}
+
+#[tokio::test]
+async fn handler_run_in_deferred_mode_after_its_state_is_deleted_goes_above_the_targets_fencing_token() {
+    // GIVEN `handler run --once` in deferred mode mirroring orders, state in a file, run twice (two owners:
+    // the target's fence table holds token 2 or more)
+    let (orders, app, app_name) =
+        mirror("sink_run_lost_deferred", json!({}), json!({"deliveryMode": "deferred", "maxBatchSize": 7})).await;
+    let state_dir = embedded::ScratchDir::new("sink-run-lost-state").expect("a state directory");
+    let store = sql_pseudo_trigger::state::FileStore::new(state_dir.path());
+    let drain = |what: &'static str| {
+        let (root, dir) = (app.root().to_path_buf(), state_dir.path().to_path_buf());
+        let orders = &orders;
+        async move {
+            // The late-commit guard may hold the newest rows back for a moment: drain until mirrored.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let output = run_once_with_file_state(&root, &dir).await;
+                let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+                assert!(output.status.success(), "{what}: {stderr}");
+                let copy: BTreeMap<i64, (String, String)> =
+                    copy_rows(orders).await.into_iter().map(|(k, (v, _))| (k, v)).collect();
+                if copy == source_rows(orders).await {
+                    return stderr;
+                }
+                assert!(Instant::now() < deadline, "{what}: not mirrored within 20 s: {copy:?}\n{stderr}");
+            }
+        }
+    };
+    orders.insert(1..=20).await;
+    drain("first run").await;
+    orders.insert(21..=30).await;
+    drain("second run").await;
+    // Each run is a new owner and takes the lease over with the next token: 2 or more by now.
+    let (before, _) = state(&store, &app_name).await;
+    let token = before.lease.as_ref().map_or(0, |l| l.token);
+    assert!(token >= 2, "two runs, two owners: {:?}", before.lease);
+
+    // WHEN the state document is deleted (its tokens start again at 1) and the next run drains new orders
+    std::fs::remove_file(state_dir.path().join(state_key(&app_name))).expect("delete the state document");
+    orders.insert(31..=40).await;
+    let output = drain("run after the loss").await;
+
+    // THEN every order is mirrored, nothing was quarantined or counted as failed: the new document went above
+    // the target's token once instead of being refused until MaxAttempts quarantined each batch
+    let (after, _) = state(&store, &app_name).await;
+    assert_eq!((after.counters.quarantined, after.counters.delivered), (0, 40), "{:?}\n{output}", after.counters);
+    assert_eq!(after.lease.map(|l| l.token), Some(token + 1), "{output}");
+    assert!(output.contains(&format!("holds fencing token {token}, above this state document's 1")), "{output}");
+    let copy = copy_rows(&orders).await;
+    assert_eq!(copy.len(), 40);
+    // AND the orders applied before the loss were applied again (startFrom earliest), the others once
+    assert!(copy.iter().all(|(id, (_, n))| *n == if *id <= 30 { 2 } else { 1 }), "{copy:?}");
 }
 
 /// `handler run` mirroring 3,000 orders in batches of 20 with `delivery_mode`, stopped by SIGTERM mid-drain and

@@ -53,6 +53,9 @@ enum Step {
     /// Takes the batch, then makes the process's next state write fail (as if it crashed before the
     /// acknowledgement).
     TakeThenStoreFails(Arc<FaultyStore>),
+    /// Another owner takes the state over (lease and token + 1) while the batch is in hand and writes the
+    /// destination under its token, so this write is refused as fenced.
+    DeposedThenFence(Arc<MemoryStore>),
 }
 
 /// One delivery the sink saw: batch id, fence, ids, range, and whether it took the batch.
@@ -101,6 +104,17 @@ impl Sink for ScriptedSink {
                 Ok(())
             }
             Step::Hang => std::future::pending().await,
+            Step::DeposedThenFence(store) => {
+                let v = store.load("app/orders.json").await.expect("load").expect("a state document");
+                let mut doc: StateDoc = serde_json::from_slice(&v.bytes).expect("readable");
+                let lease = doc.lease.as_mut().expect("a lease");
+                lease.owner = "newer-owner".into();
+                lease.token += 1;
+                let stored = lease.token;
+                let bytes = serde_json::to_vec(&doc).expect("serializes");
+                store.save_if("app/orders.json", &bytes, Some(&v.etag)).await.expect("the takeover");
+                Err(SinkError::Fenced { ours: batch.fence, stored })
+            }
             Step::TakeThenStoreFails(store) => {
                 store.fail_next(StoreOp::Save, Fault::Unavailable, 1);
                 Ok(())
@@ -237,22 +251,54 @@ async fn a_transient_sink_failure_is_not_counted_toward_max_attempts() {
 }
 
 #[tokio::test]
-async fn a_fenced_write_acknowledges_nothing_and_counts_nothing() {
-    // GIVEN a sink that has seen a newer owner's token
+async fn a_deposed_owners_fenced_write_acknowledges_nothing_and_counts_nothing() {
+    // GIVEN a sink that, while the batch is in hand, sees another owner take over and write under its token
     let w = World::default();
     w.source.upsert(1..=2, 1);
-    let p = w.process("p1", settings());
-    let sink = ScriptedSink::with([Step::Fence(7)]);
+    let p = w.process("p1", TriggerSettings { lease_duration: Duration::ZERO, ..settings() });
+    let sink = ScriptedSink::with([Step::DeposedThenFence(w.store.clone())]);
 
     // WHEN the tick delivers
     let out = p.trigger.tick_into(&sink).await.expect("a fenced write is not an error");
 
-    // THEN it reports a conflict, delivers nothing, and leaves the batch in flight uncounted
+    // THEN it reports a conflict, delivers nothing, and leaves the batch in flight uncounted and the token the
+    // newer owner's
     assert_eq!(out.kind, OutcomeKind::Conflict);
     assert!(out.changes.is_empty());
-    assert!(out.logs.iter().any(|l| l.contains("fencing token 7")), "{:?}", out.logs);
-    let flight = w.state().await.in_flight.expect("still in flight");
-    assert_eq!(flight.failures, 0);
+    assert!(out.logs.iter().any(|l| l.contains("fencing token 2 from a newer owner")), "{:?}", out.logs);
+    let doc = w.state().await;
+    assert_eq!(doc.in_flight.expect("still in flight").failures, 0);
+    assert_eq!(doc.lease.map(|l| (l.owner, l.token)), Some(("newer-owner".to_string(), 2)));
+}
+
+#[tokio::test]
+async fn a_fence_no_owner_of_this_document_wrote_is_raised_past_and_the_batch_delivered_again() {
+    // GIVEN a document that has acknowledged batches (as one restored from a copy would), and a sink that
+    // holds token 7 from a later life of the function
+    let w = World::default();
+    w.source.upsert(1..=2, 1);
+    let p = w.process("p1", settings());
+    p.trigger.tick_into(&ScriptedSink::default()).await.expect("batch 1");
+    w.source.upsert(3..=4, 2);
+    let sink = ScriptedSink::with([Step::Fence(7)]);
+
+    // WHEN the tick delivers batch 2 under token 1 and the sink refuses it
+    let out = p.trigger.tick_into(&sink).await.expect("a fenced write is not an error");
+
+    // THEN nothing is delivered or counted, and the token goes to 8
+    assert_eq!(out.kind, OutcomeKind::Conflict);
+    assert!(out.changes.is_empty());
+    assert!(out.logs.iter().any(|l| l.contains("raised to 8")), "{:?}", out.logs);
+    let doc = w.state().await;
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batch_id, f.failures)), Some((2, 0)));
+    // AND the next tick delivers batch 2 again under token 8, and acknowledges it
+    let again = p.trigger.tick_into(&sink).await.expect("tick");
+    assert_eq!(again.batch_id, Some(2));
+    let last = sink.seen().last().cloned().expect("a delivery");
+    assert_eq!((last.batch_id, last.fence, last.ids, last.taken), (2, 8, ids(3..=4), true));
+    let doc = w.state().await;
+    assert!(doc.in_flight.is_none());
+    assert_eq!(doc.counters.delivered, 4);
 }
 
 #[tokio::test]

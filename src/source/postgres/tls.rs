@@ -204,7 +204,7 @@ where
     type Error = HandshakeError;
 
     /// Never fails: tokio-postgres calls this for every connection before it knows whether the server speaks
-    /// TLS at all, so every problem waits for [`Connect::connect`], which runs only once the server said yes.
+    /// TLS at all, so every problem waits for `Connect::connect`, which runs only once the server said yes.
     fn make_tls_connect(&mut self, host: &str) -> Result<Connect, HandshakeError> {
         Ok(Connect { tls: self.clone(), host: host.to_string() })
     }

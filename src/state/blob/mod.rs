@@ -82,7 +82,7 @@ enum Auth {
 impl BlobStore {
     /// The default storage setting prefix, as in the Functions host.
     pub const DEFAULT_SETTING: &'static str = "AzureWebJobsStorage";
-    /// The `x-ms-version` this store sends (see [`SERVICE_VERSION`]).
+    /// The `x-ms-version` this store sends (see `SERVICE_VERSION`).
     pub const SERVICE_VERSION: &'static str = SERVICE_VERSION;
 
     /// A store from an Azure Storage connection string: `UseDevelopmentStorage=true`, or `AccountName` +

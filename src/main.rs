@@ -37,6 +37,10 @@ enum Command {
         /// Drain each function's backlog, then exit.
         #[arg(long)]
         once: bool,
+        /// With --once: give up (exit 1, naming the function and its error) when a function has failed
+        /// without a break for this many seconds, its database, state store or destination unavailable.
+        #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "once")]
+        give_up_after: u64,
         /// Also serve the admin routes on 127.0.0.1:PORT (needs Sql_Trigger_AdminKey).
         #[arg(long)]
         admin_port: Option<u16>,
@@ -61,10 +65,12 @@ fn main() -> ExitCode {
             print!("{}", settings::reference_markdown());
             ExitCode::SUCCESS
         }
-        Some(Command::Run { once, admin_port }) => {
+        Some(Command::Run { once, give_up_after, admin_port }) => {
+            let options =
+                sql_pseudo_trigger::runner::RunOptions { once, give_up_after: Duration::from_secs(give_up_after) };
             let result = tokio::runtime::Runtime::new()
                 .map_err(|e| e.to_string())
-                .and_then(|rt| rt.block_on(run(cli.app_root, env, once, admin_port)));
+                .and_then(|rt| rt.block_on(run(cli.app_root, env, options, admin_port)));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -230,7 +236,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
 async fn run(
     app_root: Option<std::path::PathBuf>,
     env: Env,
-    once: bool,
+    options: sql_pseudo_trigger::runner::RunOptions,
     admin_port: Option<u16>,
 ) -> Result<(), String> {
     use sql_pseudo_trigger::sink;
@@ -268,7 +274,6 @@ async fn run(
         let _ = stop_tx.send(true);
     });
     let telemetry = sql_pseudo_trigger::telemetry::start(&app);
-    let options = sql_pseudo_trigger::runner::RunOptions { once };
     let summary = sql_pseudo_trigger::runner::run(app, sinks, options, stop_rx).await;
     sql_pseudo_trigger::telemetry::stop(telemetry).await;
     tracing::info!(

@@ -26,10 +26,55 @@ use tokio::sync::watch;
 /// How often a draining function logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
     /// Stop each function after its first empty tick (drain the backlog, then exit).
     pub once: bool,
+    /// With `once`: how long a function may fail without a break (its source, state store or destination
+    /// unavailable) before its drain gives up and says so in the exit status. A long-running process never
+    /// gives up: it waits out any outage.
+    pub give_up_after: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self { once: false, give_up_after: DEFAULT_GIVE_UP_AFTER }
+    }
+}
+
+/// How long a `--once` drain waits out an outage before it gives up.
+pub const DEFAULT_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+
+/// Since when a function has been failing without a break (any successful tick or delivery ends a streak).
+#[derive(Debug)]
+struct Streak {
+    /// `None` when the run never gives up (not `--once`).
+    limit: Option<Duration>,
+    since: Option<Instant>,
+}
+
+impl Streak {
+    fn new(options: RunOptions) -> Self {
+        Self { limit: options.once.then_some(options.give_up_after), since: None }
+    }
+
+    fn ok(&mut self) {
+        self.since = None;
+    }
+
+    /// Records a failure; `true` when the failures have lasted `limit` or longer: time to give up.
+    fn failed(&mut self) -> bool {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.limit.is_some_and(|limit| since.elapsed() >= limit)
+    }
+
+    /// How the drain's result names the error it gave up at.
+    fn gave_up(&self, error: &dyn std::fmt::Display) -> String {
+        let secs = self.since.map_or(0, |s| s.elapsed().as_secs());
+        format!(
+            "still failing after {secs} s, so this drain gave up: {error} (the next run goes on from the last acknowledged batch; --give-up-after sets the wait)"
+        )
+    }
 }
 
 /// Runs every function until `stop` turns true (or, with `once`, until each is drained).
@@ -105,6 +150,7 @@ async fn run_one(
     let mut retry = RetryContext::default();
     let mut last_delivered_ok = false;
     let mut window = (Instant::now(), 0u64);
+    let mut streak = Streak::new(options);
     loop {
         if *stop.borrow() {
             break;
@@ -122,8 +168,8 @@ async fn run_one(
                 let mut raised = false;
                 let delivered = loop {
                     let failed = &mut summary.failed_deliveries;
-                    match deliver_through_outages(sink.as_ref(), &batch, &mut stop, settings.polling_interval, failed)
-                        .await
+                    let polling = settings.polling_interval;
+                    match deliver_through_outages(sink.as_ref(), &batch, &mut stop, polling, failed, &mut streak).await
                     {
                         // Refused for a token this state document may never have issued: raised once, and the
                         // same batch delivered again under the new token (see `Trigger::raise_fence`).
@@ -143,6 +189,7 @@ async fn run_one(
                 };
                 match delivered {
                     Ok(()) => {
+                        streak.ok();
                         let n = outcome.changes.len() as u64;
                         summary.delivered += n;
                         summary.batches += 1;
@@ -172,11 +219,18 @@ async fn run_one(
                         // The next tick is a retry: the engine re-delivers this batch and counts the failure.
                         retry = RetryContext { retry_count: retry.retry_count + 1, max_retry_count: -1 };
                         tracing::warn!(function = %name, batch_id = batch.batch_id, error = %e, "delivery failed; the batch will be delivered again");
+                        if matches!(e, SinkError::Transient(_)) && !*stop.borrow() && streak.failed() {
+                            let error = streak.gave_up(&e);
+                            tracing::error!(function = %name, "{error}");
+                            summary.stopped.push(Stopped { function: name.clone(), error });
+                            break;
+                        }
                         backoff(retry.retry_count, settings.polling_interval)
                     }
                 }
             }
             Ok(outcome) => {
+                streak.ok();
                 match outcome.kind {
                     // No batch is in flight any more (acknowledged, quarantined, or there was none): a pending
                     // retry is settled, and the next tick is a first attempt. Keeping it would make a `--once`
@@ -206,6 +260,12 @@ async fn run_one(
             }
             Err(e) => {
                 tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed");
+                if streak.failed() {
+                    let error = streak.gave_up(&e);
+                    tracing::error!(function = %name, "{error}");
+                    summary.stopped.push(Stopped { function: name.clone(), error });
+                    break;
+                }
                 backoff(retry.retry_count + 1, settings.polling_interval)
             }
         };
@@ -239,10 +299,12 @@ async fn run_sink_mode(
     let mut summary = RunSummary::default();
     let mut failures = 0i64;
     let mut window = (Instant::now(), 0u64);
+    let mut streak = Streak::new(options);
     while !*stop.borrow() {
         let pause = match trigger.tick_into(sink).await {
             Ok(outcome) => {
                 failures = 0;
+                streak.ok();
                 let n = outcome.changes.len() as u64;
                 summary.delivered += n;
                 summary.batches += u64::from(n > 0);
@@ -271,6 +333,14 @@ async fn run_sink_mode(
                 failures += 1;
                 summary.failed_deliveries += u64::from(matches!(e, TickError::Sink(_)));
                 tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed; the batch will be delivered again");
+                // A rejected batch ends in quarantine (or a halt) by itself; an outage is waited out, up to a
+                // point for a drain.
+                if e.kind() == crate::trigger::ErrorKind::Transient && !*stop.borrow() && streak.failed() {
+                    let error = streak.gave_up(&e);
+                    tracing::error!(function = %name, "{error}");
+                    summary.stopped.push(Stopped { function: name.to_string(), error });
+                    break;
+                }
                 backoff(failures, settings.polling_interval)
             }
         };
@@ -292,13 +362,15 @@ async fn run_sink_mode(
 /// (an outage of the destination), until it is taken or refused, or the run is stopped. An outage is not the
 /// batch's fault, so it must not count toward `Sql_Trigger_MaxAttempts` (the sink contract); a refusal goes back
 /// to the engine as a failed delivery, to be counted. Meanwhile the batch stays in flight under this process's
-/// lease; stopped during an outage, the batch stays in flight and the next process re-delivers it.
+/// lease; stopped during an outage, or when a drain gives up on it (`streak`), the batch stays in flight and
+/// the next process re-delivers it.
 async fn deliver_through_outages(
     sink: &dyn Sink,
     batch: &SinkBatch<'_>,
     stop: &mut watch::Receiver<bool>,
     polling_interval: Duration,
     failed_deliveries: &mut u64,
+    streak: &mut Streak,
 ) -> Result<(), SinkError> {
     let mut outages = 0;
     loop {
@@ -306,7 +378,7 @@ async fn deliver_through_outages(
             Err(SinkError::Transient(error)) => error,
             other => return other,
         };
-        if *stop.borrow() {
+        if *stop.borrow() || streak.failed() {
             return Err(SinkError::Transient(error));
         }
         outages += 1;
@@ -475,7 +547,16 @@ mod tests {
 
     /// Runs the loop for one function, failing the test if it does not end within 10 s.
     async fn run_to_end(w: &World, sink: Arc<ScriptedSink>, once: bool, stop: watch::Receiver<bool>) -> RunSummary {
-        let run = run_one(APP, w.trigger.clone(), sink, RunOptions { once }, stop);
+        run_with(w, sink, RunOptions { once, ..RunOptions::default() }, stop).await
+    }
+
+    async fn run_with(
+        w: &World,
+        sink: Arc<ScriptedSink>,
+        options: RunOptions,
+        stop: watch::Receiver<bool>,
+    ) -> RunSummary {
+        let run = run_one(APP, w.trigger.clone(), sink, options, stop);
         tokio::time::timeout(Duration::from_secs(10), run).await.expect("the run ends within 10 s")
     }
 
@@ -666,6 +747,75 @@ mod tests {
         assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 250));
         assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
         assert_eq!(doc.lease.map(|l| l.token), Some(8));
+    }
+
+    /// A drain that gives up after 100 ms of failures without a break.
+    const IMPATIENT: RunOptions = RunOptions { once: true, give_up_after: Duration::from_millis(100) };
+
+    #[tokio::test]
+    async fn a_drain_gives_up_on_a_destination_that_stays_down_naming_it_and_leaves_the_batch_in_flight() {
+        // GIVEN a sink that stays down
+        let w = world(100, 2);
+        w.source.upsert(1..=3, 1);
+        let sink = Arc::new(ScriptedSink { transient: Mutex::new(u32::MAX), ..Default::default() });
+
+        // WHEN a drain that gives up after 100 ms runs
+        let summary = run_with(&w, sink.clone(), IMPATIENT, never_stopped()).await;
+
+        // THEN it stopped at the outage, with an exit status that names the function and the error
+        assert_eq!(summary.stopped.len(), 1, "{:?}", summary.stopped);
+        let error = summary.result().expect_err("a drain that gave up is not a success");
+        assert!(error.contains("function orders: still failing after") && error.contains("scripted outage"), "{error}");
+        // AND batch 1 is still in flight for the next run, never quarantined however often it failed
+        assert!(sink.attempts().len() > 2, "attempted more than MaxAttempts times: {:?}", sink.attempts());
+        let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+        assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(1));
+        assert_eq!(doc.counters.quarantined, 0);
+    }
+
+    #[tokio::test]
+    async fn a_drain_gives_up_on_a_source_that_stays_down() {
+        // GIVEN a source whose fetches keep failing
+        let w = world(100, 5);
+        w.source.upsert(1..=3, 1);
+        w.source.fail_next_fetches(u32::MAX);
+
+        // WHEN a drain that gives up after 100 ms runs
+        let sink = Arc::new(ScriptedSink::default());
+        let summary = run_with(&w, sink.clone(), IMPATIENT, never_stopped()).await;
+
+        // THEN it stopped naming the source's error, having delivered nothing
+        assert_eq!(summary.stopped.len(), 1, "{:?}", summary.stopped);
+        assert!(summary.stopped[0].error.starts_with("still failing after"), "{}", summary.stopped[0].error);
+        assert!(sink.attempts().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_drain_in_sink_mode_gives_up_on_a_source_that_stays_down() {
+        let mut config = config(100, 5);
+        config.settings.delivery_mode = DeliveryMode::Sink;
+        let w = world_with(config);
+        w.source.upsert(1..=3, 1);
+        w.source.fail_next_fetches(u32::MAX);
+
+        let summary = run_with(&w, Arc::new(ScriptedSink::default()), IMPATIENT, never_stopped()).await;
+
+        assert_eq!(summary.stopped.len(), 1, "{:?}", summary.stopped);
+        assert!(summary.stopped[0].error.starts_with("still failing after"), "{}", summary.stopped[0].error);
+    }
+
+    #[test]
+    fn only_a_drain_gives_up_and_any_success_starts_the_wait_again() {
+        let never = RunOptions { once: false, give_up_after: Duration::ZERO };
+        let mut streak = Streak::new(never);
+        assert!(!streak.failed(), "a long-running process waits out any outage");
+        let drain = RunOptions { once: true, give_up_after: Duration::from_secs(3600) };
+        let mut streak = Streak::new(drain);
+        assert!(!streak.failed());
+        streak.since = Some(Instant::now() - Duration::from_secs(3600));
+        assert!(streak.failed(), "an hour of failures without a break");
+        streak.ok();
+        assert!(!streak.failed(), "a success ends the streak");
     }
 
     #[test]

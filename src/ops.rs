@@ -125,7 +125,11 @@ pub async fn show(t: &Trigger) -> Result<Value, OpsError> {
 
 pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
     let doc = t.load().await?.map(|(doc, _)| doc);
-    let checkpoint = doc.as_ref().map(|d| d.checkpoint.clone()).unwrap_or(Position::Null);
+    // A function that never ran starts where its first tick will: `startFrom`, not the beginning of the table.
+    let checkpoint = match doc.as_ref() {
+        Some(d) => d.checkpoint.clone(),
+        None => t.source().start_position(t.config().source.start_from).await.map_err(TickError::from)?,
+    };
     let pending = t.source().pending(&checkpoint).await.map_err(TickError::from)?;
     let per_worker = t.config().settings.max_changes_per_worker.max(1);
     let now = OffsetDateTime::now_utc();
@@ -426,6 +430,23 @@ mod tests {
         let s = status(&w.trigger).await.expect("status");
         assert_eq!((s.pending, s.target_workers, s.paused), (0, 0, false));
         assert_eq!(show(&w.trigger).await.expect("show")["state"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn a_function_that_never_ran_counts_pending_changes_from_where_its_first_tick_starts() {
+        // GIVEN 3 rows in the table and a function that never ran
+        let mut w = world(5);
+        w.source.upsert(1..=3, 1);
+        // THEN with startFrom earliest all 3 are pending
+        assert_eq!(status(&w.trigger).await.expect("status").pending, 3);
+
+        // AND with startFrom now none is: the first tick starts after them
+        let mut now = config(5);
+        now.source.start_from = crate::source::StartFrom::Now;
+        w.trigger = Trigger::new(now, "app", w.source.clone(), w.store.clone(), "handler-1".into());
+        let s = status(&w.trigger).await.expect("status");
+        assert_eq!((s.pending, s.lag_seconds), (0, Some(0.0)));
+        // (Until the first tick writes the state, "now" is each status call's now: nothing is pending.)
     }
 
     #[tokio::test]

@@ -6,8 +6,8 @@
 //! is not the batch's fault: the loop delivers the batch in hand again, backing off, without counting it (the
 //! sink contract), so an outage never quarantines a batch. A fencing refusal is not counted either: the token
 //! is raised past a token this state document never issued, and the batch delivered again, or, when another
-//! instance holds the state now, this one lets the batch go (see `Trigger::raise_fence`). After a full batch it ticks again at once
-//! (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`. On SIGTERM the batch in hand is
+//! instance holds the state now, this one lets the batch go (see `Trigger::raise_fence`). After a full batch
+//! it ticks again at once (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`. On SIGTERM the batch in hand is
 //! finished, the last delivered batch is acknowledged, and the lease released, so nothing is lost and the next
 //! process starts at once.
 //!

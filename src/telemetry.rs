@@ -4,7 +4,8 @@
 //! thread, no HTTP client, no observer on the triggers. docs/telemetry.md lists what is exported.
 //!
 //! Two sources feed the instruments, on purpose:
-//! - **Every tick** reaches the counters and histograms through a [`TickObserver`](crate::trigger::TickObserver) set on each trigger. A poll of
+//! - **Every tick** reaches the counters and histograms through a
+//!   [`TickObserver`](crate::trigger::TickObserver) set on each trigger. A poll of
 //!   `Trigger::last_tick()` would miss every tick but the last between two polls, and histograms need them all.
 //!   Recording is an in-memory aggregation on the tick's task: no IO, no lock held across an await.
 //! - **The gauges** (pending changes, target workers, lag, seconds since progress, quarantined batches) need the

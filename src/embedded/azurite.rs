@@ -19,8 +19,9 @@ pub const DEV_ACCOUNT_KEY: &str =
 
 /// Azurite's blob service of our own, on a free port, with its well-known development account.
 ///
-/// In-memory by default (fast, nothing to clean, and lost on [`stop`](Self::stop)); [`start_persistent`](Self::start_persistent)
-/// (Self::start_persistent) keeps blobs in a scratch folder so they survive a restart, as the engine tests need.
+/// In-memory by default (fast, nothing to clean, and lost on [`stop`](Self::stop));
+/// [`start_persistent`](Self::start_persistent) keeps blobs in a scratch folder so they survive a restart, as
+/// the engine tests need.
 #[derive(Debug)]
 pub struct Azurite {
     exe: PathBuf,

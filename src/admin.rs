@@ -147,20 +147,7 @@ mod tests {
     /// An app with one PostgreSQL function `Orders` (on a port nobody listens on) and a memory store.
     fn app() -> (Arc<App>, ScratchDir) {
         let dir = ScratchDir::new("admin-test").expect("scratch dir");
-        let function = dir.path().join("Orders");
-        std::fs::create_dir_all(&function).expect("function dir");
-        std::fs::write(
-            function.join("function.json"),
-            r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
-                {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
-                "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
-        )
-        .expect("function.json");
-        std::fs::write(
-            function.join("sqltrigger.json"),
-            r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
-        )
-        .expect("sqltrigger.json");
+        crate::config::write_test_app(dir.path(), "Orders");
         let port = crate::embedded::free_port().expect("a free port");
         let env = Env::from_pairs([("Pg".to_string(), format!("postgres://nobody@127.0.0.1:{port}/none"))]);
         let config = AppConfig::load_from(dir.path(), env).expect("valid config");

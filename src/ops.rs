@@ -260,35 +260,17 @@ mod tests {
     //! another process (a handler instance or another operator); a [`FaultyStore`] hook lets it write between
     //! an action's read and its compare-and-swap.
     use super::*;
-    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
+    use crate::config::{FunctionConfig, TriggerSettings};
     use crate::protocol::RetryContext;
     use crate::source::memory::MemorySource;
     use crate::state::{FaultyStore, MemoryStore, StateStore};
     use std::sync::Arc;
-    use std::time::Duration;
 
     const NORMAL: RetryContext = RetryContext { retry_count: 0, max_retry_count: 0 };
     const FIRST_RETRY: RetryContext = RetryContext { retry_count: 1, max_retry_count: 5 };
 
     fn config(max_attempts: u32) -> FunctionConfig {
-        FunctionConfig {
-            name: "orders".into(),
-            dir: "orders".into(),
-            timer_schedule: None,
-            outputs: Vec::new(),
-            retry: None,
-            source: SourceSpec::placeholder(),
-            settings: TriggerSettings {
-                max_batch_size: 100,
-                polling_interval: Duration::from_secs(1),
-                max_changes_per_worker: 1000,
-                max_attempts,
-                poison_action: PoisonAction::Quarantine,
-                delivery_mode: DeliveryMode::Deferred,
-                lease_duration: Duration::from_secs(3600),
-                tick_timeout: Duration::from_secs(30),
-            },
-        }
+        FunctionConfig::for_tests("orders", TriggerSettings { max_attempts, ..TriggerSettings::for_tests() })
     }
 
     struct World {

@@ -421,7 +421,7 @@ fn backoff(attempt: i64, base: Duration) -> Duration {
 mod tests {
     //! The runner loop over an in-memory source and store, with a scripted sink standing in for the webhook.
     use super::*;
-    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
+    use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, TriggerSettings};
     use crate::sink::SinkError;
     use crate::source::memory::MemorySource;
     use crate::state::MemoryStore;
@@ -435,25 +435,15 @@ mod tests {
     }
 
     fn config_with(max_batch_size: usize, max_attempts: u32, poison_action: PoisonAction) -> FunctionConfig {
-        FunctionConfig {
-            name: "orders".into(),
-            dir: "orders".into(),
-            timer_schedule: None,
-            outputs: Vec::new(),
-            retry: None,
-            source: SourceSpec::placeholder(),
-            settings: TriggerSettings {
-                max_batch_size,
-                // Short, so that the waits between ticks and the retry back-off keep these tests fast.
-                polling_interval: Duration::from_millis(5),
-                max_changes_per_worker: 1000,
-                max_attempts,
-                poison_action,
-                delivery_mode: DeliveryMode::Deferred,
-                lease_duration: Duration::from_secs(3600),
-                tick_timeout: Duration::from_secs(30),
-            },
-        }
+        let settings = TriggerSettings {
+            max_batch_size,
+            // Short, so that the waits between ticks and the retry back-off keep these tests fast.
+            polling_interval: Duration::from_millis(5),
+            max_attempts,
+            poison_action,
+            ..TriggerSettings::for_tests()
+        };
+        FunctionConfig::for_tests("orders", settings)
     }
 
     /// One delivery attempt the sink saw: the batch id, the ids in it, and whether it was accepted.

@@ -247,20 +247,7 @@ mod tests {
     /// [`app`] with extra app settings.
     fn app_with(settings: &[(&str, &str)]) -> Arc<App> {
         let root = std::env::temp_dir().join(format!("spt-server-test-{}", std::process::id()));
-        let dir = root.join("Orders");
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::write(
-            dir.join("function.json"),
-            r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
-                {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
-                "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
-        )
-        .expect("write function.json");
-        std::fs::write(
-            dir.join("sqltrigger.json"),
-            r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
-        )
-        .expect("write sqltrigger.json");
+        crate::config::write_test_app(&root, "Orders");
         let mut pairs = vec![("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())];
         pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let config = AppConfig::load_from(&root, Env::from_pairs(pairs)).expect("valid config");

@@ -104,6 +104,23 @@ impl SourceSpec {
     }
 }
 
+#[cfg(test)]
+impl FunctionConfig {
+    /// A function named `name` over [`SourceSpec::placeholder`], with no outputs and no retry policy: what the
+    /// engine, runner and operations tests run over an in-memory source.
+    pub(crate) fn for_tests(name: &str, settings: TriggerSettings) -> Self {
+        Self {
+            name: name.into(),
+            dir: PathBuf::from(name),
+            timer_schedule: None,
+            outputs: Vec::new(),
+            retry: None,
+            source: SourceSpec::placeholder(),
+            settings,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputBinding {
     pub name: String,

@@ -284,3 +284,24 @@ fn valid_container_name(s: &str) -> bool {
         && !s.ends_with('-')
         && !s.contains("--")
 }
+
+/// Writes below `root` an app folder with one PostgreSQL function `function` (a queue output, a fixed-delay retry
+/// policy, connection string in the app setting `Pg`), for tests that load a whole app with
+/// [`AppConfig::load_from`] but never reach its database.
+#[cfg(test)]
+pub(crate) fn write_test_app(root: &Path, function: &str) {
+    let dir = root.join(function);
+    std::fs::create_dir_all(&dir).expect("the function folder");
+    std::fs::write(
+        dir.join("function.json"),
+        r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
+            {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
+            "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
+    )
+    .expect("function.json");
+    std::fs::write(
+        dir.join("sqltrigger.json"),
+        r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
+    )
+    .expect("sqltrigger.json");
+}

@@ -221,6 +221,24 @@ pub struct TriggerSettings {
     pub tick_timeout: Duration,
 }
 
+#[cfg(test)]
+impl TriggerSettings {
+    /// The official trigger's defaults, except a lease of an hour so a test's process never loses it by
+    /// accident; tests change what they exercise with `..TriggerSettings::for_tests()`.
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            max_batch_size: 100,
+            polling_interval: Duration::from_secs(1),
+            max_changes_per_worker: 1000,
+            max_attempts: 5,
+            poison_action: PoisonAction::Quarantine,
+            delivery_mode: DeliveryMode::Deferred,
+            lease_duration: Duration::from_secs(3600),
+            tick_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
 /// Reads one setting through the precedence chain and reports where the winning value came from, so an
 /// error can name it.
 #[derive(Debug)]

@@ -204,20 +204,7 @@ fn function_config() -> FunctionConfig {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
-    let dir = root.join("orders");
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    std::fs::write(
-        dir.join("function.json"),
-        r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
-            {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
-            "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
-    )
-    .expect("function.json");
-    std::fs::write(
-        dir.join("sqltrigger.json"),
-        r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
-    )
-    .expect("sqltrigger.json");
+    crate::config::write_test_app(&root, "orders");
     let env = env(&[("Pg", "postgres://nobody@127.0.0.1:1/none")]);
     let config = AppConfig::load_from(&root, env).expect("valid config");
     let _ = std::fs::remove_dir_all(&root);

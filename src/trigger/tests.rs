@@ -20,11 +20,10 @@
 
 use super::state::{QuarantineDoc, StateDoc};
 use super::*;
-use crate::config::{OutputBinding, RetryPolicy, SourceSpec, TriggerSettings};
+use crate::config::{OutputBinding, RetryPolicy, TriggerSettings};
 use crate::source::memory::MemorySource;
 use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
@@ -44,16 +43,7 @@ fn retry(n: i64) -> RetryContext {
 }
 
 fn settings() -> TriggerSettings {
-    TriggerSettings {
-        max_batch_size: 100,
-        polling_interval: Duration::from_secs(1),
-        max_changes_per_worker: 1000,
-        max_attempts: 5,
-        poison_action: PoisonAction::Quarantine,
-        delivery_mode: DeliveryMode::Deferred,
-        lease_duration: Duration::from_secs(3600),
-        tick_timeout: Duration::from_secs(30),
-    }
+    TriggerSettings::for_tests()
 }
 
 /// A lease that expired the moment it was granted: another process may take over at once.
@@ -63,14 +53,9 @@ fn expired_lease() -> TriggerSettings {
 
 fn config(settings: TriggerSettings) -> FunctionConfig {
     FunctionConfig {
-        name: FUNCTION.into(),
-        dir: PathBuf::from(FUNCTION),
-        timer_schedule: None,
         outputs: vec![OutputBinding { name: "changes".into(), kind: "queue".into() }],
         retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
-        // A placeholder: the engine reads only `start_from` from the source spec.
-        source: SourceSpec::placeholder(),
-        settings,
+        ..FunctionConfig::for_tests(FUNCTION, settings)
     }
 }
 

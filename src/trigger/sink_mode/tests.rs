@@ -6,36 +6,26 @@
 //! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
 
 use super::*;
-use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, RetryPolicy, SourceSpec, TriggerSettings};
+use crate::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
 use crate::source::memory::MemorySource;
 use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
 use std::collections::VecDeque;
-use std::path::PathBuf;
 
 const APP: &str = "app";
 
 fn settings() -> TriggerSettings {
     TriggerSettings {
-        max_batch_size: 100,
         polling_interval: Duration::from_millis(5),
-        max_changes_per_worker: 1000,
         max_attempts: 3,
-        poison_action: PoisonAction::Quarantine,
         delivery_mode: DeliveryMode::Sink,
-        lease_duration: Duration::from_secs(3600),
-        tick_timeout: Duration::from_secs(30),
+        ..TriggerSettings::for_tests()
     }
 }
 
 fn config(settings: TriggerSettings) -> FunctionConfig {
     FunctionConfig {
-        name: "orders".into(),
-        dir: PathBuf::from("orders"),
-        timer_schedule: None,
-        outputs: Vec::new(),
         retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
-        source: SourceSpec::placeholder(),
-        settings,
+        ..FunctionConfig::for_tests("orders", settings)
     }
 }
 

@@ -4,6 +4,8 @@
 //! standard path with the configured headers, and every `sql_trigger.*` instrument arrives with its `function`
 //! attribute and the values of the ticks that ran.
 
+mod support;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -13,13 +15,13 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, NumberDataPoint};
 use prost::Message;
+use serde_json::json;
 use sql_pseudo_trigger::config::{AppConfig, Env};
 use sql_pseudo_trigger::protocol::RetryContext;
 use sql_pseudo_trigger::source::memory::MemorySource;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::telemetry::{Telemetry, TelemetryConfig};
 use sql_pseudo_trigger::trigger::Trigger;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,26 +50,13 @@ async fn receiver(received: Received) -> String {
 
 /// A trigger named `Orders` over an in-memory source and store, configured from an app folder.
 fn trigger(source: Arc<MemorySource>) -> Arc<Trigger> {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let root = std::env::temp_dir().join(format!("spt-telemetry-{}-{n}", std::process::id()));
-    let dir = root.join("Orders");
-    std::fs::create_dir_all(&dir).expect("app folder");
-    std::fs::write(
-        dir.join("function.json"),
-        r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"* * * * * *"},
-            {"type":"queue","direction":"out","name":"changes","queueName":"q","connection":"AzureWebJobsStorage"}],
-            "retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:01"}}"#,
-    )
-    .expect("function.json");
-    std::fs::write(
-        dir.join("sqltrigger.json"),
-        r#"{"source":"postgres-cursor","tableName":"public.orders","connectionStringSetting":"Pg","cursorColumn":"version"}"#,
-    )
-    .expect("sqltrigger.json");
+    let sqltrigger = json!({
+        "source": "postgres-cursor", "tableName": "public.orders", "connectionStringSetting": "Pg",
+        "cursorColumn": "version"
+    });
+    let app = support::write_app("Orders", support::timer_function_json(Some(3)), sqltrigger, &[]);
     let env = Env::from_pairs([("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())]);
-    let config = AppConfig::load_from(&root, env).expect("the app config loads");
-    let _ = std::fs::remove_dir_all(&root);
+    let config = AppConfig::load_from(app.root(), env).expect("the app config loads");
     let function = config.functions[0].clone();
     Arc::new(Trigger::new(function, "app", source, Arc::new(MemoryStore::new()), "owner-1".into()))
 }

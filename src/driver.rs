@@ -6,20 +6,30 @@
 //! - start-up: the handler is spawned with `FUNCTIONS_CUSTOMHANDLER_PORT`, `FUNCTIONS_APP_ROOT_PATH`,
 //!   `FUNCTIONS_CUSTOMHANDLER_WORKER_ID` and every app setting (`local.settings.json` `Values`) as environment
 //!   variables, in the app folder, and is ready when `GET /` gets any HTTP answer;
-//! - one timer firing: `POST /{function}` with the host's exact timer body, then the output bindings are written
-//!   *after* the handler has answered. A non-2xx or non-JSON answer fails the invocation and writes nothing; a
-//!   failed binding write (injected with [`HostDriver::fail_output_writes`]) fails it too, and the handler is
-//!   never told. With a `retry` policy in function.json the host invokes again with `Metadata.RetryContext`.
+//! - one timer firing ([`HostDriver::run_timer`]): `POST /{function}` with the host's exact timer body, then the
+//!   output bindings are written *after* the handler has answered. A non-2xx or non-JSON answer fails the
+//!   invocation and writes nothing; a failed binding write (injected with [`HostDriver::fail_output_writes`],
+//!   possibly after a prefix of the messages, [`HostDriver::fail_output_writes_after`]) fails it too, and the
+//!   handler is never told. Every binding of an attempt is written (the host awaits them together with
+//!   `Task.WhenAll`), each message by message, so a failure can be partial.
+//! - retries as azure-webjobs-sdk `FunctionExecutorExtensions.TryExecuteAsync` runs them: with a `retry` policy,
+//!   `Metadata.RetryContext` on *every* attempt (`RetryCount` 0 on the first), each retry carrying the previous
+//!   attempt's exception with its `InstanceId` (that attempt's invocation id), after the policy's delay
+//!   (fixedDelay, or the randomized exponential backoff of `RandomizedExponentialBackoffStrategy`), for real.
+//!   A firing returns only when its retry loop ends: a test that fires again in sequence gets the timer
+//!   listener's pacing, which holds its invocation lock across the whole loop.
+//! - manual runs ([`HostDriver::run_manual`]: portal Test/Run, `POST /admin/functions/{name}`): the same retry
+//!   loop through `JobHost.CallAsync`, but outside the timer's lock, so a test runs them concurrently with a
+//!   firing, at any moment, including during its retry delays.
 //!
-//! Simplifications, on purpose: the NCRONTAB schedule is not evaluated (tests fire timers explicitly); retry
-//! back-off does not sleep unless [`DriverOptions::retry_delay`] says so, to keep tests fast; output bindings of
-//! one attempt are applied all-or-nothing (the real host may have written some bindings before one fails) into
-//! in-memory sinks, one per binding name. Real sinks (queues, SQL) are the engine tests' business.
+//! Simplifications, on purpose: the NCRONTAB schedule is not evaluated (tests fire timers explicitly); output
+//! bindings are in-memory sinks, one per binding name; the answer is applied as the handler wrote it, not as the
+//! host's Newtonsoft re-serialization would change it. Real sinks (queues, SQL) are the engine tests' business.
 
 mod app;
 mod wire;
 
-pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy};
+pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy, RetryStrategy};
 
 use crate::embedded::{self, ScratchDir, Signal};
 use crate::protocol::RetryContext;
@@ -56,8 +66,8 @@ pub struct DriverOptions {
     /// Let the handler write straight to this process's stdout/stderr instead of a log file.
     pub inherit_stdout: bool,
     pub ready_timeout: Duration,
-    /// Pause before each retry; the real host backs off per the policy, tests usually want 0.
-    pub retry_delay: Duration,
+    /// Pause before each retry instead of the policy's delay; `None` (the default) waits as the host does.
+    pub retry_delay: Option<Duration>,
     /// HTTP timeout of one invocation; `None` means host.json's `functionTimeout` plus one minute, as the host.
     pub invoke_timeout: Option<Duration>,
     pub shutdown_timeout: Duration,
@@ -71,7 +81,7 @@ impl DriverOptions {
             env: Vec::new(),
             inherit_stdout: false,
             ready_timeout: DEFAULT_READY_TIMEOUT,
-            retry_delay: Duration::ZERO,
+            retry_delay: None,
             invoke_timeout: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
@@ -103,7 +113,7 @@ pub enum DriverError {
     )]
     NotReady { port: u16, waited: Duration, last_error: String, output: String },
     #[error("POST /{function} got no HTTP answer: {source}; the handler must answer within the function timeout. Its output:\n{output}")]
-    Request { function: String, source: reqwest::Error, output: String },
+    Request { function: String, source: reqwest::Error, output: String, invocation_id: String },
     #[error("the handler is not running (it was killed or terminated): call restart() first")]
     NotRunning,
     #[error(
@@ -169,7 +179,8 @@ pub enum AttemptOutcome {
 /// One attempt: the first invocation or one retry.
 #[derive(Debug, Clone)]
 pub struct Attempt {
-    /// `None` on the first attempt, as the host sends no `RetryContext` then.
+    /// The `RetryContext` sent: on every attempt under a retry policy (`RetryCount` 0 on the first); `None`
+    /// without a policy.
     pub retry: Option<RetryContext>,
     /// `None` when the handler gave no HTTP answer (connection refused, reset, timeout).
     pub invocation: Option<Invocation>,
@@ -228,7 +239,8 @@ struct Process {
 #[derive(Debug, Default)]
 struct Sinks {
     delivered: BTreeMap<String, Vec<Value>>,
-    failures_left: BTreeMap<String, u32>,
+    /// Injected write failures by binding: each writes this many messages, then fails.
+    failures_left: BTreeMap<String, std::collections::VecDeque<usize>>,
     /// When each function last fired: the next body's `ScheduleStatus.Last`.
     last_fired: BTreeMap<String, OffsetDateTime>,
 }
@@ -384,17 +396,28 @@ impl HostDriver {
         Ok(command)
     }
 
-    /// One `POST /{function}` with the host's timer body; `retry` adds `Metadata.RetryContext`. Outputs are not
-    /// applied: use [`run_timer`](Self::run_timer) for what the host does end to end.
+    /// One `POST /{function}` with the host's timer body, as the attempt `retry` describes (a test playing the
+    /// host by hand names the failed invocation in it); `None` is a first attempt as the host makes it:
+    /// `RetryContext` with count 0 under a retry policy, none without. Outputs are not applied: use
+    /// [`run_timer`](Self::run_timer) for what the host does end to end.
     pub async fn invoke(&self, function: &str, retry: Option<RetryContext>) -> Result<Invocation, DriverError> {
         let spec = self.app.function(function)?;
+        let retry = retry.or_else(|| spec.retry.as_ref().map(|p| RetryContext::first(p.max_retry_count)));
         let data = self.next_timer_data(spec);
-        self.post(spec, &data, retry).await
+        self.post(spec, &data, retry.as_ref()).await
+    }
+
+    /// A retry of `failed` as the host makes it: the next retry count of the function's policy, naming it.
+    pub async fn retry(&self, function: &str, n: i64, failed: &Invocation) -> Result<Invocation, DriverError> {
+        let spec = self.app.function(function)?;
+        let max = spec.retry.as_ref().map_or(0, |p| p.max_retry_count);
+        self.invoke(function, Some(RetryContext::after(n, max, failed.invocation_id.clone()))).await
     }
 
     /// What the host does for one timer firing: invoke; on failure (non-2xx, non-JSON, no answer, or a failed
-    /// output write) invoke again under the function's `retry` policy, with the same trigger data and a
-    /// `RetryContext`; write the outputs of the first attempt that fully succeeds into the sinks.
+    /// output write) wait the policy's delay and invoke again with the same trigger data and a `RetryContext`
+    /// naming the failed attempt, until an attempt succeeds or the policy's retries are used up. Returns when
+    /// the retry loop ends, as the timer listener does before it schedules the next firing.
     ///
     /// Fails only when the function is unknown or the handler is not running at the start.
     pub async fn run_timer(&self, function: &str) -> Result<TimerRun, DriverError> {
@@ -403,26 +426,59 @@ impl HostDriver {
             return Err(DriverError::NotRunning);
         }
         let data = self.next_timer_data(spec);
+        self.run_chain(spec, &data).await
+    }
+
+    /// A manual run (portal Test/Run or `POST /admin/functions/{name}`): the host invokes the function through
+    /// `JobHost.CallAsync`, with the same retry loop as a firing but outside the timer listener's lock, so it
+    /// may run at any moment, concurrently with a firing and during its retry delays.
+    pub async fn run_manual(&self, function: &str) -> Result<TimerRun, DriverError> {
+        let spec = self.app.function(function)?;
+        if !self.is_running() {
+            return Err(DriverError::NotRunning);
+        }
+        let data = wire::manual_timer_data(spec.trigger().map_or("timer", |t| t.name.as_str()));
+        self.run_chain(spec, &data).await
+    }
+
+    /// One retry loop over `data` (FunctionExecutorExtensions.TryExecuteAsync).
+    async fn run_chain(&self, spec: &FunctionSpec, data: &Value) -> Result<TimerRun, DriverError> {
         let max_retry_count = spec.retry.as_ref().map_or(0, |p| p.max_retry_count);
         let retries = u32::try_from(max_retry_count).unwrap_or(UNLIMITED_RETRY_CAP);
+        let mut backoff = Backoff::default();
         let mut attempts = Vec::new();
+        let mut failed: Option<String> = None;
         for retry_count in 0..=retries {
-            let retry =
-                (retry_count > 0).then_some(RetryContext { retry_count: i64::from(retry_count), max_retry_count });
-            if retry.is_some() && !self.options.retry_delay.is_zero() {
-                tokio::time::sleep(self.options.retry_delay).await;
+            let retry = spec.retry.as_ref().map(|policy| RetryContext {
+                retry_count: i64::from(retry_count),
+                max_retry_count: policy.max_retry_count,
+                failed_invocation: failed.clone(),
+            });
+            if retry_count > 0 {
+                let delay = match (self.options.retry_delay, &spec.retry) {
+                    (Some(delay), _) => delay,
+                    (None, Some(policy)) => backoff.next(policy),
+                    (None, None) => Duration::ZERO,
+                };
+                tokio::time::sleep(delay).await;
             }
-            let (invocation, outcome) = match self.post(spec, &data, retry).await {
+            let (invocation, outcome, id) = match self.post(spec, data, retry.as_ref()).await {
                 Ok(invocation) if invocation.succeeded() => {
                     let outcome = self.apply(spec, &invocation);
-                    (Some(invocation), outcome)
+                    let id = invocation.invocation_id.clone();
+                    (Some(invocation), outcome, id)
                 }
                 Ok(invocation) => {
                     let reason = invocation.failure_reason();
-                    (Some(invocation), AttemptOutcome::HandlerFailed { reason })
+                    let id = invocation.invocation_id.clone();
+                    (Some(invocation), AttemptOutcome::HandlerFailed { reason }, id)
                 }
-                Err(err @ (DriverError::Request { .. } | DriverError::NotRunning)) => {
-                    (None, AttemptOutcome::HandlerFailed { reason: err.to_string() })
+                Err(DriverError::Request { function, source, output, invocation_id }) => {
+                    let err = DriverError::Request { function, source, output, invocation_id: invocation_id.clone() };
+                    (None, AttemptOutcome::HandlerFailed { reason: err.to_string() }, invocation_id)
+                }
+                Err(err @ DriverError::NotRunning) => {
+                    (None, AttemptOutcome::HandlerFailed { reason: err.to_string() }, uuid::Uuid::new_v4().to_string())
                 }
                 Err(err) => return Err(err),
             };
@@ -436,6 +492,7 @@ impl HostDriver {
                     .unwrap_or_default();
                 return Ok(TimerRun { attempts, succeeded: true, applied });
             }
+            failed = Some(id);
         }
         Ok(TimerRun { attempts, succeeded: false, applied: BTreeMap::new() })
     }
@@ -443,7 +500,15 @@ impl HostDriver {
     /// Fault injection: the next `times` writes to output binding `binding` fail, as during a queue outage.
     /// A write happens only for a non-empty value, so an attempt that outputs nothing there consumes nothing.
     pub fn fail_output_writes(&self, binding: &str, times: u32) {
-        *self.sinks().failures_left.entry(binding.to_string()).or_default() += times;
+        self.fail_output_writes_after(binding, times, 0);
+    }
+
+    /// Like [`fail_output_writes`](Self::fail_output_writes), but each failing write first writes the first
+    /// `written` messages (they reach the destination), as a host that fails in the middle of a batch does.
+    pub fn fail_output_writes_after(&self, binding: &str, times: u32, written: usize) {
+        let mut sinks = self.sinks();
+        let queue = sinks.failures_left.entry(binding.to_string()).or_default();
+        queue.extend(std::iter::repeat_n(written, times as usize));
     }
 
     /// Every message written to `binding` so far, in order, across timer runs and handler restarts.
@@ -520,7 +585,7 @@ impl HostDriver {
         &self,
         spec: &FunctionSpec,
         data: &Value,
-        retry: Option<RetryContext>,
+        retry: Option<&RetryContext>,
     ) -> Result<Invocation, DriverError> {
         let mut invocation = self.send(spec, data, retry).await?;
         if (200..300).contains(&invocation.status) {
@@ -542,7 +607,8 @@ impl HostDriver {
     pub async fn invoke_raw(&self, function: &str) -> Result<Invocation, DriverError> {
         let spec = self.app.function(function)?;
         let data = self.next_timer_data(spec);
-        self.send(spec, &data, None).await
+        let retry = spec.retry.as_ref().map(|p| RetryContext::first(p.max_retry_count));
+        self.send(spec, &data, retry.as_ref()).await
     }
 
     /// Sends one invocation and reads the whole answer.
@@ -550,7 +616,7 @@ impl HostDriver {
         &self,
         spec: &FunctionSpec,
         data: &Value,
-        retry: Option<RetryContext>,
+        retry: Option<&RetryContext>,
     ) -> Result<Invocation, DriverError> {
         let port = {
             let process = self.process();
@@ -581,6 +647,7 @@ impl HostDriver {
             function: spec.name.clone(),
             source,
             output: self.output_tail(),
+            invocation_id: invocation_id.clone(),
         })?;
         Ok(Invocation {
             invocation_id,
@@ -595,36 +662,73 @@ impl HostDriver {
         })
     }
 
-    /// Writes an attempt's outputs, all or nothing, consuming injected failures in binding order.
+    /// Writes an attempt's outputs: every binding (the host awaits them together), each message by message; an
+    /// injected failure writes its prefix of the messages and fails that binding, and so the attempt.
     fn apply(&self, spec: &FunctionSpec, invocation: &Invocation) -> AttemptOutcome {
         let mut sinks = self.sinks();
+        let mut failure = None;
         for binding in spec.outputs() {
             let Some(value) = output_value(binding, invocation) else {
                 continue;
             };
             if value.is_string() {
-                return AttemptOutcome::OutputWriteFailed {
+                failure.get_or_insert(AttemptOutcome::OutputWriteFailed {
                     binding: binding.name.clone(),
                     reason: "the output is a bare string, which the host tries to base64-decode; send an object \
                              or an array"
                         .into(),
-                };
-            }
-            if messages(value).is_empty() {
+                });
                 continue;
             }
-            if let Some(left) = sinks.failures_left.get_mut(&binding.name).filter(|left| **left > 0) {
-                *left -= 1;
-                return AttemptOutcome::OutputWriteFailed {
+            let values = messages(value);
+            if values.is_empty() {
+                continue;
+            }
+            let fails_after =
+                sinks.failures_left.get_mut(&binding.name).and_then(std::collections::VecDeque::pop_front);
+            let written = fails_after.map_or(values.len(), |n| n.min(values.len()));
+            sinks.delivered.entry(binding.name.clone()).or_default().extend(values.into_iter().take(written));
+            if fails_after.is_some() {
+                failure.get_or_insert(AttemptOutcome::OutputWriteFailed {
                     binding: binding.name.clone(),
-                    reason: "injected write failure (fail_output_writes)".into(),
-                };
+                    reason: format!("injected write failure after {written} message(s) (fail_output_writes)"),
+                });
             }
         }
-        for (binding, values) in writes(spec, invocation) {
-            sinks.delivered.entry(binding).or_default().extend(values);
+        failure.unwrap_or(AttemptOutcome::Applied)
+    }
+}
+
+/// The delays of one retry loop under a policy: fixedDelay's interval, or azure-webjobs-sdk's
+/// `RandomizedExponentialBackoffStrategy` (the first retry after `minimumInterval`, then `minimum` plus a
+/// randomized (±20 %) doubling of `minimum`, never above `maximumInterval`).
+#[derive(Debug, Default)]
+struct Backoff {
+    exponent: u32,
+    current: Duration,
+}
+
+impl Backoff {
+    fn next(&mut self, policy: &RetryPolicy) -> Duration {
+        let (minimum, maximum) = match policy.strategy {
+            RetryStrategy::FixedDelay { delay } => return delay,
+            RetryStrategy::ExponentialBackoff { minimum, maximum } => (minimum, maximum),
+        };
+        if self.current == maximum && self.exponent > 0 {
+            return maximum;
         }
-        AttemptOutcome::Applied
+        let mut interval = minimum;
+        if self.exponent > 0 {
+            let random = 0.8 + 0.4 * (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0;
+            interval += minimum.mul_f64(random * 2f64.powi(self.exponent as i32 - 1));
+        }
+        if interval < maximum {
+            self.current = interval;
+            self.exponent += 1;
+        } else {
+            self.current = maximum;
+        }
+        self.current
     }
 }
 

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod app;
 pub mod change;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod driver;

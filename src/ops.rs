@@ -261,13 +261,19 @@ mod tests {
     //! an action's read and its compare-and-swap.
     use super::*;
     use crate::config::{FunctionConfig, TriggerSettings};
-    use crate::protocol::RetryContext;
+    use crate::protocol::Attempt;
     use crate::source::memory::MemorySource;
     use crate::state::{FaultyStore, MemoryStore, StateStore};
     use std::sync::Arc;
 
-    const NORMAL: RetryContext = RetryContext { retry_count: 0, max_retry_count: 0 };
-    const FIRST_RETRY: RetryContext = RetryContext { retry_count: 1, max_retry_count: 5 };
+    /// How the host calls: a first attempt, or the first retry after the previous attempt failed.
+    #[derive(Debug, Clone, Copy)]
+    enum Call {
+        First,
+        Retry,
+    }
+    const NORMAL: Call = Call::First;
+    const FIRST_RETRY: Call = Call::Retry;
 
     fn config(max_attempts: u32) -> FunctionConfig {
         FunctionConfig::for_tests("orders", TriggerSettings { max_attempts, ..TriggerSettings::for_tests() })
@@ -279,6 +285,8 @@ mod tests {
         store: Arc<FaultyStore>,
         trigger: Trigger,
         max_attempts: u32,
+        /// The host's last attempt: what a retry names.
+        last: std::sync::Mutex<Attempt>,
     }
 
     fn world(max_attempts: u32) -> World {
@@ -286,7 +294,7 @@ mod tests {
         let inner = Arc::new(MemoryStore::new());
         let store = Arc::new(FaultyStore::new(inner.clone()));
         let trigger = Trigger::new(config(max_attempts), "app", source.clone(), store.clone(), "handler-1".into());
-        World { source, inner, store, trigger, max_attempts }
+        World { source, inner, store, trigger, max_attempts, last: std::sync::Mutex::new(Attempt::first()) }
     }
 
     impl World {
@@ -301,9 +309,19 @@ mod tests {
             self.trigger.load().await.expect("load").expect("a state document").0
         }
 
+        /// The attempt the host makes for `call`.
+        fn attempt(&self, call: Call) -> Attempt {
+            let mut last = self.last.lock().expect("last attempt");
+            *last = match call {
+                Call::First => Attempt::first(),
+                Call::Retry => Attempt::retry_after(1, &last),
+            };
+            last.clone()
+        }
+
         /// One tick; the ids it answered.
-        async fn tick(&self, retry: RetryContext) -> Vec<i64> {
-            let outcome = self.trigger.tick(retry).await.expect("tick");
+        async fn tick(&self, call: Call) -> Vec<i64> {
+            let outcome = self.trigger.tick(&self.attempt(call)).await.expect("tick");
             ids(&outcome.changes)
         }
     }
@@ -361,7 +379,7 @@ mod tests {
         let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = answered.clone();
         w.store.before_next_save(move || async move {
-            let outcome = instance.tick(NORMAL).await.expect("the other instance's tick");
+            let outcome = instance.tick(&Attempt::first()).await.expect("the other instance's tick");
             *seen.lock().expect("seen") = ids(&outcome.changes);
         });
 
@@ -387,7 +405,7 @@ mod tests {
         w.tick(NORMAL).await;
         pause(&w.trigger, "op").await.expect("pause");
         w.source.upsert(1..=2, 1);
-        let outcome = w.trigger.tick(NORMAL).await.expect("tick");
+        let outcome = w.trigger.tick(&w.attempt(NORMAL)).await.expect("tick");
         assert_eq!(outcome.kind, crate::trigger::OutcomeKind::Paused);
         assert!(outcome.changes.is_empty());
         assert!(status(&w.trigger).await.expect("status").paused);
@@ -640,7 +658,7 @@ mod tests {
         // THEN the answer says where from and where it was, and exactly rows 4-5 come again as batch 3
         assert_eq!(answer["checkpoint"], after_first);
         assert_eq!(answer["previous_checkpoint"], serde_json::json!([2, 5]));
-        let outcome = w.trigger.tick(NORMAL).await.expect("tick");
+        let outcome = w.trigger.tick(&w.attempt(NORMAL)).await.expect("tick");
         assert_eq!((ids(&outcome.changes), outcome.batch_id), (vec![4, 5], Some(3)));
         assert!(w.tick(NORMAL).await.is_empty());
     }

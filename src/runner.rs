@@ -1,23 +1,19 @@
 //! `handler run`: the same functions without the Functions host, for containers, VMs and laptops.
 //!
-//! One loop per function plays the host's part: it ticks, hands the batch to the function's sink, and when the
-//! sink refuses it ticks again as a *retry* (the signal a host retry gives), so the engine re-delivers the same
-//! batch and counts the failure toward `Sql_Trigger_MaxAttempts`. A transient failure (the destination is down)
-//! is not the batch's fault: the loop delivers the batch in hand again, backing off, without counting it (the
-//! sink contract), so an outage never quarantines a batch. A fencing refusal is not counted either: the token
-//! is raised past a token this state document never issued, and the batch delivered again, or, when another
-//! instance holds the state now, this one lets the batch go (see `Trigger::raise_fence`). After a full batch
-//! it ticks again at once (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`. On SIGTERM the batch in hand is
-//! finished, the last delivered batch is acknowledged, and the lease released, so nothing is lost and the next
-//! process starts at once.
-//!
-//! With `deliveryMode: sink` the engine itself delivers and acknowledges in one tick ([`Trigger::tick_into`]);
-//! the loop then only paces the ticks and backs off after failures.
+//! One loop per function. Each tick records the batch in flight, hands it to the function's sink and
+//! acknowledges it once the sink took it ([`Trigger::tick_into`], the sink delivery mode's tick, whatever the
+//! function's `deliveryMode`: `deferred` and `immediate` describe the host's output bindings, and there is no
+//! host here). A sink's refusal counts toward `Sql_Trigger_MaxAttempts` (then quarantine or halt); an outage of
+//! the destination is not the batch's fault and is never counted, so it never quarantines a batch; a fencing
+//! refusal is not counted either (see `Trigger::raise_fence_on`). After a full batch the loop ticks again at
+//! once (draining a backlog); otherwise it waits `Sql_Trigger_PollingIntervalMs`; after a failure it backs off.
+//! On SIGTERM the tick in hand finishes (its batch delivered and acknowledged), a batch recorded for the next
+//! tick and never delivered is withdrawn, and the lease released, so nothing is lost and the next process
+//! starts at once.
 
 use crate::app::App;
-use crate::config::{DeliveryMode, TriggerSettings};
-use crate::protocol::RetryContext;
-use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::config::DeliveryMode;
+use crate::sink::Sink;
 use crate::trigger::{OutcomeKind, TickError, Trigger};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,6 +129,9 @@ impl RunSummary {
     }
 }
 
+/// One function's loop: each tick delivers through the sink and acknowledges by itself ([`Trigger::tick_into`]);
+/// a failed tick is followed by a back-off, and the engine re-delivers the same batch (counting it toward
+/// MaxAttempts if the sink rejected it, never for an outage).
 async fn run_one(
     app: &str,
     trigger: Arc<Trigger>,
@@ -142,166 +141,17 @@ async fn run_one(
 ) -> RunSummary {
     let name = trigger.name().to_string();
     let settings = trigger.config().settings.clone();
-    tracing::info!(function = %name, sink = %sink.describe(), "running without the Functions host");
-    if settings.delivery_mode == DeliveryMode::Sink {
-        return run_sink_mode(&name, &trigger, sink.as_ref(), &settings, options, stop).await;
+    tracing::info!(function = %name, app, sink = %sink.describe(), "running without the Functions host");
+    if settings.delivery_mode != DeliveryMode::Sink {
+        tracing::info!(function = %name, mode = ?settings.delivery_mode,
+            "without the Functions host every function delivers through its sink and acknowledges after it (at-least-once): deliveryMode deferred and immediate are about the host's output bindings");
     }
-    let mut summary = RunSummary::default();
-    let mut retry = RetryContext::default();
-    let mut last_delivered_ok = false;
-    let mut window = (Instant::now(), 0u64);
-    let mut streak = Streak::new(options);
-    loop {
-        if *stop.borrow() {
-            break;
-        }
-        let pause = match trigger.tick(retry).await {
-            Ok(outcome) if !outcome.changes.is_empty() => {
-                let mut batch = SinkBatch {
-                    app,
-                    function: &name,
-                    batch_id: outcome.batch_id.unwrap_or(0),
-                    fence: outcome.fence,
-                    changes: &outcome.changes,
-                    range: None,
-                };
-                let mut raised = false;
-                let delivered = loop {
-                    let failed = &mut summary.failed_deliveries;
-                    let polling = settings.polling_interval;
-                    match deliver_through_outages(sink.as_ref(), &batch, &mut stop, polling, failed, &mut streak).await
-                    {
-                        // Refused for a token this state document may never have issued: raised once, and the
-                        // same batch delivered again under the new token (see `Trigger::raise_fence`).
-                        Err(SinkError::Fenced { ours, stored }) if !raised => {
-                            raised = true;
-                            match trigger.raise_fence(batch.batch_id, ours, stored).await {
-                                Ok(Some(token)) => batch.fence = token,
-                                Ok(None) => break Err(SinkError::Fenced { ours, stored }),
-                                Err(e) => {
-                                    tracing::warn!(function = %name, error = %e, "could not raise the fencing token");
-                                    break Err(SinkError::Fenced { ours, stored });
-                                }
-                            }
-                        }
-                        other => break other,
-                    }
-                };
-                match delivered {
-                    Ok(()) => {
-                        streak.ok();
-                        let n = outcome.changes.len() as u64;
-                        summary.delivered += n;
-                        summary.batches += 1;
-                        window.1 += n;
-                        retry = RetryContext::default();
-                        last_delivered_ok = true;
-                        if outcome.changes.len() >= settings.max_batch_size {
-                            Duration::ZERO
-                        } else {
-                            settings.polling_interval
-                        }
-                    }
-                    Err(SinkError::Fenced { ours, stored }) => {
-                        // Another instance owns the function now (or the state moved on): not this batch's
-                        // fault, and not counted. The batch is no longer taken as answered here, so whoever
-                        // holds the state delivers it again.
-                        trigger.forget_answered();
-                        last_delivered_ok = false;
-                        retry = RetryContext::default();
-                        tracing::warn!(function = %name, batch_id = batch.batch_id,
-                            "{} has seen fencing token {stored} from a newer owner (this instance holds {ours}); delivering nothing more of this batch", sink.describe());
-                        settings.polling_interval
-                    }
-                    Err(e) => {
-                        summary.failed_deliveries += 1;
-                        last_delivered_ok = false;
-                        // The next tick is a retry: the engine re-delivers this batch and counts the failure.
-                        retry = RetryContext { retry_count: retry.retry_count + 1, max_retry_count: -1 };
-                        tracing::warn!(function = %name, batch_id = batch.batch_id, error = %e, "delivery failed; the batch will be delivered again");
-                        if matches!(e, SinkError::Transient(_)) && !*stop.borrow() && streak.failed() {
-                            let error = streak.gave_up(&e);
-                            tracing::error!(function = %name, "{error}");
-                            summary.stopped.push(Stopped { function: name.clone(), error });
-                            break;
-                        }
-                        backoff(retry.retry_count, settings.polling_interval)
-                    }
-                }
-            }
-            Ok(outcome) => {
-                streak.ok();
-                match outcome.kind {
-                    // No batch is in flight any more (acknowledged, quarantined, or there was none): a pending
-                    // retry is settled, and the next tick is a first attempt. Keeping it would make a `--once`
-                    // run that quarantined its last batch tick "retries" of nothing forever.
-                    OutcomeKind::Empty => retry = RetryContext::default(),
-                    // A batch in flight whose rows all moved on re-delivers as nothing: an empty batch reached
-                    // the sink trivially, as an empty answer succeeds under the host.
-                    OutcomeKind::Delivered | OutcomeKind::Redelivered => {
-                        retry = RetryContext::default();
-                        last_delivered_ok = true;
-                    }
-                    // A conflict recorded nothing, a held lease is another instance's batch, and a pause may
-                    // hide a failed delivery: the retry stands for when the function moves again.
-                    OutcomeKind::Conflict | OutcomeKind::LeaseHeld | OutcomeKind::Paused => {}
-                }
-                // Drained, or paused: nothing more will come until an operator resumes it.
-                if options.once && matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) {
-                    break;
-                }
-                settings.polling_interval
-            }
-            Err(e) if options.once && e.kind() == crate::trigger::ErrorKind::Operator => {
-                // A halt, a refused store or a changed source does not pass by waiting; a drain cannot finish.
-                tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
-                summary.stopped.push(Stopped { function: name.clone(), error: format!("{e} ({})", e.hint()) });
-                break;
-            }
-            Err(e) => {
-                tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed");
-                if streak.failed() {
-                    let error = streak.gave_up(&e);
-                    tracing::error!(function = %name, "{error}");
-                    summary.stopped.push(Stopped { function: name.clone(), error });
-                    break;
-                }
-                backoff(retry.retry_count + 1, settings.polling_interval)
-            }
-        };
-        pace(&name, &summary, &mut window, pause, &mut stop).await;
-    }
-    if last_delivered_ok {
-        match trigger.settle().await {
-            Ok(true) => {
-                tracing::info!(function = %name, "acknowledged the last delivered batch and released the lease")
-            }
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(function = %name, error = %e, "could not acknowledge the last batch; the next run re-delivers it")
-            }
-        }
-    }
-    tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
-    summary
-}
-
-/// The loop in sink mode: each tick delivers and acknowledges by itself; a failed tick is followed by a
-/// back-off, and the engine re-delivers the same batch (counting it toward MaxAttempts if the sink rejected it).
-async fn run_sink_mode(
-    name: &str,
-    trigger: &Trigger,
-    sink: &dyn Sink,
-    settings: &TriggerSettings,
-    options: RunOptions,
-    mut stop: watch::Receiver<bool>,
-) -> RunSummary {
     let mut summary = RunSummary::default();
     let mut failures = 0i64;
     let mut window = (Instant::now(), 0u64);
     let mut streak = Streak::new(options);
     while !*stop.borrow() {
-        let pause = match trigger.tick_into(sink).await {
+        let pause = match trigger.tick_into(sink.as_ref()).await {
             Ok(outcome) => {
                 failures = 0;
                 streak.ok();
@@ -326,7 +176,7 @@ async fn run_sink_mode(
                     && !matches!(e, TickError::Sink(_)) =>
             {
                 tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
-                summary.stopped.push(Stopped { function: name.to_string(), error: format!("{e} ({})", e.hint()) });
+                summary.stopped.push(Stopped { function: name.clone(), error: format!("{e} ({})", e.hint()) });
                 break;
             }
             Err(e) => {
@@ -338,13 +188,13 @@ async fn run_sink_mode(
                 if e.kind() == crate::trigger::ErrorKind::Transient && !*stop.borrow() && streak.failed() {
                     let error = streak.gave_up(&e);
                     tracing::error!(function = %name, "{error}");
-                    summary.stopped.push(Stopped { function: name.to_string(), error });
+                    summary.stopped.push(Stopped { function: name.clone(), error });
                     break;
                 }
                 backoff(failures, settings.polling_interval)
             }
         };
-        pace(name, &summary, &mut window, pause, &mut stop).await;
+        pace(&name, &summary, &mut window, pause, &mut stop).await;
     }
     match trigger.withdraw_chained().await {
         Ok(true) => {
@@ -356,39 +206,6 @@ async fn run_sink_mode(
     }
     tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
     summary
-}
-
-/// Delivers `batch`, and delivers it again, backing off, for as long as the sink reports a transient failure
-/// (an outage of the destination), until it is taken or refused, or the run is stopped. An outage is not the
-/// batch's fault, so it must not count toward `Sql_Trigger_MaxAttempts` (the sink contract); a refusal goes back
-/// to the engine as a failed delivery, to be counted. Meanwhile the batch stays in flight under this process's
-/// lease; stopped during an outage, or when a drain gives up on it (`streak`), the batch stays in flight and
-/// the next process re-delivers it.
-async fn deliver_through_outages(
-    sink: &dyn Sink,
-    batch: &SinkBatch<'_>,
-    stop: &mut watch::Receiver<bool>,
-    polling_interval: Duration,
-    failed_deliveries: &mut u64,
-    streak: &mut Streak,
-) -> Result<(), SinkError> {
-    let mut outages = 0;
-    loop {
-        let error = match sink.deliver(batch).await {
-            Err(SinkError::Transient(error)) => error,
-            other => return other,
-        };
-        if *stop.borrow() || streak.failed() {
-            return Err(SinkError::Transient(error));
-        }
-        outages += 1;
-        *failed_deliveries += 1;
-        tracing::warn!(function = %batch.function, batch_id = batch.batch_id, error = %error, "destination unavailable; delivering the batch again");
-        tokio::select! {
-            () = tokio::time::sleep(backoff(outages, polling_interval)) => {}
-            _ = stop.changed() => return Err(SinkError::Transient(error)),
-        }
-    }
 }
 
 /// Logs the drain's rate now and then, then waits `pause` (cut short by a stop).
@@ -422,7 +239,7 @@ mod tests {
     //! The runner loop over an in-memory source and store, with a scripted sink standing in for the webhook.
     use super::*;
     use crate::config::{DeliveryMode, FunctionConfig, PoisonAction, TriggerSettings};
-    use crate::sink::SinkError;
+    use crate::sink::{SinkBatch, SinkError};
     use crate::source::memory::MemorySource;
     use crate::state::MemoryStore;
     use std::collections::{BTreeMap, BTreeSet};

@@ -4,7 +4,7 @@
 
 use crate::app::App;
 use crate::config::DeliveryMode;
-use crate::protocol::{InvocationRequest, InvocationResponse};
+use crate::protocol::{Attempt, InvocationRequest, InvocationResponse, Malformed, INVOCATION_ID_HEADER};
 use crate::trigger::{ErrorKind, MappedOutputs, OutcomeKind};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -43,7 +43,7 @@ async fn ready(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 async fn admin_invocation(app: &App, admin: &crate::config::AdminFunction, body: &[u8]) -> Response {
     let request = match InvocationRequest::decode(body) {
         Ok(r) => r,
-        Err(message) => return error(StatusCode::BAD_REQUEST, message, json!({})),
+        Err(Malformed(message)) => return error(StatusCode::BAD_REQUEST, message, json!({})),
     };
     let Some(req) = request.data.get(&admin.request_binding) else {
         return error(
@@ -119,6 +119,46 @@ async fn direct_admin(
     (status, Json(body)).into_response()
 }
 
+/// Checks a request to a trigger function as the host sends it (see `protocol`) and makes the engine's
+/// attempt of it: the invocation id header, the body, the timer under its binding name, and a retry context
+/// that matches function.json's policy (the host sends one on every attempt when there is a policy, with the
+/// policy's `maxRetryCount`). A blank body stays a manual run without a retry context (lenient, see
+/// `InvocationRequest::decode`).
+fn host_attempt(
+    config: &crate::config::FunctionConfig,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Attempt, Malformed> {
+    let id = crate::protocol::invocation_id(headers.get(INVOCATION_ID_HEADER).and_then(|v| v.to_str().ok()))?;
+    let request = InvocationRequest::decode(body)?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Attempt::new(id, None));
+    }
+    request.check_timer(&config.timer_binding)?;
+    match (&config.retry, &request.retry) {
+        (Some(policy), None) => {
+            return Err(Malformed(format!(
+                "the body has no Metadata.RetryContext, which the host sends on every attempt of a function with a retry policy (maxRetryCount {})",
+                policy.max_retry_count
+            )))
+        }
+        (Some(policy), Some(retry)) if retry.max_retry_count != policy.max_retry_count => {
+            return Err(Malformed(format!(
+                "Metadata.RetryContext.MaxRetryCount is {}, but function.json's retry policy says {}: the host sends its own policy's",
+                retry.max_retry_count, policy.max_retry_count
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(Malformed(
+                "the body has a Metadata.RetryContext, but function.json has no retry policy, without which the host sends none"
+                    .into(),
+            ))
+        }
+        _ => {}
+    }
+    Ok(Attempt::new(id, request.retry))
+}
+
 /// Compares secrets by digest so the time taken does not depend on where they first differ.
 fn same_secret(a: &str, b: &str) -> bool {
     use sha2::{Digest, Sha256};
@@ -160,15 +200,17 @@ async fn invoke(
                 json!({ "functions": app.function_names() }),
             );
         };
-        let request = match InvocationRequest::decode(&body) {
-            Ok(r) => r,
-            Err(message) => {
-                tracing::warn!(error = %message, "malformed invocation body");
+        // Everything about the request is checked before any state is read: an answer to something that is
+        // not the host's invocation never reaches an output binding, and the batch would be lost.
+        let attempt = match host_attempt(trigger.config(), &headers, &body) {
+            Ok(attempt) => attempt,
+            Err(Malformed(message)) => {
+                tracing::warn!(error = %message, "refused a request that is not a host invocation");
                 return error(StatusCode::BAD_REQUEST, message, json!({}));
             }
         };
         let started = Instant::now();
-        let retry = request.retry();
+        let retry_count = attempt.retry.as_ref().map_or(0, |r| r.retry_count);
         // Sink mode: the handler delivers through the function's sink and answers the host no outputs.
         let sink = match trigger.config().settings.delivery_mode {
             DeliveryMode::Sink => match app.sink(trigger.name()) {
@@ -186,7 +228,7 @@ async fn invoke(
         };
         let ticked = match &sink {
             Some(sink) => trigger.tick_into(sink.as_ref()).await,
-            None => trigger.tick(retry).await,
+            None => trigger.tick(&attempt).await,
         };
         match ticked {
             Ok(outcome) => {
@@ -207,7 +249,7 @@ async fn invoke(
                     outcome = ?outcome.kind,
                     store_operations = outcome.store_operations,
                     elapsed_ms,
-                    retry_count = retry.retry_count,
+                    retry_count,
                     "tick finished"
                 );
                 if outcome.kind == OutcomeKind::Conflict {

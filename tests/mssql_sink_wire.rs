@@ -626,9 +626,11 @@ fn sink_mode_function(server: &Server) -> FunctionConfig {
     FunctionConfig {
         name: "F".into(),
         dir: "F".into(),
+        timer_binding: "timer".into(),
         timer_schedule: None,
         outputs: Vec::new(),
         retry: None,
+        proof_window: Duration::ZERO,
         source: SourceSpec {
             kind: SourceKind::MssqlChangeTracking,
             table: TableName::parse("dbo.orders").expect("table"),
@@ -649,6 +651,7 @@ fn sink_mode_function(server: &Server) -> FunctionConfig {
             polling_interval: Duration::from_millis(5),
             max_changes_per_worker: 1000,
             max_attempts: 3,
+            poison_after: Duration::ZERO,
             poison_action: PoisonAction::Quarantine,
             delivery_mode: DeliveryMode::Sink,
             lease_duration: Duration::from_secs(3600),

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sql_pseudo_trigger::change::encode_batch;
 use sql_pseudo_trigger::config::{AppConfig, Env, Secret, SourceKind, SourceSpec};
 use sql_pseudo_trigger::ident::{Ident, TableName};
-use sql_pseudo_trigger::protocol::RetryContext;
+use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Lag, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::MemoryStore;
@@ -486,7 +486,7 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
     let trigger = Trigger::new(function, "wire-app", source, store, "owner-1".into());
 
     // WHEN the host invokes the timer once
-    let outcome = trigger.tick(RetryContext::default()).await.expect("tick");
+    let outcome = trigger.tick(&Attempt::fresh(Some(RetryContext::first(5)))).await.expect("tick");
 
     // THEN the batch is delivered in the official shape and the state records it in flight
     assert_eq!(outcome.kind, OutcomeKind::Delivered);

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, NumberD
 use prost::Message;
 use serde_json::json;
 use sql_pseudo_trigger::config::{AppConfig, Env};
-use sql_pseudo_trigger::protocol::RetryContext;
+use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::memory::MemorySource;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::telemetry::{Telemetry, TelemetryConfig};
@@ -55,7 +55,11 @@ fn trigger(source: Arc<MemorySource>) -> Arc<Trigger> {
         "cursorColumn": "version"
     });
     let app = support::write_app("Orders", support::timer_function_json(Some(3)), sqltrigger, &[]);
-    let env = Env::from_pairs([("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())]);
+    // A zero proof window: the second tick proves the first one's batch, so the counts below are final.
+    let env = Env::from_pairs(
+        [("Pg", "postgres://nobody@127.0.0.1:1/none"), ("Sql_Trigger_ProofWindowMs", "0")]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     let config = AppConfig::load_from(app.root(), env).expect("the app config loads");
     let function = config.functions[0].clone();
     Arc::new(Trigger::new(function, "app", source, Arc::new(MemoryStore::new()), "owner-1".into()))
@@ -139,9 +143,9 @@ async fn ticks_and_status_arrive_at_an_otlp_receiver() {
 
     // WHEN a tick delivers three changes and the next acknowledges them, and two more wait
     source.upsert([1, 2, 3], 1);
-    let first = trigger.tick(RetryContext::default()).await.expect("tick");
+    let first = trigger.tick(&Attempt::fresh(Some(RetryContext::first(5)))).await.expect("tick");
     assert_eq!(first.changes.len(), 3);
-    trigger.tick(RetryContext::default()).await.expect("tick");
+    trigger.tick(&Attempt::fresh(Some(RetryContext::first(5)))).await.expect("tick");
     source.upsert([4, 5], 2);
 
     // THEN every instrument arrives with the ticks' values and the status poll's
@@ -198,7 +202,7 @@ async fn a_receiver_that_is_down_neither_blocks_ticks_nor_shutdown() {
     // WHEN ticks run while exports fail
     source.upsert([1], 1);
     for _ in 0..3 {
-        trigger.tick(RetryContext::default()).await.expect("tick");
+        trigger.tick(&Attempt::fresh(Some(RetryContext::first(5)))).await.expect("tick");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
 

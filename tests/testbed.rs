@@ -361,15 +361,18 @@ async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
     assert_eq!((utc_now.len(), &utc_now[19..20], &utc_now[27..]), (28, ".", "Z"), "{utc_now}");
     assert!(body["Metadata"].get("RetryContext").is_none());
 
-    // WHEN it fires again, as a retry THEN Last is the previous firing and the retry context is there
-    let retry = RetryContext { retry_count: 1, max_retry_count: 3 };
+    // WHEN it fires again, as a retry THEN Last is the previous firing and the retry context names the attempt
+    // that failed, as the host's FunctionInvocationException does
+    let retry = RetryContext::after(1, 3, invocation.invocation_id.clone());
     let again = driver.invoke(FUNCTION, Some(retry)).await.expect("answers");
     let body = &again.outputs["echo"]["request"];
     let last = body["Data"]["timer"]["ScheduleStatus"]["Last"].as_str().expect("a string");
     assert_eq!((last.len(), &last[19..20], &last[27..]), (33, ".", "+00:00"), "{last}");
-    assert_eq!(body["Metadata"]["RetryContext"]["RetryCount"], 1);
-    assert_eq!(body["Metadata"]["RetryContext"]["MaxRetryCount"], 3);
-    assert!(body["Metadata"]["RetryContext"]["Exception"]["ClassName"].is_string());
+    let context = &body["Metadata"]["RetryContext"];
+    assert_eq!((&context["RetryCount"], &context["MaxRetryCount"]), (&json!(1), &json!(3)));
+    assert_eq!(context["Exception"]["ClassName"], "Microsoft.Azure.WebJobs.Host.FunctionInvocationException");
+    assert_eq!(context["Exception"]["InstanceId"], invocation.invocation_id.as_str());
+    assert_eq!((&context["Instance"], &context["State"]), (&Value::Null, &json!({})));
     assert_ne!(again.invocation_id, invocation.invocation_id);
 
     // AND invoke alone applies nothing
@@ -391,15 +394,21 @@ async fn run_timer_retries_a_failing_handler_and_applies_only_the_successful_att
     let driver = start_standin(&app, &script, &[("STANDIN_FAIL_FIRST", "2")]).await;
 
     // WHEN the timer fires
+    let started = std::time::Instant::now();
     let run = driver.run_timer(FUNCTION).await.expect("runs");
+    let elapsed = started.elapsed();
 
-    // THEN the host retried twice with a RetryContext and wrote only the third answer
+    // THEN the host sent a RetryContext on every attempt, each retry naming the attempt before it, waited the
+    // policy's delay before each retry, and wrote only the third answer
     assert!(run.succeeded);
     assert_eq!(run.attempt_count(), 3);
     assert!(matches!(run.attempts[0].outcome, AttemptOutcome::HandlerFailed { .. }));
-    assert_eq!(run.attempts[0].retry, None);
-    assert_eq!(run.attempts[2].retry.map(|r| (r.retry_count, r.max_retry_count)), Some((2, 3)));
+    assert_eq!(run.attempts[0].retry, Some(RetryContext::first(3)));
+    let ids: Vec<String> = run.attempts.iter().flat_map(|a| &a.invocation).map(|i| i.invocation_id.clone()).collect();
+    assert_eq!(run.attempts[1].retry, Some(RetryContext::after(1, 3, ids[0].clone())));
+    assert_eq!(run.attempts[2].retry, Some(RetryContext::after(2, 3, ids[1].clone())));
     assert_eq!(run.attempts[2].outcome, AttemptOutcome::Applied);
+    assert!(elapsed >= support::TEST_RETRY_DELAY * 2, "{elapsed:?}: the host waits the delay before each retry");
     assert_eq!(driver.delivered("changes"), [json!({ "post": 3, "retry": 2 })]);
     assert_eq!(run.applied["changes"], [json!({ "post": 3, "retry": 2 })]);
     // The retries carried the first attempt's trigger data, as the host does.

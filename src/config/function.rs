@@ -29,7 +29,9 @@ const KNOWN_KEYS: &[&str] = &[
     "pollingIntervalMs",
     "maxChangesPerWorker",
     "maxAttempts",
+    "poisonAfterMs",
     "poisonAction",
+    "proofWindowMs",
     "deliveryMode",
     "leaseDurationMs",
     "tickTimeoutMs",
@@ -106,15 +108,18 @@ impl SourceSpec {
 
 #[cfg(test)]
 impl FunctionConfig {
-    /// A function named `name` over [`SourceSpec::placeholder`], with no outputs and no retry policy: what the
-    /// engine, runner and operations tests run over an in-memory source.
+    /// A function named `name` over [`SourceSpec::placeholder`], with no outputs, no retry policy and a proof
+    /// window of zero (a batch is proven by the next invocation that does not name it): what the engine,
+    /// runner and operations tests run over an in-memory source.
     pub(crate) fn for_tests(name: &str, settings: TriggerSettings) -> Self {
         Self {
             name: name.into(),
             dir: PathBuf::from(name),
+            timer_binding: "timer".into(),
             timer_schedule: None,
             outputs: Vec::new(),
             retry: None,
+            proof_window: Duration::ZERO,
             source: SourceSpec::placeholder(),
             settings,
         }
@@ -128,20 +133,139 @@ pub struct OutputBinding {
     pub kind: String,
 }
 
+/// function.json's `retry`, as the host reads it (azure-functions-host `RetryPolicy`: `fixedDelay` with
+/// `delayInterval`, `exponentialBackoff` with `minimumInterval` and `maximumInterval`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
-    pub strategy: String,
+    pub strategy: RetryStrategy,
     /// -1 means forever.
     pub max_retry_count: i64,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryStrategy {
+    /// The same delay before every retry.
+    FixedDelay { delay: Duration },
+    /// A randomized delay that doubles from `minimum`, never above `maximum` (azure-webjobs-sdk
+    /// `ExponentialBackoffRetryAttribute` over `RandomizedExponentialBackoffStrategy`).
+    ExponentialBackoff { minimum: Duration, maximum: Duration },
+}
+
+impl RetryPolicy {
+    /// A fixed-delay policy (tests).
+    pub fn fixed(max_retry_count: i64, delay: Duration) -> Self {
+        Self { strategy: RetryStrategy::FixedDelay { delay }, max_retry_count }
+    }
+
+    /// The longest the host may wait between a failed attempt and its retry.
+    pub fn max_delay(&self) -> Duration {
+        match self.strategy {
+            RetryStrategy::FixedDelay { delay } => delay,
+            RetryStrategy::ExponentialBackoff { maximum, .. } => maximum,
+        }
+    }
+
+    /// Reads function.json's `retry` object; every problem is reported against `file`.
+    pub fn parse(retry: &Value, file: &str, errors: &mut Vec<ConfigError>) -> Option<Self> {
+        let setting = |key: &str| format!("retry.{key} in {file}");
+        let before = errors.len();
+        let max_retry_count = match retry.get("maxRetryCount").and_then(Value::as_i64) {
+            Some(n) if n >= -1 => n,
+            _ => {
+                errors.push(ConfigError::new(setting("maxRetryCount"), "must be a whole number, -1 for unlimited"));
+                0
+            }
+        };
+        let mut interval = |key: &str| match retry.get(key).and_then(Value::as_str).map(parse_timespan) {
+            Some(Some(d)) => d,
+            _ => {
+                errors.push(ConfigError::new(setting(key), "must be a timespan like \"00:00:05\""));
+                Duration::ZERO
+            }
+        };
+        let strategy = match retry.get("strategy").and_then(Value::as_str) {
+            Some(s) if s.eq_ignore_ascii_case("fixedDelay") => {
+                RetryStrategy::FixedDelay { delay: interval("delayInterval") }
+            }
+            Some(s) if s.eq_ignore_ascii_case("exponentialBackoff") => {
+                let (minimum, maximum) = (interval("minimumInterval"), interval("maximumInterval"));
+                if minimum > maximum {
+                    errors.push(ConfigError::new(setting("minimumInterval"), "must not be above maximumInterval"));
+                }
+                RetryStrategy::ExponentialBackoff { minimum, maximum }
+            }
+            _ => {
+                errors.push(ConfigError::new(setting("strategy"), "must be fixedDelay or exponentialBackoff"));
+                return None;
+            }
+        };
+        (errors.len() == before).then_some(Self { strategy, max_retry_count })
+    }
+}
+
+/// Parses a .NET TimeSpan as function.json and host.json write one: `hh:mm:ss[.fff]` or `d.hh:mm:ss[.fff]`.
+pub fn parse_timespan(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (days, clock) = match text.split_once('.') {
+        Some((days, clock)) if clock.contains(':') => (days.parse::<u64>().ok()?, clock),
+        _ => (0, text),
+    };
+    let parts: Vec<&str> = clock.split(':').collect();
+    let [h, m, s] = parts.as_slice() else {
+        return None;
+    };
+    let seconds: f64 = s.parse().ok()?;
+    if !seconds.is_finite() || seconds < 0.0 {
+        return None;
+    }
+    let whole = days * 86_400 + h.parse::<u64>().ok()? * 3_600 + m.parse::<u64>().ok()? * 60;
+    Some(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
+}
+
+/// host.json's `functionTimeout`: how long the host lets an invocation run before it restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionTimeout {
+    /// Set in host.json, or the plan's default.
+    Bounded(Duration),
+    /// `-1`: no limit (Premium and Dedicated plans allow it).
+    Unbounded,
+}
+
+impl FunctionTimeout {
+    /// The plan's default when host.json sets none: 5 minutes on Consumption (`WEBSITE_SKU=Dynamic`), 30 on
+    /// Flex Consumption, Premium and Dedicated (learn.microsoft.com, "Function app timeout duration").
+    pub fn plan_default(env: &Env) -> Self {
+        match env.get("WEBSITE_SKU") {
+            Some(sku) if sku.eq_ignore_ascii_case("Dynamic") => Self::Bounded(Duration::from_secs(5 * 60)),
+            _ => Self::Bounded(Duration::from_secs(30 * 60)),
+        }
+    }
+}
+
+/// How long an answer stays unproven: the host's longest path from an answer to the retry that reports its
+/// failure (see `trigger::proof`). Without a bound on the invocation, 30 minutes are assumed.
+pub fn proof_window(timeout: FunctionTimeout, retry: Option<&RetryPolicy>) -> Duration {
+    let invocation = match timeout {
+        FunctionTimeout::Bounded(d) => d,
+        FunctionTimeout::Unbounded => UNBOUNDED_TIMEOUT_ASSUMED,
+    };
+    invocation + retry.map_or(Duration::ZERO, RetryPolicy::max_delay) + crate::trigger::PROOF_SLACK
+}
+
+/// What the proof window assumes of an invocation when host.json's functionTimeout is `-1`.
+pub const UNBOUNDED_TIMEOUT_ASSUMED: Duration = Duration::from_secs(30 * 60);
 
 #[derive(Debug, Clone)]
 pub struct FunctionConfig {
     pub name: String,
     pub dir: PathBuf,
+    /// The timer trigger binding's name: where the host puts the timer under `Data`.
+    pub timer_binding: String,
     pub timer_schedule: Option<String>,
     pub outputs: Vec<OutputBinding>,
     pub retry: Option<RetryPolicy>,
+    /// Deferred delivery: how long an answered batch stays unproven (see [`proof_window`]).
+    pub proof_window: Duration,
     pub source: SourceSpec,
     pub settings: TriggerSettings,
 }
@@ -202,14 +326,25 @@ pub(super) fn load_admin(dir: &Path, errors: &mut Vec<ConfigError>) -> Option<Ad
     Some(AdminFunction { name, request_binding: text(http, "name").unwrap_or_else(|| "req".into()), response_binding })
 }
 
+/// What every function folder is read against: the app settings, host.json, and who drives the ticks.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Context<'a> {
+    pub env: &'a Env,
+    /// host.json `extensions.sql`.
+    pub host_sql: Option<&'a Value>,
+    pub function_timeout: FunctionTimeout,
+    pub mode: super::Mode,
+}
+
 /// Loads one folder. `None` when the folder is not ours (no sqltrigger.json) or failed (errors recorded).
+/// Problems that do not stop it are pushed to `warnings`.
 pub(super) fn load(
     dir: &Path,
-    env: &Env,
-    host_sql: Option<&Value>,
-    mode: super::Mode,
+    context: Context<'_>,
     errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<ConfigError>,
 ) -> Option<FunctionConfig> {
+    let Context { env, host_sql, function_timeout, mode } = context;
     let name = dir.file_name()?.to_string_lossy().into_owned();
     let fn_file = format!("{name}/function.json");
     let trig_file = format!("{name}/sqltrigger.json");
@@ -236,6 +371,14 @@ pub(super) fn load(
         return None;
     };
     let timer_schedule = timer.get("schedule").and_then(Value::as_str).map(str::to_string);
+    let Some(timer_binding) = timer.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).map(str::to_string)
+    else {
+        errors.push(ConfigError::new(
+            fn_file,
+            "the timerTrigger binding has no \"name\"; the host needs one (\"timer\")",
+        ));
+        return None;
+    };
     let outputs: Vec<OutputBinding> = bindings
         .iter()
         .filter(|b| b.get("direction").and_then(Value::as_str) == Some("out"))
@@ -246,10 +389,10 @@ pub(super) fn load(
             })
         })
         .collect();
-    let retry = function_json.get("retry").map(|r| RetryPolicy {
-        strategy: r.get("strategy").and_then(Value::as_str).unwrap_or("").to_string(),
-        max_retry_count: r.get("maxRetryCount").and_then(Value::as_i64).unwrap_or(0),
-    });
+    let retry = match function_json.get("retry") {
+        None | Some(Value::Null) => None,
+        Some(retry) => Some(RetryPolicy::parse(retry, &fn_file, errors)?),
+    };
 
     let raw = read_json(&dir.join("sqltrigger.json"), errors, true)?;
     let Some(raw) = raw.as_object() else {
@@ -266,7 +409,9 @@ pub(super) fn load(
         }
     }
 
-    let settings = Resolver { env, host_sql, function: Some((&trig_file, &options)) }.trigger_settings(errors);
+    let resolver = Resolver { env, host_sql, function: Some((&trig_file, &options)) };
+    let settings = resolver.trigger_settings(errors);
+    let proof_window_ms = resolver.optional_whole(&super::settings::PROOF_WINDOW_MS, 86_400_000, errors);
     let source = source_spec(&options, env, &trig_file, errors);
 
     // Under the host, deferred delivery learns of failed output writes only through retries, and the batch
@@ -280,9 +425,31 @@ pub(super) fn load(
             )),
             Some(r) if r.max_retry_count == 0 => errors.push(ConfigError::new(
                 fn_file.clone(),
-                "retry.maxRetryCount is 0: deferred delivery needs at least one retry (or -1 for unlimited)",
+                "retry.maxRetryCount is 0: every answer would be the host's final attempt, whose failure nobody reports, so no batch could ever be proven delivered; deferred delivery needs at least one retry (or -1 for unlimited)",
             )),
-            _ => {}
+            Some(r) => {
+                // The issue this guards against: counted per host retry, one firing's retry loop alone could
+                // reach MaxAttempts, so an outage of a few delays would quarantine a healthy batch.
+                let one_loop_reaches = r.max_retry_count < 0 || r.max_retry_count >= i64::from(settings.max_attempts);
+                if settings.poison_after.is_zero() && one_loop_reaches {
+                    warnings.push(ConfigError::new(
+                        format!("{fn_file} and {trig_file}"),
+                        format!(
+                            "the host's retry loop of one firing (maxRetryCount {}) can reach Sql_Trigger_MaxAttempts ({}) by itself while Sql_Trigger_PoisonAfterMs is 0: an outage of the output binding's service lasting {} retry delays would quarantine a healthy batch; set Sql_Trigger_PoisonAfterMs (default 600000) or raise Sql_Trigger_MaxAttempts",
+                            r.max_retry_count, settings.max_attempts, settings.max_attempts
+                        ),
+                    ));
+                }
+                if function_timeout == FunctionTimeout::Unbounded {
+                    warnings.push(ConfigError::new(
+                        "host.json functionTimeout",
+                        format!(
+                            "is -1 (no limit): deferred delivery proves a batch written once no retry can still name it, and without a bound on an invocation it assumes {} min; set functionTimeout (for example \"00:10:00\") so that bound is the host's own",
+                            UNBOUNDED_TIMEOUT_ASSUMED.as_secs() / 60
+                        ),
+                    ));
+                }
+            }
         }
     }
     if settings.delivery_mode == DeliveryMode::Sink {
@@ -319,7 +486,19 @@ pub(super) fn load(
     if errors.len() > before {
         return None;
     }
-    Some(FunctionConfig { name, dir: dir.to_path_buf(), timer_schedule, outputs, retry, source: source?, settings })
+    let proof_window =
+        proof_window_ms.map_or_else(|| proof_window(function_timeout, retry.as_ref()), Duration::from_millis);
+    Some(FunctionConfig {
+        name,
+        dir: dir.to_path_buf(),
+        timer_binding,
+        timer_schedule,
+        outputs,
+        retry,
+        proof_window,
+        source: source?,
+        settings,
+    })
 }
 
 fn source_spec(o: &Map<String, Value>, env: &Env, file: &str, errors: &mut Vec<ConfigError>) -> Option<SourceSpec> {

@@ -9,7 +9,10 @@ mod outputs;
 mod secret;
 pub mod settings;
 
-pub use function::{AdminFunction, FunctionConfig, OutputBinding, RetryPolicy, SourceKind, SourceSpec};
+pub use function::{
+    parse_timespan, proof_window, AdminFunction, FunctionConfig, FunctionTimeout, OutputBinding, RetryPolicy,
+    RetryStrategy, SourceKind, SourceSpec,
+};
 pub use outputs::{OutputRoute, OutputShape};
 pub use secret::Secret;
 pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
@@ -133,6 +136,8 @@ pub struct AppConfig {
     /// `Sql_Trigger_PostgresTrustServerCertificate`), shared by every PostgreSQL source and sink.
     pub postgres_tls: PostgresTls,
     pub env: Env,
+    /// Problems that do not stop the handler, logged at start-up (each says what to change).
+    pub warnings: Vec<ConfigError>,
 }
 
 impl AppConfig {
@@ -159,6 +164,25 @@ impl AppConfig {
         let mut errors = Vec::new();
         let host_json = read_json(&root.join("host.json"), &mut errors, false);
         let host_sql = host_json.as_ref().and_then(|h| h.pointer("/extensions/sql")).cloned();
+        let function_timeout = match host_json.as_ref().and_then(|h| h.get("functionTimeout")) {
+            None | Some(serde_json::Value::Null) => FunctionTimeout::plan_default(&env),
+            Some(serde_json::Value::String(t)) if t.trim() == "-1" => FunctionTimeout::Unbounded,
+            Some(serde_json::Value::String(t)) => match parse_timespan(t) {
+                Some(d) if !d.is_zero() => FunctionTimeout::Bounded(d),
+                _ => {
+                    errors.push(ConfigError::new(
+                        "host.json functionTimeout",
+                        format!("{t:?} is not a timespan like \"00:05:00\" (or \"-1\" for no limit)"),
+                    ));
+                    FunctionTimeout::plan_default(&env)
+                }
+            },
+            Some(_) => {
+                errors.push(ConfigError::new("host.json functionTimeout", "must be a string like \"00:05:00\""));
+                FunctionTimeout::plan_default(&env)
+            }
+        };
+        let mut warnings = Vec::new();
 
         let mut functions = Vec::new();
         let mut other_functions = Vec::new();
@@ -179,7 +203,8 @@ impl AppConfig {
                 admin_functions.push(admin);
                 continue;
             }
-            match function::load(&dir, &env, host_sql.as_ref(), mode, &mut errors) {
+            let context = function::Context { env: &env, host_sql: host_sql.as_ref(), function_timeout, mode };
+            match function::load(&dir, context, &mut errors, &mut warnings) {
                 Some(f) => functions.push(f),
                 None => {
                     if let Some(name) = dir.file_name() {
@@ -243,6 +268,7 @@ impl AppConfig {
             other_functions,
             postgres_tls,
             env,
+            warnings,
         })
     }
 

@@ -49,7 +49,21 @@ pub const MAX_ATTEMPTS: SettingDef = SettingDef {
     function_key: Some("maxAttempts"),
     host_json_key: None,
     default: "5",
-    doc: "Deliveries of one batch that may fail before it is a poison batch (see Sql_Trigger_PoisonAction).",
+    doc: "Known failures of one batch (a host retry naming the attempt that carried it, a sink's refusal) before it may be a poison batch, together with Sql_Trigger_PoisonAfterMs (see Sql_Trigger_PoisonAction).",
+};
+pub const POISON_AFTER_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_PoisonAfterMs",
+    function_key: Some("poisonAfterMs"),
+    host_json_key: None,
+    default: "600000",
+    doc: "Under the Functions host (deferred delivery): a batch is poison only once its failures have lasted this long since the first, besides numbering Sql_Trigger_MaxAttempts, so an outage of the output binding's service shorter than this never quarantines a healthy batch. 0: the count alone decides.",
+};
+pub const PROOF_WINDOW_MS: SettingDef = SettingDef {
+    name: "Sql_Trigger_ProofWindowMs",
+    function_key: Some("proofWindowMs"),
+    host_json_key: None,
+    default: "host.json functionTimeout + the retry policy's longest delay + 30 s",
+    doc: "Deferred delivery: how long after its last answer a batch counts as written when no retry has named it (the checkpoint then moves past it). The default is the longest the host can take to report a failed write; until then a restart re-delivers the batch. Shorter means fewer duplicates after a restart, but a batch whose failure the host reports later than this, in a host that restarts before retrying it, would be lost. 0 is for tests.",
 };
 pub const POISON_ACTION: SettingDef = SettingDef {
     name: "Sql_Trigger_PoisonAction",
@@ -63,7 +77,7 @@ pub const DELIVERY_MODE: SettingDef = SettingDef {
     function_key: Some("deliveryMode"),
     host_json_key: None,
     default: "deferred",
-    doc: "`deferred`: a batch is acknowledged by the next invocation that is not a retry of it (at-least-once; needs a retry policy in function.json). `immediate`: committed before answering (at-most-once if the host's output write fails). `sink`: delivered by the handler itself, committed after the sink acknowledges (at-least-once).",
+    doc: "`deferred`: a batch is acknowledged only when a retry naming its invocation could no longer come (at-least-once through the host's output bindings; needs a retry policy in function.json; docs/architecture.md). `immediate`: committed before answering (at-most-once if the host's output write fails). `sink`: delivered by the handler itself, committed after the sink acknowledges (at-least-once).",
 };
 pub const LEASE_DURATION_MS: SettingDef = SettingDef {
     name: "Sql_Trigger_LeaseDurationMs",
@@ -173,7 +187,9 @@ pub const ALL: &[SettingDef] = &[
     POLLING_INTERVAL_MS,
     MAX_CHANGES_PER_WORKER,
     MAX_ATTEMPTS,
+    POISON_AFTER_MS,
     POISON_ACTION,
+    PROOF_WINDOW_MS,
     DELIVERY_MODE,
     LEASE_DURATION_MS,
     TICK_TIMEOUT_MS,
@@ -215,6 +231,8 @@ pub struct TriggerSettings {
     pub polling_interval: Duration,
     pub max_changes_per_worker: u64,
     pub max_attempts: u32,
+    /// Deferred delivery: how long a batch must have been failing before it may be poison.
+    pub poison_after: Duration,
     pub poison_action: PoisonAction,
     pub delivery_mode: DeliveryMode,
     pub lease_duration: Duration,
@@ -224,14 +242,16 @@ pub struct TriggerSettings {
 #[cfg(test)]
 impl TriggerSettings {
     /// The shipped defaults (batch 100, polling 1 s, 1000 changes per worker, 5 attempts, quarantine, deferred),
-    /// except a lease of an hour, so a test's process never loses it by accident, and a tick timeout of 30 s
-    /// instead of 240 s; tests change what they exercise with `..TriggerSettings::for_tests()`.
+    /// except a lease of an hour, so a test's process never loses it by accident, a tick timeout of 30 s
+    /// instead of 240 s, and no poison duration (the count alone decides, as a test without a manual clock
+    /// needs); tests change what they exercise with `..TriggerSettings::for_tests()`.
     pub(crate) fn for_tests() -> Self {
         Self {
             max_batch_size: 100,
             polling_interval: Duration::from_secs(1),
             max_changes_per_worker: 1000,
             max_attempts: 5,
+            poison_after: Duration::ZERO,
             poison_action: PoisonAction::Quarantine,
             delivery_mode: DeliveryMode::Deferred,
             lease_duration: Duration::from_secs(3600),
@@ -288,6 +308,34 @@ impl Resolver<'_> {
         }
     }
 
+    /// A whole number setting from 0, bounded above, or `None` when nothing sets it.
+    pub fn optional_whole(&self, def: &SettingDef, max: u64, errors: &mut Vec<ConfigError>) -> Option<u64> {
+        let (text, from) = self.raw(def)?;
+        match text.trim().parse::<u64>() {
+            Ok(n) if n <= max => Some(n),
+            _ => {
+                errors.push(ConfigError::new(from, format!("must be a whole number from 0 to {max}, got {text:?}")));
+                None
+            }
+        }
+    }
+
+    /// A whole number setting from 0, bounded above.
+    pub fn whole(&self, def: &SettingDef, max: u64, errors: &mut Vec<ConfigError>) -> u64 {
+        let fallback = def.default.parse().unwrap_or(0);
+        let Some((text, from)) = self.raw(def) else { return fallback };
+        match text.trim().parse::<u64>() {
+            Ok(n) if n <= max => n,
+            _ => {
+                errors.push(ConfigError::new(
+                    from,
+                    format!("must be a whole number from 0 to {max}, got {text:?} (default {})", def.default),
+                ));
+                fallback
+            }
+        }
+    }
+
     /// One of a fixed set of words, case-insensitive.
     pub fn choice<T: Copy>(&self, def: &SettingDef, options: &[(&str, T)], errors: &mut Vec<ConfigError>) -> T {
         let pick = |t: &str| options.iter().find(|(name, _)| name.eq_ignore_ascii_case(t.trim())).map(|(_, v)| *v);
@@ -306,6 +354,7 @@ impl Resolver<'_> {
             polling_interval: Duration::from_millis(self.positive(&POLLING_INTERVAL_MS, 86_400_000, errors)),
             max_changes_per_worker: self.positive(&MAX_CHANGES_PER_WORKER, u32::MAX as u64, errors),
             max_attempts: self.positive(&MAX_ATTEMPTS, 1000, errors) as u32,
+            poison_after: Duration::from_millis(self.whole(&POISON_AFTER_MS, 7 * 86_400_000, errors)),
             poison_action: self.choice(
                 &POISON_ACTION,
                 &[("quarantine", PoisonAction::Quarantine), ("halt", PoisonAction::Halt)],

@@ -33,14 +33,8 @@ impl Binding {
     }
 }
 
-/// function.json's `retry`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// `fixedDelay` or `exponentialBackoff`.
-    pub strategy: String,
-    /// -1 means retry forever.
-    pub max_retry_count: i64,
-}
+use crate::config::parse_timespan;
+pub use crate::config::{RetryPolicy, RetryStrategy};
 
 /// One function folder.
 #[derive(Debug, Clone)]
@@ -186,43 +180,19 @@ fn parse_function(name: &str, path: &Path, doc: &Value) -> Result<FunctionSpec, 
         };
         bindings.push(Binding { kind: field("type")?, direction, name: field("name")?, raw: item.clone() });
     }
+    // The host reads the policy with the handler's own rules (one reader: `RetryPolicy::parse`).
     let retry = match doc.get("retry") {
         None | Some(Value::Null) => None,
         Some(policy) => {
-            let strategy = policy
-                .get("strategy")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(path, "retry needs \"strategy\": \"fixedDelay\" or \"exponentialBackoff\""))?;
-            let max_retry_count = match policy.get("maxRetryCount") {
-                Some(Value::Number(n)) => n.as_i64(),
-                Some(Value::String(s)) => s.trim().parse().ok(),
-                _ => None,
+            let mut errors = Vec::new();
+            let parsed = RetryPolicy::parse(policy, &path.display().to_string(), &mut errors);
+            if let Some(first) = errors.first() {
+                return Err(bad(path, &first.to_string()));
             }
-            .filter(|n| *n >= -1)
-            .ok_or_else(|| bad(path, "retry needs \"maxRetryCount\": a whole number, -1 for unlimited"))?;
-            Some(RetryPolicy { strategy: strategy.to_string(), max_retry_count })
+            parsed
         }
     };
     Ok(FunctionSpec { name: name.to_string(), bindings, retry })
-}
-
-/// `hh:mm:ss` or `d.hh:mm:ss`, as .NET TimeSpan prints it.
-fn parse_timespan(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let (days, clock) = match text.split_once('.') {
-        Some((days, clock)) if clock.contains(':') => (days.parse::<u64>().ok()?, clock),
-        _ => (0, text),
-    };
-    let parts: Vec<&str> = clock.split(':').collect();
-    let [h, m, s] = parts.as_slice() else {
-        return None;
-    };
-    let seconds: f64 = s.parse().ok()?;
-    if !seconds.is_finite() || seconds < 0.0 {
-        return None;
-    }
-    let whole = days * 86_400 + h.parse::<u64>().ok()? * 3_600 + m.parse::<u64>().ok()? * 60;
-    Some(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
 }
 
 /// Expands `%Name%` from the handler's environment, as the host does for host.json `arguments`.

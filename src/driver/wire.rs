@@ -26,8 +26,23 @@ pub(super) fn timer_data(binding: &str, last_fired: Option<OffsetDateTime>, now:
     Value::Object(data)
 }
 
-/// The whole `POST /{function}` body: `Data`, and `Metadata` with `sys` and, on a retry, `RetryContext`.
-pub(super) fn request(function: &str, data: &Value, retry: Option<RetryContext>) -> Value {
+/// The trigger value of a manual run (portal Test/Run, `POST /admin/functions/{name}`): the timer binding
+/// builds a fresh `TimerInfo` with the monitor's status, null without a monitor, and `IsPastDue` false
+/// (azure-webjobs-sdk-extensions `TimerTriggerBinding.BindAsync`).
+pub(super) fn manual_timer_data(binding: &str) -> Value {
+    let mut data = Map::new();
+    data.insert(
+        binding.to_string(),
+        json!({ "Schedule": { "AdjustForDST": true }, "ScheduleStatus": null, "IsPastDue": false }),
+    );
+    Value::Object(data)
+}
+
+/// The whole `POST /{function}` body: `Data`, and `Metadata` with `sys` and, under a retry policy,
+/// `RetryContext` on every attempt as azure-functions-host `SetRetryContext` copies it: `RetryCount`,
+/// `MaxRetryCount`, and on a retry the previous attempt's `FunctionInvocationException`, serialized by
+/// Newtonsoft through `ISerializable` (its `InstanceId` is the failed attempt's invocation id).
+pub(super) fn request(function: &str, data: &Value, retry: Option<&RetryContext>) -> Value {
     let mut metadata = Map::new();
     metadata.insert(
         "sys".into(),
@@ -38,17 +53,38 @@ pub(super) fn request(function: &str, data: &Value, retry: Option<RetryContext>)
         }),
     );
     if let Some(retry) = retry {
-        let mut context = serde_json::to_value(retry).unwrap_or_else(|_| json!({}));
-        if let Value::Object(fields) = &mut context {
-            fields.insert(
-                "Exception".into(),
-                json!({
-                    "ClassName": "Microsoft.Azure.WebJobs.Host.FunctionInvocationException",
-                    "Message": format!("Exception while executing function: Functions.{function}"),
-                }),
-            );
-        }
-        metadata.insert("RetryContext".into(), context);
+        let exception = match (&retry.failed_invocation, retry.is_retry()) {
+            (Some(failed), _) => json!({
+                "InstanceId": failed,
+                "MethodName": format!("Host.Functions.{function}"),
+                "ClassName": "Microsoft.Azure.WebJobs.Host.FunctionInvocationException",
+                "Message": format!("Exception while executing function: Functions.{function}"),
+                "Data": null,
+                "InnerException": {
+                    "ClassName": "System.InvalidOperationException",
+                    "Message": "Error while handling parameter _binder after function returned:",
+                    "Data": null, "InnerException": null, "HResult": -2146233079
+                },
+                "HelpURL": null, "StackTraceString": null, "RemoteStackTraceString": null, "RemoteStackIndex": 0,
+                "ExceptionMethod": null, "HResult": -2146233088, "Source": "Microsoft.Azure.WebJobs.Host",
+                "WatsonBuckets": null
+            }),
+            (None, true) => json!({
+                "ClassName": "System.Exception",
+                "Message": "a failure the host reports without an invocation id",
+            }),
+            (None, false) => Value::Null,
+        };
+        metadata.insert(
+            "RetryContext".into(),
+            json!({
+                "RetryCount": retry.retry_count,
+                "MaxRetryCount": retry.max_retry_count,
+                "Exception": exception,
+                "Instance": null,
+                "State": {},
+            }),
+        );
     }
     json!({ "Data": data, "Metadata": metadata })
 }

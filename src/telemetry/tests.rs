@@ -5,7 +5,7 @@
 use super::instruments::outcome_label;
 use super::*;
 use crate::config::{AppConfig, ConfigErrors, Env, FunctionConfig};
-use crate::protocol::RetryContext;
+use crate::protocol::Attempt;
 use crate::source::memory::MemorySource;
 use crate::state::MemoryStore;
 use crate::trigger::{ErrorKind, OutcomeKind};
@@ -243,8 +243,6 @@ impl Setup {
     }
 }
 
-const NORMAL: RetryContext = RetryContext { retry_count: 0, max_retry_count: 0 };
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tick_is_counted_by_outcome_with_its_batch_size_and_duration() {
     // GIVEN three changes waiting
@@ -252,9 +250,9 @@ async fn every_tick_is_counted_by_outcome_with_its_batch_size_and_duration() {
     s.source.upsert([1, 2, 3], 1);
 
     // WHEN one tick delivers them and the next acknowledges them and finds nothing new
-    let first = s.trigger.tick(NORMAL).await.expect("tick");
+    let first = s.trigger.tick(&Attempt::first()).await.expect("tick");
     assert_eq!(first.changes.len(), 3);
-    s.trigger.tick(NORMAL).await.expect("tick");
+    s.trigger.tick(&Attempt::first()).await.expect("tick");
     s.flush();
 
     // THEN each tick is counted once under its outcome
@@ -284,7 +282,7 @@ async fn a_failed_tick_counts_a_failure_by_kind() {
     s.source.fail_next_fetches(1);
 
     // WHEN a tick fails on it
-    s.trigger.tick(NORMAL).await.expect_err("the fetch fails");
+    s.trigger.tick(&Attempt::first()).await.expect_err("the fetch fails");
     s.flush();
 
     // THEN it is a transient failure and a failed tick, with no batch recorded

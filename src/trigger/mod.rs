@@ -2,39 +2,44 @@
 //!
 //! # Why a tick is ordered the way it is (deferred delivery, the default)
 //! The host writes output bindings *after* the handler answers and never tells the handler whether that
-//! write worked; a failed write shows up only as a retry of the invocation (`RetryContext`). So a batch is
-//! recorded as *in flight* when it is answered, and acknowledged by a later invocation that proves the
-//! earlier one succeeded:
-//! 1. Load the state (1 read). Refuse if the source's fingerprint changed, answer empty if paused or if another
-//!    instance's unexpired lease covers the batch in flight.
-//! 2. Resolve the batch in flight. It is acknowledged (checkpoint := its end) only when *this process*
-//!    answered it, this invocation is not a retry, and it was not answered on the host's final retry. In every
-//!    other case (a retry, a restart, another instance's batch whose lease expired, an ambiguous commit) the
-//!    outcome is unknown, so the same range is re-delivered: duplicates are possible, loss is not. Known
-//!    failures are counted; at `MaxAttempts` the batch is quarantined (or the function halts).
-//! 3. Fetch up to `MaxBatchSize` changes after the checkpoint.
-//! 4. Nothing to deliver and nothing acknowledged: no write (an empty tick costs one read and one query).
-//! 5. Otherwise one conditional write records the acknowledgement, the new batch in flight and the lease.
-//!    A conflict means another tick moved first: deliver nothing, answer empty.
+//! write worked; a failed write shows up only as a retry that names the failed attempt. So every batch
+//! answered is remembered by the process that answered it, and acknowledged (the checkpoint moves past it)
+//! only by proof (`proof`, and docs/architecture.md, "Acknowledge by proof"):
+//! 1. Load the state (1 read, or none: the document this process wrote last). Refuse if the source's
+//!    fingerprint changed, answer empty if paused or if another instance's unexpired lease covers the batches
+//!    in flight.
+//! 2. Batches in flight that this process does not remember (answered by another instance, or by this one
+//!    before a restart) cannot be proven: they are all delivered again from the checkpoint.
+//! 3. The checkpoint moves over the batches proven written: answered a proof window ago, with no retry naming
+//!    them since. A batch a retry named (or answered on the host's final attempt) is owed: it is answered
+//!    again first; at `MaxAttempts` known failures lasting `PoisonAfterMs` it is quarantined (or the function
+//!    halts).
+//! 4. Otherwise fetch up to `MaxBatchSize` changes after the last batch answered.
+//! 5. One conditional write records the span in flight, the checkpoint and the lease. A conflict means
+//!    another tick moved first: deliver nothing, answer empty. Nothing to record: no write.
 //!
 //! `immediate` delivery commits the checkpoint before answering instead (at-most-once if the host's write
 //! fails). `sink` delivery (`sink_mode`) records the batch, hands it to the handler's own sink and
-//! acknowledges it in the same tick. All modes use the same fetch and commit path.
+//! acknowledges it in the same tick; a batch it finds in flight is always delivered again.
 
 mod error;
 pub mod failpoint;
+mod host_tick;
 mod observe;
 mod outputs;
+pub mod proof;
 mod sink_mode;
 pub mod state;
 
 pub use error::{ErrorKind, TickError};
 pub use observe::{TickObserver, TickRecord};
 pub use outputs::MappedOutputs;
+pub use proof::PROOF_SLACK;
 
 use crate::change::{encode_batch, Change};
+use crate::clock::{Clock, SystemClock};
 use crate::config::{DeliveryMode, FunctionConfig, PoisonAction};
-use crate::protocol::RetryContext;
+use crate::protocol::Attempt;
 use crate::source::{Position, Source};
 use crate::state::{Etag, StateStore, StoreError};
 use state::{InFlight, Lease, QuarantineDoc, QuarantineEntry, StateDoc, QUARANTINE_KEPT, SCHEMA};
@@ -44,6 +49,17 @@ use tokio::sync::{Mutex, OnceCell};
 
 /// How often an empty tick may record a source's proven-empty position (`Fetched::advance`).
 const ADVANCE_EVERY: time::Duration = time::Duration::minutes(5);
+
+/// Who drives a tick, and so how its batch is acknowledged.
+#[derive(Debug, Clone, Copy)]
+enum Via<'a> {
+    /// The host's invocation, in deferred delivery: acknowledged by proof (`host_tick`).
+    Host(&'a Attempt),
+    /// The host's invocation, in immediate delivery: acknowledged before answering.
+    Immediate,
+    /// A sink tick (`sink_mode`, and every tick of `handler run`): acknowledged after the sink took it.
+    Sink,
+}
 
 /// What one tick produced.
 #[derive(Debug, Default)]
@@ -89,10 +105,11 @@ pub struct Trigger {
     /// This process's identity in leases. A restart is a new owner, on purpose: a new process cannot know
     /// whether the old one's last answer reached the host.
     owner: String,
+    clock: Arc<dyn Clock>,
     /// One tick at a time per function in this process; a concurrent invocation waits its turn.
     lock: Mutex<()>,
-    /// The batch this process answered most recently (and committed before answering).
-    answered: std::sync::Mutex<Option<u64>>,
+    /// Deferred delivery: the batches this process answered to the host and has not proven written (`proof`).
+    answered: std::sync::Mutex<proof::Answered>,
     validated: OnceCell<()>,
     stats: std::sync::Mutex<TickStats>,
     /// Told about every tick (metrics); set at most once, after start-up.
@@ -139,8 +156,9 @@ impl Trigger {
             key,
             quarantine_prefix,
             owner,
+            clock: Arc::new(SystemClock),
             lock: Mutex::new(()),
-            answered: std::sync::Mutex::new(None),
+            answered: std::sync::Mutex::new(proof::Answered::default()),
             validated: OnceCell::new(),
             stats: std::sync::Mutex::new(TickStats::default()),
             observer: std::sync::OnceLock::new(),
@@ -150,8 +168,19 @@ impl Trigger {
         }
     }
 
+    /// Reads the time from `clock` instead of the system's (tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// The batches this process answered and has not proven written (deferred delivery), for status.
+    pub fn unproven(&self) -> proof::Answered {
+        self.answered.lock().expect("answered lock").clone()
     }
 
     pub fn config(&self) -> &FunctionConfig {
@@ -181,17 +210,44 @@ impl Trigger {
         mapped
     }
 
-    /// Runs one tick within the function's time budget.
-    pub async fn tick(&self, retry: RetryContext) -> Result<TickOutcome, TickError> {
+    /// Runs one tick for the host's `attempt` within the function's time budget.
+    pub async fn tick(&self, attempt: &Attempt) -> Result<TickOutcome, TickError> {
         let _one_at_a_time = self.lock.lock().await;
-        if retry.is_retry() {
-            // A retry says the host's previous attempt failed: if this process answered a batch then, the host
-            // did not write it. Forget that answer before anything here can fail: if this retry fails too (the
-            // store or the database is down), nothing durable records the failure, and the next normal
-            // invocation must not take the memory of having answered as proof of delivery. It re-delivers.
-            *self.answered.lock().expect("answered lock") = None;
+        // What a retry says about earlier answers is taken in before anything here can fail: if this tick fails
+        // too (the store or the database is down), the batch it named stays owed in this process's memory, and
+        // the next invocation answers it again.
+        let named = match self.config.settings.delivery_mode {
+            DeliveryMode::Deferred => self.answered.lock().expect("answered lock").note(attempt, self.clock.now()),
+            DeliveryMode::Immediate | DeliveryMode::Sink => proof::Named::Nothing,
+        };
+        let line = match named {
+            proof::Named::Batch(batch_id) => Some(format!(
+                "the host retried after the write of batch {batch_id} failed (attempt {}): delivering it again",
+                attempt.retry.as_ref().map_or(0, |r| r.retry_count)
+            )),
+            proof::Named::Late(batch_id) => Some(format!(
+                "the host retried after the write of batch {batch_id} failed, later than the proof window ({} ms) assumed: delivering it again; raise Sql_Trigger_ProofWindowMs (or leave it unset) so a host restart in between cannot lose such a batch",
+                self.config.proof_window.as_millis()
+            )),
+            proof::Named::Unnamed => Some(
+                "the host retried without naming the attempt that failed: every batch not yet proven is delivered again"
+                    .to_string(),
+            ),
+            proof::Named::Nothing | proof::Named::NoBatch => None,
+        };
+        if let Some(line) = &line {
+            tracing::warn!(function = %self.config.name, invocation = %attempt.id, "{line}");
         }
-        self.timed(self.tick_inner(retry)).await
+        let via = match self.config.settings.delivery_mode {
+            DeliveryMode::Deferred => Via::Host(attempt),
+            DeliveryMode::Immediate => Via::Immediate,
+            DeliveryMode::Sink => Via::Sink,
+        };
+        let mut result = self.timed(self.tick_inner(via)).await;
+        if let (Ok(out), Some(line)) = (result.as_mut(), line) {
+            out.logs.insert(0, line);
+        }
+        result
     }
 
     /// Runs a tick's work within the function's time budget and records what it did (stats, observer).
@@ -220,7 +276,7 @@ impl Trigger {
         }
         let mut stats = self.stats.lock().expect("stats lock");
         stats.ticks += 1;
-        stats.at = Some(OffsetDateTime::now_utc());
+        stats.at = Some(self.clock.now());
         stats.duration_ms = duration.as_secs_f64() * 1000.0;
         stats.store_operations = store_operations;
         match result {
@@ -242,51 +298,13 @@ impl Trigger {
         }
     }
 
-    /// Acknowledges the batch this process answered, if the caller knows it was delivered, and releases the
-    /// lease, without fetching anything. `handler run` calls it on a clean shutdown after its sink acknowledged
-    /// the last batch, so the next process continues without waiting out the lease or re-delivering.
-    pub async fn settle(&self) -> Result<bool, TickError> {
-        let _one_at_a_time = self.lock.lock().await;
-        let Some((mut doc, etag)) = self.load().await? else { return Ok(false) };
-        let answered = *self.answered.lock().expect("answered lock");
-        let Some(flight) = doc.in_flight.clone().filter(|f| f.owner == self.owner && Some(f.batch_id) == answered)
-        else {
-            return Ok(false);
-        };
-        let now = OffsetDateTime::now_utc();
-        acknowledge(&mut doc, &flight, now);
-        if let Some(lease) = doc.lease.as_mut() {
-            lease.expires_at = now;
-        }
-        let mut out = TickOutcome::default();
-        self.commit(&mut doc, Some(&etag), &mut out).await
-    }
-
     /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced: it has seen token
-    /// `stored` from a newer owner. If the state document still gives this instance the lease under `ours`
-    /// (and, unless the mode is `immediate`, still holds the batch in flight for it), no owner of this
-    /// document wrote under a larger token: the destination's token comes from an earlier document (deleted,
-    /// lost, or restored from a copy, so its tokens started again at 1). Then the token goes above the
-    /// destination's with one conditional write, and the answer is the token to deliver the same batch under
-    /// again (not counted as a failure). `None`: this instance was deposed, or the state moved on; it delivers
-    /// nothing more of the batch, and the batch is no longer taken as answered here, so no later tick of this
-    /// process acknowledges it from memory.
-    pub async fn raise_fence(&self, batch_id: u64, ours: u64, stored: u64) -> Result<Option<u64>, TickError> {
-        let _one_at_a_time = self.lock.lock().await;
-        // Read afresh, not the document this process wrote last: an operator's write since (a pause and a
-        // resume, say) is no reason to take this instance for deposed.
-        let raised = match self.load().await {
-            Ok(Some((doc, etag))) => self.raise_fence_on(doc, &etag, batch_id, ours, stored).await,
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
-        };
-        if !matches!(raised, Ok(Some(_))) {
-            self.forget_answered();
-        }
-        raised
-    }
-
-    /// [`Trigger::raise_fence`] on `doc` as read (or written) at `etag`.
+    /// `stored` from a newer owner. If the state document (`doc` as read or written at `etag`) still gives this
+    /// instance the lease under `ours` and holds the batch in flight for it, no owner of this document wrote
+    /// under a larger token: the destination's token comes from an earlier document (deleted, lost, or restored
+    /// from a copy, so its tokens started again at 1). Then the token goes above the destination's with one
+    /// conditional write, and the answer is the token to deliver the same batch under again (not counted as a
+    /// failure). `None`: this instance was deposed, or the state moved on; it delivers nothing more of the batch.
     pub(super) async fn raise_fence_on(
         &self,
         mut doc: StateDoc,
@@ -295,26 +313,16 @@ impl Trigger {
         ours: u64,
         stored: u64,
     ) -> Result<Option<u64>, TickError> {
-        let immediate = self.config.settings.delivery_mode == DeliveryMode::Immediate;
-        let holds = match &doc.lease {
-            Some(lease) => lease.token == ours && (immediate || lease.owner == self.owner),
-            None => immediate && ours == 0,
-        };
-        let in_flight =
-            immediate || doc.in_flight.as_ref().is_some_and(|f| f.batch_id == batch_id && f.owner == self.owner);
+        let holds = doc.lease.as_ref().is_some_and(|lease| lease.token == ours && lease.owner == self.owner);
+        let in_flight = doc.in_flight.as_ref().is_some_and(|f| f.batch_id == batch_id && f.owner == self.owner);
         if stored <= ours || !holds || !in_flight {
             return Ok(None);
         }
         let token = stored + 1;
-        let now = OffsetDateTime::now_utc();
-        match doc.lease.as_mut() {
-            Some(lease) if immediate => lease.token = token,
-            Some(lease) => {
-                lease.token = token;
-                lease.expires_at = lease.expires_at.max(now + self.config.settings.lease_duration);
-            }
-            // Immediate mode takes no lease; this one only carries the token, and is released already.
-            None => doc.lease = Some(Lease { owner: self.owner.clone(), token, expires_at: now }),
+        let now = self.clock.now();
+        if let Some(lease) = doc.lease.as_mut() {
+            lease.token = token;
+            lease.expires_at = lease.expires_at.max(now + self.config.settings.lease_duration);
         }
         let mut out = TickOutcome::default();
         if !self.commit(&mut doc, Some(etag), &mut out).await? {
@@ -364,11 +372,11 @@ impl Trigger {
     /// Nothing of a discarded run is observable: it answered nothing and recorded nothing. A delivering tick
     /// in a drain then costs one write instead of a read and a write; an empty tick still costs one read, so
     /// a pause, resume, reset or replay by an operator is seen at the next tick even on a quiet table.
-    async fn tick_inner(&self, retry: RetryContext) -> Result<TickOutcome, TickError> {
+    async fn tick_inner(&self, via: Via<'_>) -> Result<TickOutcome, TickError> {
         self.validated.get_or_try_init(|| self.source.validate()).await?;
         let remembered = self.written.lock().expect("written lock").take();
         if let Some((doc, etag)) = remembered {
-            let out = self.tick_on(doc, Some(etag.clone()), retry).await?;
+            let out = self.tick_on(doc, Some(etag.clone()), via).await?;
             if out.committed.is_some() {
                 return Ok(out);
             }
@@ -380,30 +388,25 @@ impl Trigger {
                 Some((doc, fresh)) => {
                     let line = "the state changed since this process last wrote it (another instance or an operator wrote); acting on the state as it is now";
                     tracing::info!(function = %self.config.name, "{line}");
-                    let mut out = self.tick_on(doc, Some(fresh), retry).await?;
+                    let mut out = self.tick_on(doc, Some(fresh), via).await?;
                     out.logs.insert(0, line.to_string());
                     return Ok(out);
                 }
                 None => {}
             }
         } else if let Some((doc, etag)) = self.load().await? {
-            return self.tick_on(doc, Some(etag), retry).await;
+            return self.tick_on(doc, Some(etag), via).await;
         }
         let start = self.source.start_position(self.config.source.start_from).await?;
-        self.tick_on(self.new_doc(start), None, retry).await
+        self.tick_on(self.new_doc(start), None, via).await
     }
 
     /// One tick on `doc` as read at `etag` (`None`: a document never written).
-    async fn tick_on(
-        &self,
-        mut doc: StateDoc,
-        etag: Option<Etag>,
-        retry: RetryContext,
-    ) -> Result<TickOutcome, TickError> {
+    async fn tick_on(&self, doc: StateDoc, etag: Option<Etag>, via: Via<'_>) -> Result<TickOutcome, TickError> {
         let mut out = TickOutcome::default();
         // A document that was never written must be written even if the tick delivers nothing, so that a
         // `startFrom: now` position is fixed at the first tick rather than moving with every tick.
-        let mut dirty = etag.is_none();
+        let dirty = etag.is_none();
 
         if doc.fingerprint != self.source.fingerprint() {
             return Err(TickError::FingerprintChanged {
@@ -420,9 +423,12 @@ impl Trigger {
             out.logs.push("function is paused by an operator; answering an empty batch".into());
             return Ok(out);
         }
-        let now = OffsetDateTime::now_utc();
+        let now = self.clock.now();
         if let (Some(lease), Some(_)) = (&doc.lease, &doc.in_flight) {
             if lease.owner != self.owner && lease.expires_at > now {
+                // Another instance took the batches in flight over (this process's lease lapsed): it delivers
+                // them all again, so nothing this process remembers is still its to prove.
+                *self.answered.lock().expect("answered lock") = proof::Answered::default();
                 out.kind = OutcomeKind::LeaseHeld;
                 out.logs.push(format!(
                     "batch in flight belongs to {} until {}; answering an empty batch",
@@ -431,32 +437,34 @@ impl Trigger {
                 return Ok(out);
             }
         }
+        match via {
+            Via::Host(attempt) => self.deferred_tick(doc, etag, attempt, now, dirty, out).await,
+            Via::Immediate | Via::Sink => self.recorded_tick(doc, etag, via, now, dirty, out).await,
+        }
+    }
 
+    /// The tick of the modes that do not wait for the host's proof: `sink`, whose tick delivers and
+    /// acknowledges by itself, and `immediate`, which acknowledges before answering. A batch found in flight
+    /// (a sink tick that did not finish, another instance's) is always delivered again.
+    async fn recorded_tick(
+        &self,
+        mut doc: StateDoc,
+        etag: Option<Etag>,
+        via: Via<'_>,
+        now: OffsetDateTime,
+        mut dirty: bool,
+        mut out: TickOutcome,
+    ) -> Result<TickOutcome, TickError> {
         if let Some(flight) = doc.in_flight.clone() {
-            let answered_here = *self.answered.lock().expect("answered lock") == Some(flight.batch_id);
-            // Sink mode acknowledges in the tick whose sink took the batch, never from memory of answering.
-            let proven = flight.owner == self.owner
-                && answered_here
-                && !retry.is_retry()
-                && !flight.final_attempt
-                && self.config.settings.delivery_mode != DeliveryMode::Sink;
-            if proven {
-                acknowledge(&mut doc, &flight, now);
-                dirty = true;
-            } else {
-                let known_failure = retry.is_retry() || flight.final_attempt;
-                let failures = flight.failures + u32::from(known_failure);
+            {
+                let failures = flight.failures;
                 if failures < self.config.settings.max_attempts {
-                    let why = if retry.is_retry() {
-                        format!("the host retried (attempt {})", retry.retry_count)
-                    } else if flight.final_attempt {
-                        "the host's final retry may have failed".to_string()
-                    } else if flight.owner != self.owner {
+                    let why = if flight.owner != self.owner {
                         format!("it was answered by {} and its outcome is unknown", flight.owner)
                     } else {
-                        "this process cannot prove it was answered".to_string()
+                        "its delivery was not acknowledged".to_string()
                     };
-                    return self.redeliver(doc, etag, flight, failures, retry, why, out).await;
+                    return self.redeliver(doc, etag, via, flight, failures, why, out).await;
                 }
                 self.poison(&mut doc, &flight, failures, &mut out).await?;
                 if let Some(reason) = doc.halted.clone() {
@@ -522,17 +530,18 @@ impl Trigger {
             deliveries: 1,
             failures: 0,
             owner: self.owner.clone(),
-            final_attempt: retry.is_final(),
+            final_attempt: false,
             first_delivered_at: now,
             last_delivered_at: now,
             quarantined,
+            batches: 1,
+            failing_since: None,
         };
-        self.record_delivery(&mut doc, flight, now);
+        self.record_delivery(&mut doc, flight, via, now);
         if !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
         }
         failpoint::hit("after-commit");
-        *self.answered.lock().expect("answered lock") = Some(batch_id);
         out.fence = doc.lease.as_ref().map_or(0, |l| l.token);
         out.kind = OutcomeKind::Delivered;
         out.batch_id = Some(batch_id);
@@ -541,14 +550,12 @@ impl Trigger {
         Ok(out)
     }
 
-    /// Records that `flight` is being answered: in flight under a lease (deferred), or acknowledged at once
-    /// (immediate: the mode's at-most-once promise).
-    fn record_delivery(&self, doc: &mut StateDoc, flight: InFlight, now: OffsetDateTime) {
-        match self.config.settings.delivery_mode {
-            DeliveryMode::Immediate => {
-                acknowledge(doc, &flight, now);
-            }
-            DeliveryMode::Deferred | DeliveryMode::Sink => {
+    /// Records that `flight` is being delivered: in flight under a lease (a sink's tick), or acknowledged at
+    /// once (immediate: the mode's at-most-once promise).
+    fn record_delivery(&self, doc: &mut StateDoc, flight: InFlight, via: Via<'_>, now: OffsetDateTime) {
+        match via {
+            Via::Immediate => acknowledge(doc, &flight, now),
+            Via::Sink | Via::Host(_) => {
                 doc.in_flight = Some(flight);
                 self.take_lease(doc, now);
             }
@@ -562,13 +569,13 @@ impl Trigger {
         &self,
         mut doc: StateDoc,
         etag: Option<Etag>,
+        via: Via<'_>,
         flight: InFlight,
         failures: u32,
-        retry: RetryContext,
         why: String,
         mut out: TickOutcome,
     ) -> Result<TickOutcome, TickError> {
-        let now = OffsetDateTime::now_utc();
+        let now = self.clock.now();
         let changes = self.changes_of(&flight).await?;
         if flight.owner != self.owner {
             doc.counters.takeovers += 1;
@@ -578,15 +585,14 @@ impl Trigger {
             owner: self.owner.clone(),
             deliveries: flight.deliveries + 1,
             failures,
-            final_attempt: retry.is_final(),
+            final_attempt: false,
             last_delivered_at: now,
             ..flight.clone()
         };
-        self.record_delivery(&mut doc, again, now);
+        self.record_delivery(&mut doc, again, via, now);
         if !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
         }
-        *self.answered.lock().expect("answered lock") = Some(flight.batch_id);
         out.fence = doc.lease.as_ref().map_or(0, |l| l.token);
         out.logs.push(format!(
             "re-delivering batch {} with {} change(s) because {why} (delivery {}, {failures} known failure(s))",
@@ -648,7 +654,7 @@ impl Trigger {
             doc.halted = Some(message);
             return Ok(());
         }
-        let now = OffsetDateTime::now_utc();
+        let now = self.clock.now();
         if let Some(key) = &flight.quarantined {
             // A quarantined batch an operator retried failed again: it stays where it is.
             doc.in_flight = None;
@@ -708,7 +714,7 @@ impl Trigger {
 
     /// Writes the document if it is still at `etag`. `Ok(false)`: another tick moved first, and `out` says so.
     async fn commit(&self, doc: &mut StateDoc, etag: Option<&Etag>, out: &mut TickOutcome) -> Result<bool, TickError> {
-        let bytes = stamp(doc, &self.owner);
+        let bytes = stamp(doc, &self.owner, self.clock.now());
         match self.store.save_if(&self.key, &bytes, etag).await {
             Ok(etag) => {
                 *self.written.lock().expect("written lock") = Some((doc.clone(), etag.clone()));
@@ -766,7 +772,7 @@ impl Trigger {
             retry_quarantined: Vec::new(),
             progress_at: None,
             write_id: String::new(),
-            updated_at: OffsetDateTime::now_utc(),
+            updated_at: self.clock.now(),
             updated_by: self.owner.clone(),
         }
     }
@@ -774,9 +780,9 @@ impl Trigger {
 
 /// Marks a write of `doc` by `owner` (a fresh `write_id`, so no two writes are byte-identical) and
 /// serializes it.
-fn stamp(doc: &mut StateDoc, owner: &str) -> Vec<u8> {
+fn stamp(doc: &mut StateDoc, owner: &str, now: OffsetDateTime) -> Vec<u8> {
     doc.write_id = uuid::Uuid::new_v4().to_string();
-    doc.updated_at = OffsetDateTime::now_utc();
+    doc.updated_at = now;
     doc.updated_by = owner.to_string();
     serde_json::to_vec(doc).expect("state documents serialize")
 }

@@ -66,14 +66,13 @@
 //! fetch kept longer than one lease duration is dropped.
 
 use super::state::{InFlight, Lease, StateDoc};
-use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger};
-use crate::protocol::RetryContext;
+use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger, Via};
+use crate::clock::Clock;
 use crate::sink::{Resume, Sink, SinkBatch, SinkError};
 use crate::source::{Fetched, Position};
 use crate::state::{Etag, StateStore, StoreError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use time::OffsetDateTime;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -85,16 +84,7 @@ impl Trigger {
     /// it (CAS). See the module docs for the order and what each failure means.
     pub async fn tick_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
         let _one_at_a_time = self.lock.lock().await;
-        self.forget_answered();
-        let result = self.timed(self.deliver_into(sink)).await;
-        // Nothing recorded here may be acknowledged later from memory (`settle`, a stray `tick`).
-        self.forget_answered();
-        result
-    }
-
-    /// No batch counts as answered by this process any more: a later tick acknowledges nothing from memory.
-    pub(crate) fn forget_answered(&self) {
-        *self.answered.lock().expect("answered lock") = None;
+        self.timed(self.deliver_into(sink)).await
     }
 
     /// The batch fetched ahead, if it starts where the next batch starts and is fresh; taken either way.
@@ -113,10 +103,10 @@ impl Trigger {
         if let Some(out) = self.take_chained() {
             return self.deliver_batch(sink, out).await;
         }
-        let mut out = self.tick_inner(RetryContext::default()).await?;
+        let mut out = self.tick_inner(Via::Sink).await?;
         if let Some(logs) = self.reconcile(sink, &mut out).await? {
             // The document now starts where the destination ends: no second reconciliation.
-            out = self.tick_inner(RetryContext::default()).await?;
+            out = self.tick_inner(Via::Sink).await?;
             out.logs.splice(0..0, logs);
         }
         self.deliver_batch(sink, out).await
@@ -145,7 +135,7 @@ impl Trigger {
         }
 
         let (mut doc, etag) = out.committed.take().expect("checked above");
-        let now = OffsetDateTime::now_utc();
+        let now = self.clock.now();
         let ours = out.fence;
         let line = match &moved {
             // The document's lineage is new: its token goes above anything the destination saw, so a writer of
@@ -205,7 +195,7 @@ impl Trigger {
         let (doc, etag) = self.written.lock().expect("written lock").clone()?;
         let flight = doc.in_flight.as_ref().filter(|f| f.batch_id == chained.batch_id && f.owner == self.owner)?;
         let lease = doc.lease.as_ref().filter(|l| l.owner == self.owner)?;
-        let left = lease.expires_at - OffsetDateTime::now_utc();
+        let left = lease.expires_at - self.clock.now();
         if left < self.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
             return None;
         }
@@ -238,7 +228,7 @@ impl Trigger {
         }
         doc.in_flight = None;
         if let Some(lease) = doc.lease.as_mut().filter(|l| l.owner == self.owner) {
-            lease.expires_at = OffsetDateTime::now_utc();
+            lease.expires_at = self.clock.now();
         }
         let mut out = TickOutcome::default();
         self.commit(&mut doc, Some(&etag), &mut out).await
@@ -282,7 +272,7 @@ impl Trigger {
         match delivered {
             Ok(()) => {
                 failpoint::hit("after-sink");
-                let now = OffsetDateTime::now_utc();
+                let now = self.clock.now();
                 acknowledge(&mut doc, &flight, now);
                 // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining"
                 // in the module docs), unless an operator queued quarantined batches, which go first.
@@ -301,6 +291,8 @@ impl Trigger {
                         first_delivered_at: now,
                         last_delivered_at: now,
                         quarantined: None,
+                        batches: 1,
+                        failing_since: None,
                     };
                     doc.next_batch_id += 1;
                     doc.in_flight = Some(next.clone());
@@ -410,6 +402,7 @@ impl Heartbeat {
             return Self { held, stop: None, task: None };
         }
         let renewal = Renewal {
+            clock: trigger.clock.clone(),
             store: trigger.store.clone(),
             key: trigger.key.clone(),
             owner: trigger.owner.clone(),
@@ -455,6 +448,7 @@ impl Drop for Heartbeat {
 
 /// One function's lease renewal: everything the heartbeat task needs, owned, so it can outlive a borrow.
 struct Renewal {
+    clock: Arc<dyn Clock>,
     store: Arc<dyn StateStore>,
     key: String,
     owner: String,
@@ -471,8 +465,9 @@ impl Renewal {
             (held.doc.clone(), held.etag.clone())
         };
         let Some(lease) = doc.lease.as_mut() else { return false };
-        lease.expires_at = OffsetDateTime::now_utc() + self.lease;
-        let bytes = stamp(&mut doc, &self.owner);
+        let now = self.clock.now();
+        lease.expires_at = now + self.lease;
+        let bytes = stamp(&mut doc, &self.owner, now);
         match self.store.save_if(&self.key, &bytes, Some(&etag)).await {
             Ok(etag) => {
                 self.adopt(doc, etag);

@@ -21,7 +21,9 @@ pub struct StateDoc {
     pub fingerprint: String,
     /// Everything at or before this position was delivered and acknowledged. `null` = nothing yet.
     pub checkpoint: Position,
-    /// The batch answered to the host and not yet acknowledged.
+    /// The batch answered to the host (or handed to a sink) and not yet acknowledged. In deferred delivery, the
+    /// span of batches answered and not yet proven written, from the checkpoint on, owned by the process that
+    /// answered them: nobody else can prove them, so another owner delivers them all again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<InFlight>,
     /// Who may act on `in_flight`, until when, and the fencing token of that owner.
@@ -78,6 +80,22 @@ pub struct InFlight {
     /// Set when this batch is an operator's retry of a quarantined batch: its store key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<String>,
+    /// Deferred delivery: how many batches the span holds (answered one after the other, none proven yet;
+    /// `batch_id` is the last one's, `failures` and `failing_since` the first one's). 1 in the other modes.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub batches: u32,
+    /// When the first known failure of the (first) batch happened: poison needs failures lasting
+    /// `Sql_Trigger_PoisonAfterMs`.
+    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<OffsetDateTime>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -70,7 +70,9 @@ pub fn unique_app_name(prefix: &str) -> String {
     format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
 }
 
-/// An app folder with one function on `orders`, blob state in the shared Azurite.
+/// An app folder with one function on `orders`, blob state in the shared Azurite. Its proof window is zero
+/// (a batch is proven by the next invocation that does not name it), so tests about other things see the
+/// checkpoint move at once; the tests about the window set `Sql_Trigger_ProofWindowMs` (a later setting wins).
 pub fn orders_app(orders: &Orders, app_name: &str, trigger_extra: Value, settings: &[(&str, &str)]) -> AppFolder {
     let azurite = support::fixture().azurite_connection_string();
     let mut all: Vec<(&str, &str)> = vec![
@@ -78,6 +80,7 @@ pub fn orders_app(orders: &Orders, app_name: &str, trigger_extra: Value, setting
         ("AzureWebJobsStorage", azurite.as_str()),
         ("Sql_Trigger_StateStore", "blob"),
         ("Sql_Trigger_AppName", app_name),
+        ("Sql_Trigger_ProofWindowMs", "0"),
     ];
     all.extend_from_slice(settings);
     support::write_app(FUNCTION, support::timer_function_json(Some(3)), trigger_json(trigger_extra), &all)
@@ -218,11 +221,6 @@ pub fn ids_of(messages: &[Value]) -> Vec<i64> {
     ops(messages).into_iter().map(|(_, id)| id).collect()
 }
 
-/// The host's `n`th retry under the `maxRetryCount: 3` policy [`orders_app`] writes.
-pub fn host_retry(n: i64) -> sql_pseudo_trigger::protocol::RetryContext {
-    sql_pseudo_trigger::protocol::RetryContext { retry_count: n, max_retry_count: 3 }
-}
-
 /// Fires the timer until some attempt of a firing was answered with changes (whether or not the host's write
 /// of them worked), for at most 10 s, and returns that firing. Firings before it must have succeeded empty.
 pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::TimerRun {
@@ -240,7 +238,7 @@ pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseud
 
 /// Plays the host by hand: first attempts (no `RetryContext`) until one is answered with changes, for at most
 /// 10 s. Nothing is written anywhere: the caller decides what the host did with the answer, and must follow
-/// it with a retry ([`host_retry`]) if the host's write is to count as failed.
+/// it with a retry ([`HostDriver::retry`]) if the host's write is to count as failed.
 pub async fn invoke_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::Invocation {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {

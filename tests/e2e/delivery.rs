@@ -2,7 +2,6 @@
 
 use crate::common::*;
 use serde_json::json;
-use sql_pseudo_trigger::protocol::RetryContext;
 
 #[tokio::test]
 async fn delivers_inserts_updates_and_soft_deletes_in_the_official_payload_shape() {
@@ -78,7 +77,7 @@ async fn a_host_retry_redelivers_the_identical_batch_and_the_next_invocation_ack
         first = host.invoke(FUNCTION, None).await.expect("invoke");
     }
     // WHEN the host retries (its output write failed)
-    let retry = host.invoke(FUNCTION, Some(RetryContext { retry_count: 1, max_retry_count: 3 })).await.expect("invoke");
+    let retry = host.retry(FUNCTION, 1, &first).await.expect("invoke");
     // THEN the retry carries the identical batch
     assert_eq!(retry.outputs["changes"], first.outputs["changes"]);
     assert!(retry.logs.iter().any(|l| l.contains("re-delivering batch 1")), "{:?}", retry.logs);

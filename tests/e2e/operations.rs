@@ -411,7 +411,8 @@ async fn status_reports_exact_pending_and_target_workers_for_a_large_backlog() {
 async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_the_checkpoint() {
     let orders = Orders::new("ops_quarantine").await;
     let app_name = unique_app_name("ops-q");
-    let app = admin_app(&orders, &app_name, json!({}), &[("Sql_Trigger_MaxAttempts", "2")]);
+    let poison = [("Sql_Trigger_MaxAttempts", "2"), ("Sql_Trigger_PoisonAfterMs", "0")];
+    let app = admin_app(&orders, &app_name, json!({}), &poison);
     let host = start(&app).await;
     let store = shared_blob_store();
 
@@ -472,10 +473,10 @@ async fn a_pause_between_a_failed_write_and_its_retry_does_not_lose_the_batch() 
 
     // GIVEN batch 1 (orders 1-3) answered, and the host's write of it failed
     orders.insert(1..=3).await;
-    invoke_until_answered(&host, FUNCTION).await;
-    // AND the operator pauses before the host's retry, which is answered empty
+    let failed = invoke_until_answered(&host, FUNCTION).await;
+    // AND the operator pauses before the host's retry (naming the failed attempt), which is answered empty
     act(Channel::Cli, &app, None, FUNCTION, &Action::Pause).await.expect_ok("pause");
-    let retry = host.invoke(FUNCTION, Some(host_retry(1))).await.expect("retry");
+    let retry = host.retry(FUNCTION, 1, &failed).await.expect("retry");
     assert!(answered_changes(&retry).is_empty(), "{}", retry.body);
 
     // WHEN the operator resumes and the timer fires

@@ -70,8 +70,10 @@ async fn an_azurite_outage_fails_invocations_naming_the_state_store_and_the_batc
     // WHEN Azurite stops while orders keep arriving, and the host makes its three retries
     let azurite = on_server(azurite, "stop Azurite", Azurite::stop).await;
     orders.insert(4..=6).await;
+    let mut failed = first;
     for n in 1..=3 {
-        let retry = host.invoke(FUNCTION, Some(host_retry(n))).await.expect("invoke");
+        // The first retry names batch 1's attempt; each later one the retry before it, which failed here.
+        let retry = host.retry(FUNCTION, n, &failed).await.expect("invoke");
 
         // THEN each fails with a 500 naming the state store, its document, and that nothing committed is lost
         assert_eq!(retry.status, 500, "{}", retry.body);
@@ -80,6 +82,7 @@ async fn an_azurite_outage_fails_invocations_naming_the_state_store_and_the_batc
         assert!(message.starts_with("state store: the state store is unavailable"), "{message}");
         assert!(message.contains(&state_key(&app_name)), "{message}");
         assert!(message.contains("nothing committed is lost"), "{message}");
+        failed = retry;
     }
 
     // WHEN Azurite comes back and the timer fires normally, with orders 7-8 waiting too
@@ -90,7 +93,10 @@ async fn an_azurite_outage_fails_invocations_naming_the_state_store_and_the_batc
     // THEN batch 1 is re-delivered rather than acknowledged: every order reaches the queue exactly once
     assert_nothing_lost(&counts, &ids(1..=8), &BTreeSet::new());
     let logs = host.output();
-    assert!(logs.contains("re-delivering batch 1 with 3 change(s) because this process cannot prove"), "{logs}");
+    assert!(
+        logs.contains("re-delivering batch 1 with 3 change(s) because its write failed (1 known failure(s))"),
+        "{logs}"
+    );
 }
 
 #[tokio::test]

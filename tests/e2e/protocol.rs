@@ -5,11 +5,14 @@ use crate::common::*;
 use crate::support;
 use serde_json::json;
 
+/// A GUID, as the host sends, with a tail a log search can find.
+const INVOCATION_ID: &str = "7f1e2d3c-0000-4000-8000-00000000c0de";
+
 async fn post(base: &str, path: &str, body: Vec<u8>) -> (u16, String) {
     let response = support::http_client()
         .post(format!("{base}{path}"))
         .header("content-type", "application/json")
-        .header("X-Azure-Functions-InvocationId", "7f1e2d3c-0000-4000-8000-invocation01")
+        .header("X-Azure-Functions-InvocationId", INVOCATION_ID)
         .body(body)
         .send()
         .await
@@ -23,15 +26,16 @@ async fn accepts_every_timer_payload_variant_the_host_sends() {
     let app = orders_app(&orders, &unique_app_name("variants"), json!({}), &[]);
     let host = start(&app).await;
     let base = host.base_url();
+    // Every attempt carries a RetryContext (count 0 on the first), since the function has a retry policy.
     let variants = [
         // first run: Last without an offset
-        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":{"Last":"0001-01-01T00:00:00","Next":"2026-11-22T02:50:00+00:00","LastUpdated":"0001-01-01T00:00:00"},"IsPastDue":false}},"Metadata":{"sys":{"MethodName":"OrdersChanged","UtcNow":"2026-11-22T02:50:00.0123456Z","RandGuid":"24ad4c06-24ad-4e5b-8294-3da9714877e9"}}}"#,
-        // manual or admin run: null ScheduleStatus
-        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":null,"IsPastDue":false}},"Metadata":{}}"#,
+        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":{"Last":"0001-01-01T00:00:00","Next":"2026-11-22T02:50:00+00:00","LastUpdated":"0001-01-01T00:00:00"},"IsPastDue":false}},"Metadata":{"sys":{"MethodName":"OrdersChanged","UtcNow":"2026-11-22T02:50:00.0123456Z","RandGuid":"24ad4c06-24ad-4e5b-8294-3da9714877e9"},"RetryContext":{"RetryCount":0,"MaxRetryCount":3,"Exception":null,"Instance":null,"State":{}}}}"#,
+        // manual or admin run, or a schedule under a minute (monitor off): null ScheduleStatus
+        r#"{"Data":{"timer":{"Schedule":{"AdjustForDST":true},"ScheduleStatus":null,"IsPastDue":false}},"Metadata":{"RetryContext":{"RetryCount":0,"MaxRetryCount":3,"Exception":null}}}"#,
         // seven fractional digits and another offset
-        r#"{"Data":{"timer":{"ScheduleStatus":{"Last":"2026-11-22T02:45:00.0031245+01:00","Next":"2026-11-22T02:50:00+01:00","LastUpdated":"2026-11-22T02:45:00.0031245+01:00"},"IsPastDue":true}},"Metadata":{"sys":{"UtcNow":"2026-11-22T02:50:00.0123456Z"}}}"#,
-        // a retry
-        r#"{"Data":{"timer":{}},"Metadata":{"RetryContext":{"RetryCount":1,"MaxRetryCount":3,"Exception":{"ClassName":"System.Exception","Message":"queue down"}}}}"#,
+        r#"{"Data":{"timer":{"ScheduleStatus":{"Last":"2026-11-22T02:45:00.0031245+01:00","Next":"2026-11-22T02:50:00+01:00","LastUpdated":"2026-11-22T02:45:00.0031245+01:00"},"IsPastDue":true}},"Metadata":{"sys":{"UtcNow":"2026-11-22T02:50:00.0123456Z"},"RetryContext":{"RetryCount":0,"MaxRetryCount":3}}}"#,
+        // a retry, naming the attempt that failed
+        r#"{"Data":{"timer":{}},"Metadata":{"RetryContext":{"RetryCount":1,"MaxRetryCount":3,"Exception":{"ClassName":"Microsoft.Azure.WebJobs.Host.FunctionInvocationException","Message":"queue down","InstanceId":"5d3f3c2e-41b4-4c1a-9d0e-2b7c6a1f9e10"}}}}"#,
         // an empty body
         "",
     ];
@@ -42,7 +46,7 @@ async fn accepts_every_timer_payload_variant_the_host_sends() {
         assert!(answer.get("Outputs").is_some() && answer.get("Logs").is_some(), "{answer}");
     }
     // The invocation id is on the process's log lines of that invocation.
-    assert!(host.output().contains("invocation01"), "{}", host.output());
+    assert!(host.output().contains(INVOCATION_ID), "{}", host.output());
 }
 
 #[tokio::test]

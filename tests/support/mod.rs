@@ -165,8 +165,10 @@ fn dev_connection_string(blob_endpoint: &str) -> String {
 }
 
 /// The `handler` binary cargo built for this test run.
+/// The handler under test: this build's, or `TEST_HANDLER_EXE` (to run the suite against another build, such
+/// as the one before a fix, to show a test failing without it).
 pub fn handler_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_handler"))
+    env_var("TEST_HANDLER_EXE").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_handler")), PathBuf::from)
 }
 
 /// An HTTP client for tests. reqwest's rustls backend is built without a crypto provider; install ring.
@@ -298,8 +300,11 @@ pub fn write_app(function: &str, function_json: Value, sqltrigger_json: Value, s
     settings.iter().fold(builder, |b, (k, v)| b.setting(k, v)).write()
 }
 
-/// A timer function.json with a queue output named `changes`, and a fixed-delay retry policy when
-/// `max_retry_count` is given.
+/// The retry delay of the test functions' policy: short and real (the host model waits it).
+pub const TEST_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A timer function.json with a queue output named `changes`, and a fixed-delay retry policy of
+/// [`TEST_RETRY_DELAY`] when `max_retry_count` is given.
 pub fn timer_function_json(max_retry_count: Option<i64>) -> Value {
     let mut function = json!({
         "bindings": [
@@ -311,7 +316,7 @@ pub fn timer_function_json(max_retry_count: Option<i64>) -> Value {
     if let (Some(max), Value::Object(fields)) = (max_retry_count, &mut function) {
         fields.insert(
             "retry".into(),
-            json!({ "strategy": "fixedDelay", "maxRetryCount": max, "delayInterval": "00:00:01" }),
+            json!({ "strategy": "fixedDelay", "maxRetryCount": max, "delayInterval": "00:00:00.100" }),
         );
     }
     function

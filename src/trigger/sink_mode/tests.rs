@@ -10,6 +10,7 @@ use crate::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
 use crate::source::memory::MemorySource;
 use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
 use std::collections::VecDeque;
+use time::OffsetDateTime;
 
 const APP: &str = "app";
 
@@ -24,7 +25,7 @@ fn settings() -> TriggerSettings {
 
 fn config(settings: TriggerSettings) -> FunctionConfig {
     FunctionConfig {
-        retry: Some(RetryPolicy { strategy: "fixedDelay".into(), max_retry_count: 5 }),
+        retry: Some(RetryPolicy::fixed(5, std::time::Duration::from_secs(5))),
         ..FunctionConfig::for_tests("orders", settings)
     }
 }
@@ -323,11 +324,11 @@ async fn a_stray_host_style_tick_in_sink_mode_never_acknowledges_from_memory() {
     let w = World::default();
     w.source.upsert(1..=2, 1);
     let p = w.process("p1", settings());
-    let answered = p.trigger.tick(RetryContext::default()).await.expect("tick");
+    let answered = p.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick");
     assert_eq!(answered.batch_id, Some(1));
 
     // WHEN the next ticks run, with and without a sink
-    let stray = p.trigger.tick(RetryContext::default()).await.expect("tick");
+    let stray = p.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick");
     let sink = ScriptedSink::default();
     let delivered = p.trigger.tick_into(&sink).await.expect("tick");
 
@@ -573,7 +574,7 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
     let p1 = w.process("p1", expired.clone());
     let sink = RecordingSink::default();
-    let recorded = p1.trigger.tick(RetryContext::default()).await.expect("tick records batch 1");
+    let recorded = p1.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick records batch 1");
     assert_eq!(recorded.batch_id, Some(1));
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
     let flight = doc.in_flight.expect("in flight");

@@ -148,6 +148,8 @@ pub struct Invocation {
     pub body: String,
     /// Why a 2xx answer was still a failure for the host (not JSON, wrong shape).
     pub decode_error: Option<String>,
+    /// When the request was sent, and how long the answer took.
+    pub sent_at: Instant,
     pub elapsed: Duration,
 }
 
@@ -236,13 +238,28 @@ struct Process {
     last_exit: Option<ExitStatus>,
 }
 
-#[derive(Debug, Default)]
+/// A message the destination refuses every time (a queue's 64 KB limit, a SQL constraint).
+type Poison = Box<dyn Fn(&Value) -> bool + Send + Sync>;
+
+#[derive(Default)]
 struct Sinks {
     delivered: BTreeMap<String, Vec<Value>>,
     /// Injected write failures by binding: each writes this many messages, then fails.
     failures_left: BTreeMap<String, std::collections::VecDeque<usize>>,
+    /// Messages each binding's destination refuses, whenever they come.
+    poison: BTreeMap<String, Poison>,
     /// When each function last fired: the next body's `ScheduleStatus.Last`.
     last_fired: BTreeMap<String, OffsetDateTime>,
+}
+
+impl std::fmt::Debug for Sinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sinks")
+            .field("delivered", &self.delivered)
+            .field("failures_left", &self.failures_left)
+            .field("poison", &self.poison.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HostDriver {
@@ -511,6 +528,13 @@ impl HostDriver {
         queue.extend(std::iter::repeat_n(written, times as usize));
     }
 
+    /// Fault injection: `binding`'s destination refuses every message `refuses` matches, every time: a write
+    /// reaching one writes the messages before it (they go one by one) and fails, as a queue fails a message
+    /// over its size limit.
+    pub fn refuse_messages(&self, binding: &str, refuses: impl Fn(&Value) -> bool + Send + Sync + 'static) {
+        self.sinks().poison.insert(binding.to_string(), Box::new(refuses));
+    }
+
     /// Every message written to `binding` so far, in order, across timer runs and handler restarts.
     pub fn delivered(&self, binding: &str) -> Vec<Value> {
         self.sinks().delivered.get(binding).cloned().unwrap_or_default()
@@ -658,6 +682,7 @@ impl HostDriver {
             return_value: None,
             body,
             decode_error: None,
+            sent_at: started,
             elapsed: started.elapsed(),
         })
     }
@@ -684,8 +709,9 @@ impl HostDriver {
             if values.is_empty() {
                 continue;
             }
-            let fails_after =
-                sinks.failures_left.get_mut(&binding.name).and_then(std::collections::VecDeque::pop_front);
+            let refused = sinks.poison.get(&binding.name).and_then(|refuses| values.iter().position(refuses));
+            let fails_after = refused
+                .or_else(|| sinks.failures_left.get_mut(&binding.name).and_then(std::collections::VecDeque::pop_front));
             let written = fails_after.map_or(values.len(), |n| n.min(values.len()));
             sinks.delivered.entry(binding.name.clone()).or_default().extend(values.into_iter().take(written));
             if fails_after.is_some() {

@@ -268,14 +268,15 @@ fn process_alive(pid: u32) -> bool {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// A stand-in custom handler: answers GET with 404, fails the first `STANDIN_FAIL_FIRST` POSTs with 500, and
-/// answers the others with one `changes` message plus an `echo` of what it received (an output with no
-/// binding, which the host ignores). Exits 0 on SIGTERM.
+/// answers the others with `STANDIN_MESSAGES` (default 1) `changes` messages plus an `echo` of what it
+/// received (an output with no binding, which the host ignores). Exits 0 on SIGTERM.
 const STANDIN: &str = r#"#!/usr/bin/env python3
 import json, os, signal, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 time.sleep(int(os.environ.get("STANDIN_DELAY_MS", "0")) / 1000)
 fail_first, posts = int(os.environ.get("STANDIN_FAIL_FIRST", "0")), 0
+messages = int(os.environ.get("STANDIN_MESSAGES", "1"))
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args): pass
     def reply(self, code, data):
@@ -291,7 +292,10 @@ class Handler(BaseHTTPRequestHandler):
         echo = {"request": body, "path": self.path, "id": self.headers.get("X-Azure-Functions-InvocationId"),
                 "setting": os.environ.get("SAMPLE_SETTING"), "cwd": os.getcwd(), "argv": sys.argv[1:],
                 "root": os.environ.get("FUNCTIONS_APP_ROOT_PATH")}
-        out = {"Outputs": {"changes": [{"post": posts, "retry": retry and retry["RetryCount"]}], "echo": echo},
+        changes = [{"post": posts, "retry": retry and retry["RetryCount"]} for _ in range(messages)]
+        for n, change in enumerate(changes):
+            if messages > 1: change["n"] = n
+        out = {"Outputs": {"changes": changes, "echo": echo},
                "Logs": ["post %d" % posts], "ReturnValue": None}
         self.reply(200, json.dumps(out).encode())
 port = int(os.environ["FUNCTIONS_CUSTOMHANDLER_PORT"])
@@ -302,13 +306,18 @@ const FUNCTION: &str = "OrdersChanged";
 
 /// An app with one timer function, a stand-in handler script, and `SAMPLE_SETTING` in local.settings.json.
 fn standin_app(max_retry_count: Option<i64>) -> (AppFolder, PathBuf) {
+    standin_app_with(support::timer_function_json(max_retry_count))
+}
+
+/// [`standin_app`] with its own function.json.
+fn standin_app_with(function_json: Value) -> (AppFolder, PathBuf) {
     let app = AppBuilder::new()
         .host_json(json!({
             "version": "2.0",
             "functionTimeout": "00:00:30",
             "customHandler": { "description": { "defaultExecutablePath": "standin.py", "arguments": ["--mode=%SAMPLE_SETTING%"] } }
         }))
-        .function(FUNCTION, support::timer_function_json(max_retry_count), None)
+        .function(FUNCTION, function_json, None)
         .setting("SAMPLE_SETTING", "from-local-settings")
         .file("standin.py", STANDIN)
         .write();
@@ -435,6 +444,89 @@ async fn a_failed_output_write_is_retried_and_written_once() {
     );
     assert_eq!(run.attempts[1].outcome, AttemptOutcome::Applied);
     assert_eq!(driver.delivered("changes"), [json!({ "post": 2, "retry": 1 })]);
+}
+
+#[tokio::test]
+async fn exponential_backoff_waits_as_the_host_s_randomized_strategy_does() {
+    // GIVEN an exponentialBackoff policy from 100 ms to 400 ms, and a handler whose first four answers are 500
+    let mut function = support::timer_function_json(Some(5));
+    function["retry"] = json!({
+        "strategy": "exponentialBackoff", "maxRetryCount": 5, "minimumInterval": "00:00:00.100",
+        "maximumInterval": "00:00:00.400"
+    });
+    let (app, script) = standin_app_with(function);
+    let driver = start_standin(&app, &script, &[("STANDIN_FAIL_FIRST", "4")]).await;
+
+    // WHEN the timer fires
+    let run = driver.run_timer(FUNCTION).await.expect("runs");
+
+    // THEN the gaps follow RandomizedExponentialBackoffStrategy: the minimum first, then the minimum plus a
+    // doubling of it randomized by 20 %, never above the maximum
+    assert_eq!(run.attempt_count(), 5);
+    let sent: Vec<Instant> = run.attempts.iter().flat_map(|a| &a.invocation).map(|i| i.sent_at).collect();
+    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    let ms = |n| Duration::from_millis(n);
+    let bounds = [(ms(100), ms(100)), (ms(180), ms(220)), (ms(260), ms(340)), (ms(400), ms(400))];
+    for (gap, (low, high)) in gaps.iter().zip(bounds) {
+        // The lower bound is the host's delay; above it, this process's scheduling adds a little.
+        assert!(*gap >= low && *gap <= high + ms(150), "gaps {gaps:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_manual_run_comes_outside_the_timer_s_lock_even_during_a_retry_delay() {
+    // GIVEN a policy with a 100 ms delay, and a handler whose first answer is a 500
+    let (app, script) = standin_app(Some(3));
+    let driver = std::sync::Arc::new(start_standin(&app, &script, &[("STANDIN_FAIL_FIRST", "1")]).await);
+
+    // WHEN a manual run starts 50 ms into the firing
+    let firing = tokio::spawn({
+        let driver = driver.clone();
+        async move { driver.run_timer(FUNCTION).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let manual = driver.run_manual(FUNCTION).await.expect("a manual run");
+    let firing = firing.await.expect("join").expect("a firing");
+
+    // THEN the manual run was sent during the firing's retry delay, as a first attempt of its own loop, with
+    // the trigger value a manual run binds (no schedule status)
+    let failed = firing.attempts[0].invocation.as_ref().expect("answered");
+    let retried = firing.attempts[1].invocation.as_ref().expect("answered");
+    let manual = manual.attempts[0].invocation.as_ref().expect("answered");
+    assert!(manual.sent_at > failed.sent_at + failed.elapsed && manual.sent_at < retried.sent_at);
+    assert_eq!(manual.request["Metadata"]["RetryContext"]["RetryCount"], 0);
+    assert_eq!(manual.request["Data"]["timer"]["ScheduleStatus"], Value::Null);
+    // AND the firing's retry names its own failed attempt, not the manual run
+    assert_eq!(retried.request["Metadata"]["RetryContext"]["Exception"]["InstanceId"], failed.invocation_id.as_str());
+}
+
+#[tokio::test]
+async fn a_failed_write_may_be_partial_and_a_refused_message_fails_every_write_that_holds_it() {
+    // GIVEN a handler that answers three messages per invocation
+    let (app, script) = standin_app(Some(3));
+    let driver = start_standin(&app, &script, &[("STANDIN_MESSAGES", "3")]).await;
+
+    // WHEN the next write fails after one message
+    driver.fail_output_writes_after("changes", 1, 1);
+    let run = driver.run_timer(FUNCTION).await.expect("runs");
+
+    // THEN that message reached the destination, and the retry's three came after it
+    assert_eq!(run.attempt_count(), 2);
+    let posts: Vec<(i64, i64)> = driver
+        .delivered("changes")
+        .iter()
+        .map(|m| (m["post"].as_i64().expect("post"), m["n"].as_i64().expect("n")))
+        .collect();
+    assert_eq!(posts, [(1, 0), (2, 0), (2, 1), (2, 2)]);
+
+    // WHEN the destination refuses every message numbered 1
+    driver.refuse_messages("changes", |m| m["n"] == json!(1));
+    let run = driver.run_timer(FUNCTION).await.expect("runs");
+
+    // THEN every attempt writes the message before it and fails, and the firing fails
+    assert!(!run.succeeded);
+    assert_eq!(run.attempt_count(), 4);
+    assert_eq!(driver.delivered("changes").len(), 4 + 4, "one message per attempt got through");
 }
 
 #[tokio::test]

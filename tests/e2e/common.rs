@@ -6,6 +6,7 @@ use serde_json::Value;
 use sql_pseudo_trigger::driver::HostDriver;
 use sql_pseudo_trigger::embedded;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 pub const FUNCTION: &str = "OrdersChanged";
 
@@ -236,7 +237,7 @@ pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseud
     }
 }
 
-/// Plays the host by hand: first attempts (no `RetryContext`) until one is answered with changes, for at most
+/// Plays the host by hand: first attempts (`RetryCount` 0) until one is answered with changes, for at most
 /// 10 s. Nothing is written anywhere: the caller decides what the host did with the answer, and must follow
 /// it with a retry ([`HostDriver::retry`]) if the host's write is to count as failed.
 pub async fn invoke_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::Invocation {
@@ -298,4 +299,35 @@ pub async fn on_server<S: Send + 'static>(
     })
     .await
     .expect("join")
+}
+
+/// Fires the timer until every id in `expected` has been written, for at most 15 s, then once more so the
+/// last batch is acknowledged. Firings may fail while a restarted server settles; they are retried.
+pub async fn fire_until_all_delivered(host: &HostDriver, expected: &BTreeSet<i64>) -> BTreeMap<i64, usize> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (seen, counts) = tally(&host.delivered("changes"));
+        if seen.is_superset(expected) {
+            host.run_timer(FUNCTION).await.expect("timer run");
+            return tally(&host.delivered("changes")).1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "missing {:?} after 15 s; written {counts:?}\n{}",
+            expected - &seen,
+            host.output()
+        );
+        host.run_timer(FUNCTION).await.expect("timer run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every id of `expected` written once, except those of `in_flight` (a batch answered before an outage),
+/// which may come twice.
+pub fn assert_nothing_lost(counts: &BTreeMap<i64, usize>, expected: &BTreeSet<i64>, in_flight: &BTreeSet<i64>) {
+    assert_eq!(counts.keys().copied().collect::<BTreeSet<_>>(), *expected, "{counts:?}");
+    for (id, n) in counts {
+        let allowed = if in_flight.contains(id) { 2 } else { 1 };
+        assert!(*n >= 1 && *n <= allowed, "order {id} written {n} times (at most {allowed}): {counts:?}");
+    }
 }

@@ -11,6 +11,7 @@ mod config_errors;
 mod crashes;
 mod delivery;
 mod failure_matrix;
+mod host_behaviour;
 mod lag;
 mod operations;
 mod outages;

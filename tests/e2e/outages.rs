@@ -5,10 +5,9 @@
 
 use crate::common::*;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::{AttemptOutcome, HostDriver, TimerRun};
+use sql_pseudo_trigger::driver::{AttemptOutcome, TimerRun};
 use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres};
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
 
 /// The error message of a failed attempt's answer.
 fn error_message(run: &TimerRun, attempt: usize) -> String {
@@ -16,37 +15,6 @@ fn error_message(run: &TimerRun, attempt: usize) -> String {
     assert_eq!(invocation.status, 500, "{}", invocation.body);
     let body: Value = serde_json::from_str(&invocation.body).expect("a JSON error");
     body["error"].as_str().expect("an error message").to_string()
-}
-
-/// Fires the timer until every id in `expected` has been written, for at most 15 s, then once more so the
-/// last batch is acknowledged. Firings may fail while a restarted server settles; they are retried.
-async fn fire_until_all_delivered(host: &HostDriver, expected: &BTreeSet<i64>) -> BTreeMap<i64, usize> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (seen, counts) = tally(&host.delivered("changes"));
-        if seen.is_superset(expected) {
-            host.run_timer(FUNCTION).await.expect("timer run");
-            return tally(&host.delivered("changes")).1;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "missing {:?} after 15 s; written {counts:?}\n{}",
-            expected - &seen,
-            host.output()
-        );
-        host.run_timer(FUNCTION).await.expect("timer run");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Every id of `expected` written once, except those of `in_flight` (a batch answered before an outage),
-/// which may come twice.
-fn assert_nothing_lost(counts: &BTreeMap<i64, usize>, expected: &BTreeSet<i64>, in_flight: &BTreeSet<i64>) {
-    assert_eq!(counts.keys().copied().collect::<BTreeSet<_>>(), *expected, "{counts:?}");
-    for (id, n) in counts {
-        let allowed = if in_flight.contains(id) { 2 } else { 1 };
-        assert!(*n >= 1 && *n <= allowed, "order {id} written {n} times (at most {allowed}): {counts:?}");
-    }
 }
 
 #[tokio::test]
@@ -153,4 +121,35 @@ async fn postgres_down_or_restarted_fails_invocations_naming_the_database_and_no
     // AND every order is written; the duplicates are only of batches in flight at an outage
     let counts = fire_until_all_delivered(&host, &ids(1..=10)).await;
     assert_nothing_lost(&counts, &ids(1..=10), &(&batch_1 | &in_flight));
+}
+
+#[tokio::test]
+async fn a_refused_login_or_a_missing_database_needs_an_operator_and_says_what_to_fix() {
+    // GIVEN connection strings naming a role and a database the server does not have
+    let orders = Orders::new("refused_login").await;
+    // postgres://user@host:port/database (the fixture's URLs), or a TEST_POSTGRES_URL of that shape
+    let (base, _) = orders.url.rsplit_once('/').expect("a URL with a database");
+    let no_database = format!("{base}/nosuchdb");
+    let (scheme, rest) = orders.url.split_once("://").expect("a URL");
+    let host_part = rest.split_once('@').map_or(rest, |(_, host)| host);
+    let no_role = format!("{scheme}://nosuchrole@{host_part}");
+    for (connection, sqlstate, fix) in [
+        (no_role.as_str(), "SQLSTATE 28000", "check the user name and password"),
+        (no_database.as_str(), "SQLSTATE 3D000", "correct dbname, or create the database"),
+    ] {
+        let app =
+            orders_app(&orders, &unique_app_name("refused"), json!({}), &[("PostgresConnectionString", connection)]);
+        let host = start(&app).await;
+
+        // WHEN the timer fires
+        let run = host.run_timer(FUNCTION).await.expect("timer run");
+
+        // THEN every attempt fails naming the cause and the fix, classified as needing an operator, not as an
+        // outage a retry would outlast
+        assert!(!run.succeeded);
+        let message = error_message(&run, 0);
+        assert!(message.contains(sqlstate) && message.contains(fix), "{message}");
+        assert!(message.contains("needs an operator"), "{message}");
+        assert!(!message.contains("transient"), "{message}");
+    }
 }

@@ -104,6 +104,19 @@ pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
              certificate against (hostaddr= alone); add host= with the name the certificate lists"
         ));
     }
+    // The server refused the login: waiting does not change a password, a role or a database name.
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let fix = match &code[..2] {
+            "28" => Some("check the user name and password in the connection string, and that the role exists and may log in (a pg_hba.conf rule may refuse it too)"),
+            "3D" => Some("the database in the connection string does not exist: correct dbname, or create the database"),
+            "42" if code == "42501" => Some("the role may not connect to this database: GRANT CONNECT ON DATABASE to it"),
+            _ => None,
+        };
+        if let Some(fix) = fix {
+            return ConnectFailure::Misconfigured(format!("{prefix}: {} (SQLSTATE {code}); {fix}", db.message()));
+        }
+    }
     let chain: Vec<String> = std::iter::once(e.to_string()).chain(causes.iter().map(ToString::to_string)).collect();
     ConnectFailure::Unavailable(format!("{prefix}: {}", chain.join(": ")))
 }

@@ -377,7 +377,10 @@ fn db_error(e: tokio_postgres::Error, table: &crate::ident::TableName) -> Source
     let code = db.code().code();
     let msg = db.message();
     match &code[..2] {
-        "08" | "40" | "53" | "55" | "57" | "58" => {
+        // Class 55 is "object not in prerequisite state": only a lock not available (55P03) or an object in use
+        // (55006) passes by waiting; the rest (55000, for a setting the statement needs) needs an operator.
+        "08" | "40" | "53" | "57" | "58" => SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
+        "55" if matches!(code, "55P03" | "55006") => {
             SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})"))
         }
         "42" if code == "42501" => {

@@ -40,6 +40,9 @@ impl App {
                 settings::POSTGRES_ROOT_CERTIFICATE.name
             );
         }
+        for warning in &config.warnings {
+            tracing::warn!("{warning}");
+        }
         let mut errors = Vec::new();
         let mut triggers = BTreeMap::new();
         let mut sinks = BTreeMap::new();

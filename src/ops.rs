@@ -76,7 +76,11 @@ pub struct Status {
     /// the lag, it says whether the function is moving at all: a function that keeps delivering a backlog
     /// older than an hour has a large lag and a small `seconds_since_progress`.
     pub seconds_since_progress: f64,
+    /// What is in flight: in deferred delivery, every batch answered and not yet proven written (`batches`,
+    /// `rows`, the first answered at `since`); `failures` are the first batch's known failures.
     pub in_flight: Option<Value>,
+    /// Deferred delivery: how long after its last answer a batch is taken as written (docs/architecture.md).
+    pub proof_window_ms: Option<u64>,
     pub counters: Value,
     pub quarantined: usize,
     /// State-store operations this process performed so far.
@@ -157,8 +161,14 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         lag_unknown_reason,
         seconds_since_progress,
         in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
-            json!({ "batch_id": f.batch_id, "rows": f.rows, "deliveries": f.deliveries, "failures": f.failures, "owner": f.owner })
+            json!({
+                "batch_id": f.batch_id, "batches": f.batches, "rows": f.rows, "deliveries": f.deliveries,
+                "failures": f.failures, "owner": f.owner,
+                "since": f.first_delivered_at.format(&time::format_description::well_known::Rfc3339).ok(),
+            })
         }),
+        proof_window_ms: (t.config().settings.delivery_mode == crate::config::DeliveryMode::Deferred)
+            .then(|| t.config().proof_window.as_millis() as u64),
         counters: doc.as_ref().map(|d| serde_json::to_value(&d.counters).unwrap_or(Value::Null)).unwrap_or(Value::Null),
         quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
         store_operations: t.store().operations(),
@@ -180,6 +190,7 @@ pub async fn resume(t: &Trigger, who: &str) -> Result<(), OpsError> {
     doc.halted = None;
     if let Some(f) = doc.in_flight.as_mut() {
         f.failures = 0;
+        f.failing_since = None;
     }
     save(t, &mut doc, Some(&etag), who, "resume").await
 }

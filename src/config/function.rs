@@ -440,7 +440,7 @@ pub(super) fn load(
                         ),
                     ));
                 }
-                if function_timeout == FunctionTimeout::Unbounded {
+                if function_timeout == FunctionTimeout::Unbounded && proof_window_ms.is_none() {
                     warnings.push(ConfigError::new(
                         "host.json functionTimeout",
                         format!(
@@ -450,6 +450,18 @@ pub(super) fn load(
                     ));
                 }
             }
+        }
+    }
+    if let (true, FunctionTimeout::Bounded(limit)) = (host, function_timeout) {
+        if settings.tick_timeout >= limit {
+            warnings.push(ConfigError::new(
+                format!("Sql_Trigger_TickTimeoutMs for {name}"),
+                format!(
+                    "is {} ms, not below host.json functionTimeout ({} s): the host would cut a slow invocation first and restart, instead of the handler answering an error it can explain; lower it (or raise functionTimeout)",
+                    settings.tick_timeout.as_millis(),
+                    limit.as_secs()
+                ),
+            ));
         }
     }
     if settings.delivery_mode == DeliveryMode::Sink {

@@ -331,3 +331,88 @@ pub(crate) fn write_test_app(root: &Path, function: &str) {
     )
     .expect("sqltrigger.json");
 }
+
+#[cfg(test)]
+mod retry_tests {
+    //! What deferred delivery needs of function.json's retry policy and host.json's functionTimeout.
+    use super::*;
+    use std::time::Duration;
+
+    /// Loads an app with one PostgreSQL function whose function.json has `retry`, under `host` and `settings`.
+    fn load(retry: serde_json::Value, host: serde_json::Value, settings: &[(&str, &str)]) -> Result<AppConfig, String> {
+        let root = std::env::temp_dir().join(format!("spt-retry-{}", uuid::Uuid::new_v4().simple()));
+        write_test_app(&root, "Orders");
+        let function = root.join("Orders/function.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&function).expect("function.json")).expect("JSON");
+        json["retry"] = retry;
+        std::fs::write(&function, json.to_string()).expect("write");
+        std::fs::write(root.join("host.json"), host.to_string()).expect("host.json");
+        let mut pairs = vec![("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())];
+        pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let loaded = AppConfig::load_from(&root, Env::from_pairs(pairs)).map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(&root);
+        loaded
+    }
+
+    fn fixed(max: i64, delay: &str) -> serde_json::Value {
+        serde_json::json!({ "strategy": "fixedDelay", "maxRetryCount": max, "delayInterval": delay })
+    }
+
+    #[test]
+    fn the_proof_window_is_the_hosts_timeout_plus_its_longest_retry_delay_plus_slack() {
+        let host = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
+        let app = load(fixed(5, "00:00:05"), host.clone(), &[]).expect("valid");
+        assert_eq!(app.functions[0].proof_window, Duration::from_secs(300 + 5 + 30));
+        let backoff = serde_json::json!({ "strategy": "exponentialBackoff", "maxRetryCount": 5,
+            "minimumInterval": "00:00:05", "maximumInterval": "00:05:00" });
+        assert_eq!(
+            load(backoff, host.clone(), &[]).expect("valid").functions[0].proof_window,
+            Duration::from_secs(300 + 300 + 30)
+        );
+        // Without functionTimeout: the plan's default (5 minutes on Consumption, 30 elsewhere)
+        let bare = serde_json::json!({ "version": "2.0" });
+        let consumption = load(fixed(5, "00:00:05"), bare.clone(), &[("WEBSITE_SKU", "Dynamic")]).expect("valid");
+        assert_eq!(consumption.functions[0].proof_window, Duration::from_secs(335));
+        let premium = load(fixed(5, "00:00:05"), bare, &[("WEBSITE_SKU", "ElasticPremium")]).expect("valid");
+        assert_eq!(premium.functions[0].proof_window, Duration::from_secs(1835));
+        // An explicit setting wins
+        let set = load(fixed(5, "00:00:05"), host, &[("Sql_Trigger_ProofWindowMs", "1500")]).expect("valid");
+        assert_eq!(set.functions[0].proof_window, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn a_policy_deferred_delivery_cannot_work_with_is_refused_naming_the_fix() {
+        let host = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
+        let zero = load(fixed(0, "00:00:05"), host.clone(), &[]).expect_err("refused");
+        assert!(zero.contains("maxRetryCount is 0") && zero.contains("at least one retry"), "{zero}");
+        let strategy = serde_json::json!({ "strategy": "linear", "maxRetryCount": 3 });
+        let err = load(strategy, host.clone(), &[]).expect_err("refused");
+        assert!(err.contains("retry.strategy") && err.contains("fixedDelay or exponentialBackoff"), "{err}");
+        let err = load(fixed(3, "five seconds"), host.clone(), &[]).expect_err("refused");
+        assert!(err.contains("retry.delayInterval") && err.contains("00:00:05"), "{err}");
+        let err = load(fixed(3, "00:00:05"), serde_json::json!({ "functionTimeout": "later" }), &[]).expect_err("x");
+        assert!(err.contains("host.json functionTimeout"), "{err}");
+    }
+
+    #[test]
+    fn settings_that_would_misbehave_under_the_host_are_warned_about_at_start() {
+        // GIVEN one firing's retries reaching MaxAttempts with no poison duration, and an unbounded timeout
+        let unbounded = serde_json::json!({ "version": "2.0", "functionTimeout": "-1" });
+        let app = load(fixed(5, "00:00:05"), unbounded, &[("Sql_Trigger_PoisonAfterMs", "0")]).expect("valid");
+        let warnings: Vec<String> = app.warnings.iter().map(ToString::to_string).collect();
+        // THEN each is named with its fix
+        assert!(warnings
+            .iter()
+            .any(|w| w.contains("can reach Sql_Trigger_MaxAttempts") && w.contains("PoisonAfterMs")));
+        assert!(warnings.iter().any(|w| w.contains("functionTimeout") && w.contains("30 min")), "{warnings:?}");
+        assert_eq!(app.functions[0].proof_window, Duration::from_secs(30 * 60 + 5 + 30));
+        // AND a tick timeout the host would cut first is warned about too
+        let short = serde_json::json!({ "version": "2.0", "functionTimeout": "00:01:00" });
+        let app = load(fixed(5, "00:00:05"), short, &[]).expect("valid");
+        assert!(app.warnings.iter().any(|w| w.to_string().contains("Sql_Trigger_TickTimeoutMs")), "{:?}", app.warnings);
+        // AND the shipped defaults warn about nothing
+        let default = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
+        assert!(load(fixed(5, "00:00:05"), default, &[]).expect("valid").warnings.is_empty());
+    }
+}

@@ -81,6 +81,15 @@ impl Trigger {
             }
         }
         memory.retries.retain(|r| doc.retry_quarantined.contains(&r.batch_id));
+        // An operator's resume clears the failures of the first batch in flight (a halted batch is delivered
+        // once more): the document's count is the one to go by when it is lower.
+        if let (Some(flight), Some(first)) = (&doc.in_flight, memory.span.front_mut()) {
+            if flight.failures < first.failures_recorded {
+                first.failures = flight.failures;
+                first.failures_recorded = flight.failures;
+                first.failing_since = flight.failing_since;
+            }
+        }
 
         // 2. and 3. Quarantine what is poison, then move the checkpoint over what is proven.
         while let Some(sent) = memory.poisoned(settings.max_attempts, duration(settings.poison_after), now) {
@@ -238,6 +247,9 @@ impl Trigger {
         }
         if dirty && !self.commit(&mut doc, etag.as_ref(), &mut out).await? {
             return Ok(out);
+        }
+        if let (Some(first), Some(flight)) = (memory.span.front_mut(), &doc.in_flight) {
+            first.failures_recorded = flight.failures;
         }
         *self.answered.lock().expect("answered lock") = memory;
         let Some(Answer { batch_id, changes, kind, why }) = answer else { return Ok(out) };

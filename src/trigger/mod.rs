@@ -376,7 +376,17 @@ impl Trigger {
         self.validated.get_or_try_init(|| self.source.validate()).await?;
         let remembered = self.written.lock().expect("written lock").take();
         if let Some((doc, etag)) = remembered {
-            let out = self.tick_on(doc, Some(etag.clone()), via).await?;
+            let out = match self.tick_on(doc, Some(etag.clone()), via).await {
+                // A refusal read off the remembered document (a halt this process recorded, say) is decided
+                // again on the stored one: an operator may have lifted it since.
+                Err(TickError::Halted { .. } | TickError::FingerprintChanged { .. }) => {
+                    if let Some((doc, fresh)) = self.load().await? {
+                        return self.tick_on(doc, Some(fresh), via).await;
+                    }
+                    TickOutcome::default()
+                }
+                other => other?,
+            };
             if out.committed.is_some() {
                 return Ok(out);
             }

@@ -56,6 +56,9 @@ pub struct Sent {
     /// Writes known to have failed (retries naming it, and an answer on a final attempt after earlier failures).
     pub failures: u32,
     pub failing_since: Option<OffsetDateTime>,
+    /// The failures the state document holds for it (written by this process's last commit): fewer in the
+    /// document means an operator cleared them (`handler state resume`).
+    pub failures_recorded: u32,
     /// Quarantined (poison): proven as far as the span is concerned; its changes are in the quarantine document.
     pub settled: bool,
     /// Adopted from the state document: the process that answered it (another instance, or this one before
@@ -83,6 +86,7 @@ impl Sent {
             final_answer: false,
             failures: 0,
             failing_since: None,
+            failures_recorded: 0,
             settled: false,
             answered_by: None,
         };
@@ -118,6 +122,7 @@ impl Sent {
             final_answer: false,
             failures,
             failing_since,
+            failures_recorded: failures,
             settled: false,
             answered_by: None,
         }

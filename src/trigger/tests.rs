@@ -898,6 +898,32 @@ async fn a_batch_that_always_fails_is_quarantined_once_its_failures_last_the_poi
     assert!(!world.delivered().contains(&(1, v1 as i64)), "batch 1 never reached the destination");
 }
 
+#[tokio::test]
+async fn after_an_operator_resumes_a_halted_function_its_batch_is_delivered_once_more() {
+    // GIVEN a function halted at batch 1 (MaxAttempts 3, PoisonAction halt)
+    let world = World::new();
+    let settings =
+        TriggerSettings { max_batch_size: 2, max_attempts: 3, poison_action: PoisonAction::Halt, ..settings() };
+    let p = world.process("p1", settings);
+    let (v1, _) = poison_batch(&world, &p).await;
+    assert!(matches!(p.error(retry(3)).await, TickError::Halted { .. }));
+
+    // WHEN an operator resumes it (`handler state resume`: the halt and the batch's failures cleared)
+    world
+        .edit_state(|doc| {
+            doc.halted = None;
+            if let Some(f) = doc.in_flight.as_mut() {
+                (f.failures, f.failing_since) = (0, None);
+            }
+        })
+        .await;
+
+    // THEN the same process delivers the batch once more instead of halting again at once
+    let again = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&again, OutcomeKind::Redelivered, Some(1), &rows(1..=2, v1));
+    assert!(world.state().await.halted.is_none());
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The delivery contract
 // ---------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
 use super::proof::{Answered, Sent};
+use std::sync::Arc;
 use super::state::{InFlight, QuarantineDoc, QuarantineEntry, StateDoc, QUARANTINE_KEPT};
 use super::{failpoint, OutcomeKind, TickError, TickOutcome, Trigger, ADVANCE_EVERY};
 use crate::change::{encode_batch, Change};
@@ -72,7 +73,7 @@ impl Trigger {
                             flight.failing_since,
                         );
                         adopted.answered_by = Some(flight.owner.clone());
-                        memory.span.push_back(adopted);
+                        memory.span.push_back(Arc::new(adopted));
                     }
                 }
                 tracing::info!(function = %self.config.name, batches = flight.batches, rows = flight.rows, owner = %flight.owner,
@@ -85,6 +86,7 @@ impl Trigger {
         // once more): the document's count is the one to go by when it is lower.
         if let (Some(flight), Some(first)) = (&doc.in_flight, memory.span.front_mut()) {
             if flight.failures < first.failures_recorded {
+                let first = Arc::make_mut(first);
                 first.failures = flight.failures;
                 first.failures_recorded = flight.failures;
                 first.failing_since = flight.failing_since;
@@ -148,7 +150,7 @@ impl Trigger {
                 let page = page.insert(fetched);
                 let full = page.changes.len() >= settings.max_batch_size;
                 if let Some(last) = page.last.clone().filter(|l| full && *l != sent.to) {
-                    let sent = &mut memory.span[index];
+                    let sent = Arc::make_mut(&mut memory.span[index]);
                     let rest = Sent::owed_range(
                         doc.next_batch_id,
                         last.clone(),
@@ -163,7 +165,7 @@ impl Trigger {
                     doc.next_batch_id += 1;
                     sent.to = last;
                     sent.rows = page.changes.len() as u64;
-                    memory.span.insert(index + 1, rest);
+                    memory.span.insert(index + 1, Arc::new(rest));
                 }
             }
         }
@@ -199,7 +201,7 @@ impl Trigger {
                             .map_err(|detail| TickError::CorruptState { key: key.clone(), detail })?;
                         let mut sent = Sent::new(batch_id, q.from, q.to, changes.len() as u64, attempt, now);
                         sent.quarantined = Some(key);
-                        memory.retries.push(sent);
+                        memory.retries.push(Arc::new(sent));
                         let why = Some("an operator asked to retry this quarantined batch".to_string());
                         Some(Answer { batch_id, changes, kind: OutcomeKind::Delivered, why })
                     }
@@ -223,7 +225,7 @@ impl Trigger {
                             doc.next_batch_id += 1;
                             let to = fetched.last.clone().unwrap_or(Position::Null);
                             let rows = fetched.changes.len() as u64;
-                            memory.span.push_back(Sent::new(batch_id, from, to, rows, attempt, now));
+                            memory.span.push_back(Arc::new(Sent::new(batch_id, from, to, rows, attempt, now)));
                             Some(Answer { batch_id, changes: fetched.changes, kind: OutcomeKind::Delivered, why: None })
                         }
                     }
@@ -249,7 +251,9 @@ impl Trigger {
             return Ok(out);
         }
         if let (Some(first), Some(flight)) = (memory.span.front_mut(), &doc.in_flight) {
-            first.failures_recorded = flight.failures;
+            if first.failures_recorded != flight.failures {
+                Arc::make_mut(first).failures_recorded = flight.failures;
+            }
         }
         *self.answered.lock().expect("answered lock") = memory;
         let Some(Answer { batch_id, changes, kind, why }) = answer else { return Ok(out) };

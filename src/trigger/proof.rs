@@ -26,6 +26,7 @@
 use crate::protocol::{Attempt, RetryContext};
 use crate::source::Position;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use time::OffsetDateTime;
 
 /// Added to the proof window for the host's own scheduling (thread pools, logging, the retry's HTTP request).
@@ -181,19 +182,22 @@ pub enum Named {
 /// How many proven batches are kept for a retry that names one after its proof window (see `Answered::history`).
 pub const HISTORY_KEPT: usize = 256;
 
-/// The batches this process answered and has not yet proven written.
+/// The batches this process answered and has not yet proven written. A tick works on a copy and keeps it only
+/// if its write went through; each batch is shared (`Arc`) so that copy costs a reference per batch, and only a
+/// batch the tick changes is copied (`Arc::make_mut`): a backlog drained back to back can keep a thousand
+/// batches unproven.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Answered {
     /// The span after the checkpoint, in order.
-    pub span: VecDeque<Sent>,
+    pub span: VecDeque<Arc<Sent>>,
     /// Operators' retries of quarantined batches, answered and not yet proven.
-    pub retries: Vec<Sent>,
+    pub retries: Vec<Arc<Sent>>,
     /// Batches proven by the window and then named by a retry after all (the host took longer than the window
     /// assumed): answered again, outside the span (they lie before the checkpoint).
-    pub late: Vec<Sent>,
+    pub late: Vec<Arc<Sent>>,
     /// The latest batches proven, newest last: a retry that comes after a batch's proof window (a window set
     /// shorter than the host's real bound) still finds what to deliver again while this process lives.
-    pub history: VecDeque<Sent>,
+    pub history: VecDeque<Arc<Sent>>,
 }
 
 impl Answered {
@@ -202,12 +206,12 @@ impl Answered {
         self.span.is_empty() && self.retries.is_empty() && self.late.is_empty()
     }
 
-    fn all_mut(&mut self) -> impl Iterator<Item = &mut Sent> {
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut Arc<Sent>> {
         self.span.iter_mut().chain(self.retries.iter_mut()).chain(self.late.iter_mut())
     }
 
     /// Keeps `sent`, proven, for a late retry.
-    pub fn remember_proven(&mut self, sent: Sent) {
+    pub fn remember_proven(&mut self, sent: Arc<Sent>) {
         self.history.push_back(sent);
         while self.history.len() > HISTORY_KEPT {
             self.history.pop_front();
@@ -221,20 +225,22 @@ impl Answered {
         };
         let Some(failed) = failed_invocation else {
             for sent in self.all_mut() {
-                sent.owed = true;
+                Arc::make_mut(sent).owed = true;
             }
             return Named::Unnamed;
         };
-        let names = |s: &Sent| s.invocations.iter().any(|id| id == failed);
+        let names = |s: &Arc<Sent>| s.invocations.iter().any(|id| id == failed);
         if let Some(sent) = self.all_mut().find(|s| names(s)) {
+            let sent = Arc::make_mut(sent);
             sent.failed(now);
             return Named::Batch(sent.batch_id);
         }
         match self.history.iter().position(names).and_then(|i| self.history.remove(i)) {
             Some(mut sent) => {
-                sent.settled = false;
-                sent.failed(now);
-                let batch_id = sent.batch_id;
+                let late = Arc::make_mut(&mut sent);
+                late.settled = false;
+                late.failed(now);
+                let batch_id = late.batch_id;
                 self.late.push(sent);
                 Named::Late(batch_id)
             }
@@ -244,15 +250,15 @@ impl Answered {
 
     /// Removes and returns the batches proven written: the proven prefix of the span (the checkpoint can move
     /// only in order) and every proven quarantine retry. Proven late batches go back to the history.
-    pub fn take_proven(&mut self, now: OffsetDateTime, window: time::Duration) -> (Vec<Sent>, Vec<Sent>) {
+    pub fn take_proven(&mut self, now: OffsetDateTime, window: time::Duration) -> (Vec<Arc<Sent>>, Vec<Arc<Sent>>) {
         let mut span = Vec::new();
         while self.span.front().is_some_and(|s| s.proven(now, window)) {
             span.extend(self.span.pop_front());
         }
-        let (proven, pending): (Vec<Sent>, Vec<Sent>) =
+        let (proven, pending): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.retries).into_iter().partition(|s| s.proven(now, window));
         self.retries = pending;
-        let (late, pending): (Vec<Sent>, Vec<Sent>) =
+        let (late, pending): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.late).into_iter().partition(|s| s.proven(now, window));
         self.late = pending;
         for sent in late.into_iter().chain(span.iter().cloned()) {
@@ -263,7 +269,7 @@ impl Answered {
 
     /// The first batch that must be answered again.
     pub fn owed(&mut self) -> Option<&mut Sent> {
-        self.all_mut().find(|s| s.owed && !s.settled)
+        self.all_mut().find(|s| s.owed && !s.settled).map(Arc::make_mut)
     }
 
     /// Where the first owed batch is: in the span at this index, or outside it.
@@ -273,7 +279,7 @@ impl Answered {
 
     /// The first owed batch that is poison.
     pub fn poisoned(&mut self, max_attempts: u32, after: time::Duration, now: OffsetDateTime) -> Option<&mut Sent> {
-        self.all_mut().find(|s| s.owed && !s.settled && s.poisoned(max_attempts, after, now))
+        self.all_mut().find(|s| s.owed && !s.settled && s.poisoned(max_attempts, after, now)).map(Arc::make_mut)
     }
 
     /// Where the next new batch starts: after the span, or at the checkpoint.
@@ -304,8 +310,8 @@ mod tests {
         Attempt::new(id, Some(retry))
     }
 
-    fn sent(batch_id: u64, from: i64, to: i64, id: &str) -> Sent {
-        Sent::new(batch_id, json!(from), json!(to), (to - from) as u64, &attempt(id, 0, None), T0)
+    fn sent(batch_id: u64, from: i64, to: i64, id: &str) -> Arc<Sent> {
+        Arc::new(Sent::new(batch_id, json!(from), json!(to), (to - from) as u64, &attempt(id, 0, None), T0))
     }
 
     #[test]
@@ -341,13 +347,13 @@ mod tests {
     #[test]
     fn the_checkpoint_moves_only_over_a_prefix_proven_by_the_window() {
         let mut mem = Answered { span: [sent(1, 0, 10, "a"), sent(2, 10, 20, "b")].into(), ..Answered::default() };
-        mem.span[1].answered_at = T0 + Duration::minutes(1);
+        Arc::make_mut(&mut mem.span[1]).answered_at = T0 + Duration::minutes(1);
         // Before the window nothing is proven
         assert_eq!(mem.take_proven(T0 + WINDOW - Duration::SECOND, WINDOW).0.len(), 0);
         // An owed head blocks what follows, however old
-        mem.span[0].owed = true;
+        Arc::make_mut(&mut mem.span[0]).owed = true;
         assert_eq!(mem.take_proven(T0 + WINDOW * 3, WINDOW).0.len(), 0);
-        mem.span[0].owed = false;
+        Arc::make_mut(&mut mem.span[0]).owed = false;
         // At the window the first is proven, the second a minute later
         let (proven, _) = mem.take_proven(T0 + WINDOW, WINDOW);
         assert_eq!(proven.iter().map(|s| s.batch_id).collect::<Vec<_>>(), vec![1]);
@@ -375,7 +381,7 @@ mod tests {
 
     #[test]
     fn an_answer_on_the_final_attempt_is_owed_at_once() {
-        let mut s = sent(1, 0, 10, "a");
+        let mut s = Arc::unwrap_or_clone(sent(1, 0, 10, "a"));
         s.answered(&attempt("f", 5, Some("a")), T0);
         assert!(s.owed);
         s.answered(&Attempt::new("blank", None), T0);
@@ -385,7 +391,7 @@ mod tests {
 
     #[test]
     fn poison_needs_both_the_failures_and_the_time() {
-        let mut s = sent(1, 0, 10, "a");
+        let mut s = Arc::unwrap_or_clone(sent(1, 0, 10, "a"));
         let after = Duration::minutes(10);
         for n in 0..5 {
             s.failed(T0 + Duration::seconds(5 * n));

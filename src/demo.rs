@@ -68,7 +68,7 @@ pub enum DemoError {
 pub fn write_app(root: &Path, function_json: &str, trigger_json: &str) -> std::io::Result<()> {
     std::fs::write(
         root.join("host.json"),
-        r#"{"version":"2.0","customHandler":{"description":{"defaultExecutablePath":"handler"}}}"#,
+        r#"{"version":"2.0","functionTimeout":"00:05:00","customHandler":{"description":{"defaultExecutablePath":"handler"}}}"#,
     )?;
     let dir = root.join(FUNCTION);
     std::fs::create_dir_all(&dir)?;
@@ -122,6 +122,11 @@ pub async fn run(handler_exe: PathBuf) -> Result<(), DemoError> {
     let state = std::fs::read_to_string(app.path().join("state/local").join(format!("{FUNCTION}.json")))?;
     let state: serde_json::Value = serde_json::from_str(&state).map_err(|e| DemoError::Unexpected(e.to_string()))?;
     println!("state document (file store):\n{}", serde_json::to_string_pretty(&state).unwrap_or_default());
+    println!(
+        "\nThe batches stay in flight, and the checkpoint where it was, for one proof window after each answer \
+         (host.json functionTimeout 5 min + the retry delay + 30 s): until then a host retry naming one could \
+         still come. See docs/architecture.md, \"Acknowledge by proof\"."
+    );
     let delivered = host.delivered("changes").len();
     println!("\n{delivered} change(s) reached the queue binding in all; every change at least once.");
     host.terminate().await?;

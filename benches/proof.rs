@@ -1,0 +1,185 @@
+//! `cargo bench --bench proof` (or `scripts/bench proof`): what acknowledgement by proof costs, measured with the
+//! real `handler` (release build), real PostgreSQL and Azurite, and the host model of `src/driver.rs` (retry
+//! contexts naming the failed attempt, the policy's delay, manual runs outside the timer's lock).
+//!
+//! The quantities are counts, not times: changes per firing (the pace a timer allows), duplicates in a steady
+//! run with failing writes and manual runs, and duplicates after a restart in the middle of a drain, with the
+//! default proof window beside a zero window (the trade the setting makes). The function is the template's
+//! (`function-templates/PgOrdersChanged`: batch 100, `fixedDelay` × 5) with the retry delay cut from 5 s to
+//! 100 ms so the run takes seconds; the window is this repository's host.json's (`functionTimeout` 5 min):
+//! 5 min 30.1 s. `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
+
+use serde_json::{json, Value};
+use sql_pseudo_trigger::driver::{AttemptOutcome, DriverOptions, HostDriver, TimerRun};
+use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const FUNCTION: &str = "PgOrdersChanged";
+const BATCH: i64 = 100;
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    if !std::env::args().any(|a| a == "--bench") {
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("proof: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(table) => {
+            println!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("proof: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Servers {
+    postgres: EmbeddedPostgres,
+    azurite: Azurite,
+}
+
+/// The app folder: this repository's host.json, the template's function.json with a 100 ms retry delay.
+fn app(dir: &ScratchDir) -> Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let host = std::fs::read_to_string(root.join("host.json")).map_err(|e| e.to_string())?;
+    std::fs::write(dir.path().join("host.json"), host).map_err(|e| e.to_string())?;
+    let template = root.join("function-templates").join(FUNCTION).join("function.json");
+    let mut function: Value =
+        serde_json::from_slice(&std::fs::read(template).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    function["retry"]["delayInterval"] = json!("00:00:00.100");
+    let folder = dir.path().join(FUNCTION);
+    std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
+    std::fs::write(folder.join("function.json"), function.to_string()).map_err(|e| e.to_string())?;
+    let trigger: Value = serde_json::from_str(sql_pseudo_trigger::demo::ORDERS_TRIGGER).map_err(|e| e.to_string())?;
+    std::fs::write(folder.join("sqltrigger.json"), trigger.to_string()).map_err(|e| e.to_string())
+}
+
+async fn start(servers: &Servers, name: &str, window: Option<&str>) -> Result<(HostDriver, tokio_postgres::Client, ScratchDir)> {
+    let url = embedded::create_database(&servers.postgres.url(), name).await.map_err(|e| e.to_string())?;
+    let db = embedded::connect(&url).await.map_err(|e| e.to_string())?;
+    db.batch_execute(sql_pseudo_trigger::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
+    let dir = ScratchDir::new("proof-bench").map_err(|e| e.to_string())?;
+    app(&dir)?;
+    let handler = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler");
+    let mut options = DriverOptions::new(dir.path(), handler);
+    options.env = vec![
+        ("PostgresConnectionString".into(), url),
+        ("AzureWebJobsStorage".into(), servers.azurite.connection_string()),
+        ("Sql_Trigger_AppName".into(), name.replace('_', "-")),
+        ("PgOrdersChanged_Schedule".into(), "*/5 * * * * *".into()),
+        ("Sql_Trigger_LogLevel".into(), "warn".into()),
+    ];
+    if let Some(window) = window {
+        options.env.push(("Sql_Trigger_ProofWindowMs".into(), window.into()));
+    }
+    let host = HostDriver::start(options).await.map_err(|e| e.to_string())?;
+    Ok((host, db, dir))
+}
+
+async fn insert(db: &tokio_postgres::Client, ids: std::ops::RangeInclusive<i64>) -> Result<()> {
+    let ids: Vec<i64> = ids.collect();
+    db.execute(
+        "INSERT INTO orders (id, customer, amount) SELECT i, 'c' || i, i FROM unnest($1::bigint[]) AS i",
+        &[&ids],
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// Times each id reached the queue.
+fn tally(host: &HostDriver) -> BTreeMap<i64, usize> {
+    let mut counts = BTreeMap::new();
+    for m in host.delivered("changes") {
+        if let Some(id) = m["Item"]["id"].as_i64() {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+fn duplicates(counts: &BTreeMap<i64, usize>) -> usize {
+    counts.values().map(|n| n - 1).sum()
+}
+
+fn written(run: &TimerRun) -> usize {
+    run.applied.get("changes").map_or(0, Vec::len)
+}
+
+async fn run() -> Result<String> {
+    let servers = tokio::task::spawn_blocking(|| -> Result<Servers> {
+        Ok(Servers {
+            postgres: EmbeddedPostgres::start().map_err(|e| e.to_string())?,
+            azurite: Azurite::start().map_err(|e| e.to_string())?,
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let mut rows = Vec::new();
+
+    // 1. Pace and steady-state duplicates: a backlog of 3,000 drained by firings, a fifth of whose first writes
+    //    fail, with a manual run between every few firings.
+    let (host, db, _dir) = start(&servers, "pace", None).await?;
+    insert(&db, 1..=3000).await?;
+    let (mut firings, mut failed_writes, mut manual_runs, mut per_firing) = (0, 0, 0, Vec::new());
+    while tally(&host).len() < 3000 && firings < 200 {
+        if firings % 5 == 1 {
+            host.fail_output_writes("changes", 1);
+        }
+        let run = host.run_timer(FUNCTION).await.map_err(|e| e.to_string())?;
+        failed_writes += run.attempts.iter().filter(|a| matches!(a.outcome, AttemptOutcome::OutputWriteFailed { .. })).count();
+        per_firing.push(written(&run));
+        firings += 1;
+        if firings % 7 == 0 {
+            host.run_manual(FUNCTION).await.map_err(|e| e.to_string())?;
+            manual_runs += 1;
+        }
+    }
+    let counts = tally(&host);
+    let full = per_firing.iter().filter(|n| **n == BATCH as usize).count();
+    rows.push(format!(
+        "| pace: 3,000 changes, a write failure every 5th firing, a manual run every 7th | {firings} firings + {manual_runs} manual runs; {full} firings wrote a full batch of {BATCH}; {failed_writes} failed writes | {} | {} |",
+        duplicates(&counts),
+        3000 - counts.len()
+    ));
+
+    // 2. A restart (kill -9) in the middle of a drain, with the default window and with a zero window.
+    for (label, window) in [("default (5 min 30.1 s)", None), ("0 (`Sql_Trigger_ProofWindowMs=0`)", Some("0"))] {
+        let name = if window.is_some() { "restart_zero" } else { "restart_default" };
+        let (host, db, _dir) = start(&servers, name, window).await?;
+        insert(&db, 1..=2000).await?;
+        let mut before = 0;
+        while tally(&host).len() < 1000 {
+            host.run_timer(FUNCTION).await.map_err(|e| e.to_string())?;
+            before += 1;
+        }
+        host.restart().await.map_err(|e| e.to_string())?;
+        let mut after = 0;
+        while tally(&host).len() < 2000 && after < 200 {
+            host.run_timer(FUNCTION).await.map_err(|e| e.to_string())?;
+            after += 1;
+        }
+        let counts = tally(&host);
+        rows.push(format!(
+            "| restart after {before} firings (1,000 changes written), window {label} | {after} firings after the restart | {} | {} |",
+            duplicates(&counts),
+            2000 - counts.len()
+        ));
+    }
+
+    Ok(format!(
+        "| scenario | firings | duplicates | lost |\n|---|---|---:|---:|\n{}",
+        rows.join("\n")
+    ))
+}

@@ -65,7 +65,11 @@ fn app(dir: &ScratchDir) -> Result<()> {
     std::fs::write(folder.join("sqltrigger.json"), trigger.to_string()).map_err(|e| e.to_string())
 }
 
-async fn start(servers: &Servers, name: &str, window: Option<&str>) -> Result<(HostDriver, tokio_postgres::Client, ScratchDir)> {
+async fn start(
+    servers: &Servers,
+    name: &str,
+    window: Option<&str>,
+) -> Result<(HostDriver, tokio_postgres::Client, ScratchDir)> {
     let url = embedded::create_database(&servers.postgres.url(), name).await.map_err(|e| e.to_string())?;
     let db = embedded::connect(&url).await.map_err(|e| e.to_string())?;
     db.batch_execute(sql_pseudo_trigger::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
@@ -141,7 +145,8 @@ async fn run() -> Result<String> {
             host.fail_output_writes("changes", 1);
         }
         let run = host.run_timer(FUNCTION).await.map_err(|e| e.to_string())?;
-        failed_writes += run.attempts.iter().filter(|a| matches!(a.outcome, AttemptOutcome::OutputWriteFailed { .. })).count();
+        failed_writes +=
+            run.attempts.iter().filter(|a| matches!(a.outcome, AttemptOutcome::OutputWriteFailed { .. })).count();
         per_firing.push(written(&run));
         firings += 1;
         if firings % 7 == 0 {
@@ -184,8 +189,5 @@ async fn run() -> Result<String> {
         ));
     }
 
-    Ok(format!(
-        "| scenario | firings | duplicates | lost |\n|---|---|---:|---:|\n{}",
-        rows.join("\n")
-    ))
+    Ok(format!("| scenario | firings | duplicates | lost |\n|---|---|---:|---:|\n{}", rows.join("\n")))
 }

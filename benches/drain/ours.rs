@@ -1,5 +1,5 @@
 //! Ours: the real `handler` binary, invoked over HTTP by the host driver exactly as the Functions host would
-//! (timer body, no retry), with its state in Azure Blob (Azurite), until an invocation answers an empty batch.
+//! (timer body, a first attempt's RetryContext), with its state in Azure Blob (Azurite), until an invocation answers an empty batch.
 //!
 //! The per-tick figures (blob operations, time inside the handler) come from the handler's own `tick finished`
 //! log line, written at the level the product ships with (info): the store counts every request it sends, so

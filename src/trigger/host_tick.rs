@@ -10,7 +10,6 @@
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
 use super::proof::{Answered, Sent};
-use std::sync::Arc;
 use super::state::{InFlight, QuarantineDoc, QuarantineEntry, StateDoc, QUARANTINE_KEPT};
 use super::{failpoint, OutcomeKind, TickError, TickOutcome, Trigger, ADVANCE_EVERY};
 use crate::change::{encode_batch, Change};
@@ -18,6 +17,7 @@ use crate::config::PoisonAction;
 use crate::protocol::Attempt;
 use crate::source::Position;
 use crate::state::{Etag, StoreError};
+use std::sync::Arc;
 use time::OffsetDateTime;
 
 /// What a tick answers: the batch, its changes, and whether it was answered before.

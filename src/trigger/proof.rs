@@ -73,24 +73,7 @@ const IDS_KEPT: usize = 16;
 impl Sent {
     /// A batch first answered to `attempt` at `now`.
     pub fn new(batch_id: u64, from: Position, to: Position, rows: u64, attempt: &Attempt, now: OffsetDateTime) -> Self {
-        let mut sent = Self {
-            batch_id,
-            from,
-            to,
-            rows,
-            quarantined: None,
-            invocations: Vec::new(),
-            first_answered_at: now,
-            answered_at: now,
-            deliveries: 0,
-            owed: false,
-            final_answer: false,
-            failures: 0,
-            failing_since: None,
-            failures_recorded: 0,
-            settled: false,
-            answered_by: None,
-        };
+        let mut sent = Self::owed_range(batch_id, from, to, rows, now, now, 0, 0, None);
         sent.answered(attempt, now);
         sent
     }

@@ -10,11 +10,11 @@
 //! 5 min 30.1 s. `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::{AttemptOutcome, DriverOptions, HostDriver, TimerRun};
-use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use testbed::driver::{AttemptOutcome, DriverOptions, HostDriver, TimerRun};
+use testbed::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 
 const FUNCTION: &str = "PgOrdersChanged";
 const BATCH: i64 = 100;
@@ -61,7 +61,7 @@ fn app(dir: &ScratchDir) -> Result<()> {
     let folder = dir.path().join(FUNCTION);
     std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
     std::fs::write(folder.join("function.json"), function.to_string()).map_err(|e| e.to_string())?;
-    let trigger: Value = serde_json::from_str(sql_pseudo_trigger::demo::ORDERS_TRIGGER).map_err(|e| e.to_string())?;
+    let trigger: Value = serde_json::from_str(testbed::demo::ORDERS_TRIGGER).map_err(|e| e.to_string())?;
     std::fs::write(folder.join("sqltrigger.json"), trigger.to_string()).map_err(|e| e.to_string())
 }
 
@@ -72,7 +72,7 @@ async fn start(
 ) -> Result<(HostDriver, tokio_postgres::Client, ScratchDir)> {
     let url = embedded::create_database(&servers.postgres.url(), name).await.map_err(|e| e.to_string())?;
     let db = embedded::connect(&url).await.map_err(|e| e.to_string())?;
-    db.batch_execute(sql_pseudo_trigger::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
+    db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
     let dir = ScratchDir::new("proof-bench").map_err(|e| e.to_string())?;
     app(&dir)?;
     let handler = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler");

@@ -25,11 +25,11 @@
 mod chart;
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres, ScratchDir};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+use testbed::embedded::{self, EmbeddedPostgres, ScratchDir};
 
 type BenchResult<T> = Result<T, String>;
 

@@ -139,16 +139,16 @@ mod tests {
     //! lives in memory: every route that needs only the state store answers for real.
     use super::*;
     use crate::config::{AppConfig, Env};
-    use crate::embedded::ScratchDir;
     use crate::source::Position;
     use crate::state::MemoryStore;
     use std::sync::Arc;
 
     /// An app with one PostgreSQL function `Orders` (on a port nobody listens on) and a memory store.
-    fn app() -> (Arc<App>, ScratchDir) {
-        let dir = ScratchDir::new("admin-test").expect("scratch dir");
+    fn app() -> (Arc<App>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("scratch dir");
         crate::config::write_test_app(dir.path(), "Orders");
-        let port = crate::embedded::free_port().expect("a free port");
+        // A port nobody listens on: bound, then released.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
         let env = Env::from_pairs([("Pg".to_string(), format!("postgres://nobody@127.0.0.1:{port}/none"))]);
         let config = AppConfig::load_from(dir.path(), env).expect("valid config");
         (Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds")), dir)

@@ -28,9 +28,6 @@ enum Command {
     Serve,
     /// Print the configuration reference (Markdown), generated from the code's setting definitions.
     Settings,
-    /// Run the whole product locally: a private PostgreSQL, the file state store, this handler driven by a
-    /// stand-in for the Functions host. Needs nothing but PostgreSQL's server binaries on the machine.
-    Demo,
     /// Run the functions without the Functions host: tick in a loop and deliver to each function's sink
     /// (`"sink"` in sqltrigger.json: stdout JSON lines by default, or a webhook).
     Run {
@@ -91,25 +88,6 @@ fn main() -> ExitCode {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
                     ExitCode::SUCCESS
                 }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Some(Command::Demo) => {
-            let exe = match std::env::current_exe() {
-                Ok(exe) => exe,
-                Err(e) => {
-                    eprintln!("error: cannot find this program's path: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match tokio::runtime::Runtime::new()
-                .map_err(|e| e.to_string())
-                .and_then(|rt| rt.block_on(sql_pseudo_trigger::demo::run(exe)).map_err(|e| e.to_string()))
-            {
-                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
                     ExitCode::FAILURE

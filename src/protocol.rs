@@ -101,19 +101,6 @@ impl Attempt {
     }
 }
 
-#[cfg(test)]
-impl Attempt {
-    /// A first attempt under a policy of five retries, with a fresh invocation id.
-    pub(crate) fn first() -> Self {
-        Self::new(uuid::Uuid::new_v4().to_string(), Some(RetryContext::first(5)))
-    }
-
-    /// Retry `n` of five after `failed` failed, with a fresh invocation id.
-    pub(crate) fn retry_after(n: i64, failed: &Attempt) -> Self {
-        Self::new(uuid::Uuid::new_v4().to_string(), Some(RetryContext::after(n, 5, failed.id.clone())))
-    }
-}
-
 /// Why a request is not a host invocation; the message names the part and what the host sends instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -132,7 +132,7 @@ impl Telemetry {
     }
 
     /// Records into `provider`: the observer on every trigger, the gauges and their status poll.
-    fn over(provider: SdkMeterProvider, triggers: Vec<Arc<Trigger>>, interval: Duration) -> Self {
+    pub fn over(provider: SdkMeterProvider, triggers: Vec<Arc<Trigger>>, interval: Duration) -> Self {
         let meter = provider.meter(METER_NAME);
         let observer = Arc::new(TickInstruments::new(&meter));
         for trigger in &triggers {

@@ -10,12 +10,12 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DEV_KEY: &str = sql_pseudo_trigger::embedded::DEV_ACCOUNT_KEY;
+const DEV_KEY: &str = testbed::embedded::DEV_ACCOUNT_KEY;
 
 /// Azurite for one test: `TEST_AZURITE_CONNECTION_STRING` when set, else a private in-memory server from the
 /// test bed (a parent-death-signalled child), so a test may stop it.
 struct Azurite {
-    server: Option<sql_pseudo_trigger::embedded::Azurite>,
+    server: Option<testbed::embedded::Azurite>,
     connection_string: String,
 }
 
@@ -25,7 +25,7 @@ impl Azurite {
         if let Ok(cs) = std::env::var("TEST_AZURITE_CONNECTION_STRING") {
             return Azurite { server: None, connection_string: cs };
         }
-        let server = sql_pseudo_trigger::embedded::Azurite::start().expect("Azurite starts (scripts/test installs it)");
+        let server = testbed::embedded::Azurite::start().expect("Azurite starts (scripts/test installs it)");
         let connection_string = server.connection_string();
         Azurite { server: Some(server), connection_string }
     }

@@ -32,12 +32,12 @@ use sql_pseudo_trigger::config::{
 };
 use sql_pseudo_trigger::ident::TableName;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
-use sql_pseudo_trigger::source::memory::MemorySource;
 use sql_pseudo_trigger::source::StartFrom;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::trigger::{OutcomeKind, Trigger};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testbed::MemorySource;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

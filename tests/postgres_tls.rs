@@ -16,12 +16,12 @@ mod support;
 use serde_json::{json, Value};
 use sql_pseudo_trigger::app::App;
 use sql_pseudo_trigger::config::{AppConfig, Env, Mode, Secret};
-use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres, PostgresOptions, ScratchDir};
 use sql_pseudo_trigger::source::postgres::{self as pg, ConnectFailure, PostgresTls};
 use sql_pseudo_trigger::source::{Source, SourceError};
 use std::path::Path;
 use std::process::Command;
 use support::{timer_function_json, AppBuilder, AppFolder};
+use testbed::embedded::{self, EmbeddedPostgres, PostgresOptions, ScratchDir};
 
 const FUNCTION: &str = "Orders";
 const UNTRUSTED: &str = "the certificate of PostgreSQL server localhost is not signed by a certificate authority \
@@ -111,7 +111,7 @@ async fn orders_database(admin_url: &str) -> String {
     let name = support::unique_database_name("tls");
     let url = embedded::create_database(admin_url, &name).await.expect("create the database");
     let db = embedded::connect(&url).await.expect("connect in plaintext as the admin");
-    db.batch_execute(sql_pseudo_trigger::demo::ORDERS_SCHEMA).await.expect("create orders");
+    db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.expect("create orders");
     db.batch_execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
         .await
         .expect("insert orders");
@@ -121,7 +121,7 @@ async fn orders_database(admin_url: &str) -> String {
 /// An app folder with one function on `orders`, file state, `Pg` = `connection` and extra `settings`; the
 /// CA of `pki` is at certs/ca.pem in it, for settings that name it.
 fn orders_app(pki: &Pki, connection: &str, settings: &[(&str, &str)]) -> AppFolder {
-    let mut trigger: Value = serde_json::from_str(sql_pseudo_trigger::demo::ORDERS_TRIGGER).expect("demo trigger");
+    let mut trigger: Value = serde_json::from_str(testbed::demo::ORDERS_TRIGGER).expect("demo trigger");
     trigger["connectionStringSetting"] = json!("Pg");
     let builder = AppBuilder::new()
         .function(FUNCTION, timer_function_json(Some(3)), Some(trigger))

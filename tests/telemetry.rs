@@ -18,12 +18,12 @@ use prost::Message;
 use serde_json::json;
 use sql_pseudo_trigger::config::{AppConfig, Env};
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
-use sql_pseudo_trigger::source::memory::MemorySource;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::telemetry::{Telemetry, TelemetryConfig};
 use sql_pseudo_trigger::trigger::Trigger;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testbed::MemorySource;
 
 /// What the receiver got: each request's headers and decoded body.
 type Received = Arc<Mutex<Vec<(HeaderMap, ExportMetricsServiceRequest)>>>;

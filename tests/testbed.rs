@@ -11,14 +11,14 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use sql_pseudo_trigger::driver::{AttemptOutcome, DriverError, DriverOptions, HostDriver};
-use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, LaunchError};
 use sql_pseudo_trigger::protocol::RetryContext;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::{fixture, AppBuilder, AppFolder};
+use testbed::driver::{AttemptOutcome, DriverError, DriverOptions, HostDriver};
+use testbed::embedded::{self, Azurite, EmbeddedPostgres, LaunchError};
 
 // ---------------------------------------------------------------------------------------------------------------
 // PostgreSQL

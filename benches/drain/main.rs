@@ -16,7 +16,7 @@
 //! distributions of a child process, not nanosecond loops, and the peer is a Python program.
 //! `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
 //!
-//! [`HostDriver`]: sql_pseudo_trigger::driver::HostDriver
+//! [`HostDriver`]: testbed::driver::HostDriver
 
 #[path = "../chart.rs"]
 mod chart;
@@ -28,10 +28,10 @@ mod raw;
 mod report;
 mod setup;
 
-use sql_pseudo_trigger::driver::{DriverOptions, HostDriver};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+use testbed::driver::{DriverOptions, HostDriver};
 
 /// Errors of a benchmark run are messages for the person running it.
 type BenchResult<T> = Result<T, String>;
@@ -169,7 +169,7 @@ async fn measure(options: &Options, servers: &setup::Servers) -> BenchResult<rep
     let (url, load_seconds) =
         setup::orders_database(servers, "bench_drain", options.rows, options.rows_per_transaction).await?;
     results.load_seconds = load_seconds;
-    let client = sql_pseudo_trigger::embedded::connect(&url).await.map_err(context("connecting"))?;
+    let client = testbed::embedded::connect(&url).await.map_err(context("connecting"))?;
     raw::drain(&client, 1000, options.rows).await?.verdict.map_err(context("warm-up walk"))?;
 
     let functions: Vec<setup::FunctionFolder> = options

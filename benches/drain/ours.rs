@@ -9,9 +9,9 @@ use crate::cpu::Role;
 use crate::setup::IdCheck;
 use crate::{context, BenchResult};
 use serde_json::Value;
-use sql_pseudo_trigger::driver::HostDriver;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use testbed::driver::HostDriver;
 
 /// One drain by any contender.
 #[derive(Debug, Clone)]

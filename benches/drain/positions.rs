@@ -11,10 +11,10 @@ use crate::{context, BenchResult, Options};
 use serde_json::json;
 use sql_pseudo_trigger::app::App;
 use sql_pseudo_trigger::config::{AppConfig, Env};
-use sql_pseudo_trigger::embedded;
 use sql_pseudo_trigger::state::MemoryStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testbed::embedded;
 
 const FUNCTION: &str = "FetchProbe";
 /// Samples of the peer's predicate per position: each one scans a large part of the index, so fewer suffice.

@@ -6,8 +6,8 @@
 use crate::ours::Drain;
 use crate::setup::IdCheck;
 use crate::{context, BenchResult};
-use sql_pseudo_trigger::driver::HostDriver;
 use std::time::Instant;
+use testbed::driver::HostDriver;
 use tokio_postgres::Client;
 
 /// The item's columns, in table order, as the source projects them.

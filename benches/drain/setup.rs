@@ -7,10 +7,10 @@
 
 use crate::{context, BenchResult, Options};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use testbed::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 
 /// The function folder's template: function.json is copied from it, as a user would.
 const TEMPLATE: &str = "function-templates/PgOrdersChanged";

@@ -84,48 +84,6 @@ pub struct SourceSpec {
     pub options: Map<String, Value>,
 }
 
-#[cfg(test)]
-impl SourceSpec {
-    /// A spec for engine tests that run over an in-memory source: the engine reads only `start_from`.
-    pub(crate) fn placeholder() -> Self {
-        Self {
-            kind: SourceKind::PostgresCursor,
-            table: TableName::parse("t").expect("a valid table name"),
-            connection_setting: "Conn".into(),
-            connection: Secret::new("x"),
-            cursor_column: None,
-            cursor_guard: None,
-            safety_lag: Duration::ZERO,
-            inserted_column: None,
-            soft_delete_column: None,
-            primary_key: None,
-            columns: None,
-            start_from: StartFrom::Earliest,
-            options: Default::default(),
-        }
-    }
-}
-
-#[cfg(test)]
-impl FunctionConfig {
-    /// A function named `name` over [`SourceSpec::placeholder`], with no outputs, no retry policy and a proof
-    /// window of zero (a batch is proven by the next invocation that does not name it): what the engine,
-    /// runner and operations tests run over an in-memory source.
-    pub(crate) fn for_tests(name: &str, settings: TriggerSettings) -> Self {
-        Self {
-            name: name.into(),
-            dir: PathBuf::from(name),
-            timer_binding: "timer".into(),
-            timer_schedule: None,
-            outputs: Vec::new(),
-            retry: None,
-            proof_window: Duration::ZERO,
-            source: SourceSpec::placeholder(),
-            settings,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputBinding {
     pub name: String,

@@ -239,27 +239,6 @@ pub struct TriggerSettings {
     pub tick_timeout: Duration,
 }
 
-#[cfg(test)]
-impl TriggerSettings {
-    /// The shipped defaults (batch 100, polling 1 s, 1000 changes per worker, 5 attempts, quarantine, deferred),
-    /// except a lease of an hour, so a test's process never loses it by accident, a tick timeout of 30 s
-    /// instead of 240 s, and no poison duration (the count alone decides, as a test without a manual clock
-    /// needs); tests change what they exercise with `..TriggerSettings::for_tests()`.
-    pub(crate) fn for_tests() -> Self {
-        Self {
-            max_batch_size: 100,
-            polling_interval: Duration::from_secs(1),
-            max_changes_per_worker: 1000,
-            max_attempts: 5,
-            poison_after: Duration::ZERO,
-            poison_action: PoisonAction::Quarantine,
-            delivery_mode: DeliveryMode::Deferred,
-            lease_duration: Duration::from_secs(3600),
-            tick_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
 /// Reads one setting through the precedence chain and reports where the winning value came from, so an
 /// error can name it.
 #[derive(Debug)]

@@ -14,7 +14,6 @@
 //! - `pending` and `oldest_pending_age` are for status only: they are never called on a tick's path, and each
 //!   must cost one bounded query (a count, or the first row of the keyset range), not a walk of the backlog.
 
-pub mod memory;
 pub mod mssql;
 pub mod postgres;
 

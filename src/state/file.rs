@@ -213,13 +213,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn keeps_the_store_contract() {
-        let root = temp_root("contract");
-        super::super::contract::create_then_cas(&FileStore::new(&root)).await;
-        let _ = std::fs::remove_dir_all(root);
-    }
-
-    #[tokio::test]
     async fn refuses_keys_that_escape_the_root() {
         let store = FileStore::new(temp_root("escape"));
         for key in ["../x", "a/../../x", "", "a//b", "a\\b"] {

@@ -52,11 +52,3 @@ impl StateStore for MemoryStore {
         "memory".into()
     }
 }
-
-#[cfg(test)]
-mod tests {
-    #[tokio::test]
-    async fn keeps_the_store_contract() {
-        super::super::contract::create_then_cas(&super::MemoryStore::new()).await;
-    }
-}

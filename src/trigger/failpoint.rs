@@ -1,5 +1,7 @@
-//! Crash points for tests: `SQL_PSEUDO_TRIGGER_FAILPOINTS=after-fetch,after-commit` makes the process abort
-//! (as `kill -9` would) when a tick reaches that point. `point@n` aborts at the n-th time the point is reached
+//! Crash points for tests, compiled only with the `failpoints` feature (which the tests' own build of this
+//! package turns on; a normal or release build has none, and `hit` is then an empty function):
+//! `SQL_PSEUDO_TRIGGER_FAILPOINTS=after-fetch,after-commit` makes the process abort (as `kill -9` would) when a
+//! tick reaches that point. `point@n` aborts at the n-th time the point is reached
 //! instead of the first, so a test can crash a process in the middle of a drain. Read once; when unset, each
 //! check is one atomic load.
 //!
@@ -7,21 +9,31 @@
 //! answered to the host or handed to a sink), `sink-before-commit` (a SQL sink wrote the batch in its open
 //! transaction, not committed), `after-sink` (the sink committed the batch, the state does not say so yet).
 
+#[cfg(feature = "failpoints")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "failpoints")]
 use std::sync::OnceLock;
 
 pub const ENV: &str = "SQL_PSEUDO_TRIGGER_FAILPOINTS";
 
 /// An armed point: its name, the hit that aborts, and the hits so far.
+#[cfg(feature = "failpoints")]
 struct Armed {
     point: String,
     at: u64,
     hits: AtomicU64,
 }
 
+#[cfg(feature = "failpoints")]
 static ARMED: OnceLock<Vec<Armed>> = OnceLock::new();
 
+/// Without the `failpoints` feature: nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_point: &str) {}
+
 /// Aborts the process if `point` is armed (and, with `point@n`, reached for the n-th time).
+#[cfg(feature = "failpoints")]
 pub fn hit(point: &str) {
     let armed =
         ARMED.get_or_init(|| std::env::var(ENV).map(|v| v.split(',').filter_map(parse).collect()).unwrap_or_default());
@@ -33,6 +45,7 @@ pub fn hit(point: &str) {
     }
 }
 
+#[cfg(feature = "failpoints")]
 fn parse(text: &str) -> Option<Armed> {
     let text = text.trim();
     if text.is_empty() {
@@ -45,7 +58,7 @@ fn parse(text: &str) -> Option<Armed> {
     Some(Armed { point: point.trim().to_string(), at, hits: AtomicU64::new(0) })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "failpoints"))]
 mod tests {
     use super::*;
 

@@ -808,6 +808,3 @@ fn acknowledge(doc: &mut StateDoc, flight: &InFlight, now: OffsetDateTime) {
     doc.in_flight = None;
     doc.progress_at = Some(now);
 }
-
-#[cfg(test)]
-mod tests;

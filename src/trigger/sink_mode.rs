@@ -502,6 +502,3 @@ impl Renewal {
         held.etag = etag;
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -3,10 +3,10 @@
 
 use crate::support::{self, AppFolder};
 use serde_json::Value;
-use sql_pseudo_trigger::driver::HostDriver;
-use sql_pseudo_trigger::embedded;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+use testbed::driver::HostDriver;
+use testbed::embedded;
 
 pub const FUNCTION: &str = "OrdersChanged";
 
@@ -28,7 +28,7 @@ impl Orders {
         let exists: bool =
             db.query_one("SELECT to_regclass('public.orders') IS NOT NULL", &[]).await.expect("catalog query").get(0);
         if !exists {
-            db.batch_execute(sql_pseudo_trigger::demo::ORDERS_SCHEMA).await.expect("create orders");
+            db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.expect("create orders");
         }
         Self { url, db }
     }
@@ -59,7 +59,7 @@ impl Orders {
 
 /// The default `sqltrigger.json` for the orders table, with `extra` keys merged in.
 pub fn trigger_json(extra: Value) -> Value {
-    let mut base: Value = serde_json::from_str(sql_pseudo_trigger::demo::ORDERS_TRIGGER).expect("demo trigger json");
+    let mut base: Value = serde_json::from_str(testbed::demo::ORDERS_TRIGGER).expect("demo trigger json");
     if let (Some(base), Some(extra)) = (base.as_object_mut(), extra.as_object()) {
         base.extend(extra.clone());
     }
@@ -209,7 +209,7 @@ pub fn position(p: &Value) -> (u64, i64) {
 }
 
 /// The change messages an invocation answered for the `changes` binding (empty if none).
-pub fn answered_changes(invocation: &sql_pseudo_trigger::driver::Invocation) -> Vec<Value> {
+pub fn answered_changes(invocation: &testbed::driver::Invocation) -> Vec<Value> {
     match invocation.outputs.get("changes") {
         Some(Value::Array(items)) => items.clone(),
         Some(Value::Null) | None => Vec::new(),
@@ -224,7 +224,7 @@ pub fn ids_of(messages: &[Value]) -> Vec<i64> {
 
 /// Fires the timer until some attempt of a firing was answered with changes (whether or not the host's write
 /// of them worked), for at most 10 s, and returns that firing. Firings before it must have succeeded empty.
-pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::TimerRun {
+pub async fn fire_until_answered(host: &HostDriver, function: &str) -> testbed::driver::TimerRun {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let run = host.run_timer(function).await.expect("timer run");
@@ -240,7 +240,7 @@ pub async fn fire_until_answered(host: &HostDriver, function: &str) -> sql_pseud
 /// Plays the host by hand: first attempts (`RetryCount` 0) until one is answered with changes, for at most
 /// 10 s. Nothing is written anywhere: the caller decides what the host did with the answer, and must follow
 /// it with a retry ([`HostDriver::retry`]) if the host's write is to count as failed.
-pub async fn invoke_until_answered(host: &HostDriver, function: &str) -> sql_pseudo_trigger::driver::Invocation {
+pub async fn invoke_until_answered(host: &HostDriver, function: &str) -> testbed::driver::Invocation {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let invocation = host.invoke(function, None).await.expect("invoke");

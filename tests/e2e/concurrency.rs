@@ -4,9 +4,9 @@
 
 use crate::common::*;
 use serde_json::json;
-use sql_pseudo_trigger::driver::{AttemptOutcome, HostDriver};
 use sql_pseudo_trigger::state::StateStore;
 use std::time::{Duration, Instant};
+use testbed::driver::{AttemptOutcome, HostDriver};
 
 const ROUNDS: usize = 100;
 const INSERTING_ROUNDS: usize = 80;

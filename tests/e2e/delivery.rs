@@ -93,16 +93,16 @@ async fn a_host_retry_redelivers_the_identical_batch_and_the_next_invocation_ack
 async fn a_late_commit_is_delivered_after_newer_rows() {
     // The guard waits for the oldest transaction of the whole cluster, so this test holds one open on a server
     // of its own rather than stalling every other test's deliveries on the shared one.
-    let server = tokio::task::spawn_blocking(sql_pseudo_trigger::embedded::EmbeddedPostgres::start)
+    let server = tokio::task::spawn_blocking(testbed::embedded::EmbeddedPostgres::start)
         .await
         .expect("join")
         .expect("a private PostgreSQL starts");
-    let url = sql_pseudo_trigger::embedded::create_database(&server.url(), "late").await.expect("database");
+    let url = testbed::embedded::create_database(&server.url(), "late").await.expect("database");
     // GIVEN a transaction that wrote order 1 and is still open
     let orders = Orders::on(url).await;
     let app = orders_app(&orders, &unique_app_name("late"), json!({}), &[]);
     let host = start(&app).await;
-    let slow = sql_pseudo_trigger::embedded::connect(&orders.url).await.expect("connect");
+    let slow = testbed::embedded::connect(&orders.url).await.expect("connect");
     slow.batch_execute("BEGIN; INSERT INTO orders (id, customer, amount) VALUES (1, 'slow', 1)").await.expect("begin");
     // AND a newer transaction that committed order 2
     orders.insert([2]).await;

@@ -9,12 +9,12 @@
 
 use crate::common::*;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::AttemptOutcome;
-use sql_pseudo_trigger::embedded::{self, Azurite};
 use sql_pseudo_trigger::state::StateStore;
 use sql_pseudo_trigger::trigger::failpoint;
 use sql_pseudo_trigger::trigger::state::QuarantineDoc;
 use std::collections::BTreeMap;
+use testbed::driver::AttemptOutcome;
+use testbed::embedded::{self, Azurite};
 
 /// How many times each id was written: the host's sink as the consumer sees it.
 fn counts(messages: &[Value]) -> BTreeMap<i64, usize> {
@@ -519,7 +519,7 @@ async fn case_i_with_poison_action_halt_the_function_stops_at_the_poison_batch()
 }
 
 /// First attempts until one gets no HTTP answer at all (the process died in the tick); returns that error.
-async fn invoke_until_no_answer(host: &sql_pseudo_trigger::driver::HostDriver) -> String {
+async fn invoke_until_no_answer(host: &testbed::driver::HostDriver) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match host.invoke(FUNCTION, None).await {
@@ -536,7 +536,7 @@ async fn invoke_until_no_answer(host: &sql_pseudo_trigger::driver::HostDriver) -
 
 /// Waits until the handler process has exited, for at most 5 s: the kernel closes a dying process's sockets
 /// just before the process can be reaped, so the lost connection comes first.
-async fn wait_until_exited(host: &sql_pseudo_trigger::driver::HostDriver) {
+async fn wait_until_exited(host: &testbed::driver::HostDriver) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while host.is_running() {
         assert!(std::time::Instant::now() < deadline, "the handler still runs 5 s after it stopped answering");

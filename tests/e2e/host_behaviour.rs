@@ -8,13 +8,13 @@
 use crate::common::*;
 use crate::support;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::{AttemptOutcome, HostDriver, TimerRun};
-use sql_pseudo_trigger::embedded::Azurite;
 use sql_pseudo_trigger::state::StateStore;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testbed::driver::{AttemptOutcome, HostDriver, TimerRun};
+use testbed::embedded::Azurite;
 
 /// splitmix64, seeded per test: the moments and faults are random but a failure can be replayed.
 struct Rng(u64);

@@ -10,8 +10,8 @@ use crate::common::*;
 use crate::operations::handler_cli;
 use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::embedded::{self, EmbeddedPostgres, PostgresOptions};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use testbed::embedded::{self, EmbeddedPostgres, PostgresOptions};
 
 /// Seconds since the Unix epoch, now.
 fn now() -> f64 {

@@ -8,10 +8,10 @@
 use crate::common::*;
 use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::HostDriver;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use testbed::driver::HostDriver;
 
 pub const ADMIN_FUNCTION: &str = "SqlTriggerAdmin";
 pub const ADMIN_KEY: &str = "e2e-admin-key-7c1d";

@@ -5,9 +5,9 @@
 
 use crate::common::*;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::{AttemptOutcome, TimerRun};
-use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres};
 use std::collections::BTreeSet;
+use testbed::driver::{AttemptOutcome, TimerRun};
+use testbed::embedded::{self, Azurite, EmbeddedPostgres};
 
 /// The error message of a failed attempt's answer.
 fn error_message(run: &TimerRun, attempt: usize) -> String {

@@ -94,18 +94,18 @@ async fn sigterm_exits_cleanly() {
 async fn sigterm_lets_the_invocation_in_flight_finish_before_exiting() {
     // GIVEN an invocation stuck in its fetch: another session holds an exclusive lock on the table (on a
     // private server, since an open transaction holds back the guard of every database in a cluster)
-    let server = tokio::task::spawn_blocking(sql_pseudo_trigger::embedded::EmbeddedPostgres::start)
+    let server = tokio::task::spawn_blocking(testbed::embedded::EmbeddedPostgres::start)
         .await
         .expect("join")
         .expect("a private PostgreSQL starts");
-    let url = sql_pseudo_trigger::embedded::create_database(&server.url(), "drain").await.expect("database");
+    let url = testbed::embedded::create_database(&server.url(), "drain").await.expect("database");
     let orders = Orders::on(url).await;
     orders.insert(1..=3).await;
     let app = orders_app(&orders, &unique_app_name("drain"), json!({}), &[]);
     let host = std::sync::Arc::new(start(&app).await);
     // The first tick validates the table and creates the state, so the next one goes straight to the fetch.
     host.invoke(FUNCTION, None).await.expect("first tick");
-    let locker = sql_pseudo_trigger::embedded::connect(&orders.url).await.expect("connect");
+    let locker = testbed::embedded::connect(&orders.url).await.expect("connect");
     locker.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.expect("lock");
     let pending = {
         let host = host.clone();

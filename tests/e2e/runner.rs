@@ -7,11 +7,11 @@ use crate::operations::handler_cli;
 use crate::support::{self, AppFolder};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::embedded::{self, ScratchDir, Signal};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testbed::embedded::{self, ScratchDir, Signal};
 
 // ---------------------------------------------------------------------------------------------------------------
 // A webhook receiver

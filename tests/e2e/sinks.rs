@@ -13,13 +13,13 @@ use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
-use sql_pseudo_trigger::driver::HostDriver;
-use sql_pseudo_trigger::embedded;
 use sql_pseudo_trigger::sink::{self, Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::trigger::failpoint;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testbed::driver::HostDriver;
+use testbed::embedded;
 
 // ---------------------------------------------------------------------------------------------------------------
 // The sink on its own

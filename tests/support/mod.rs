@@ -16,11 +16,11 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::driver::{DriverOptions, HostDriver};
-use sql_pseudo_trigger::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use testbed::driver::{DriverOptions, HostDriver};
+use testbed::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 
 /// The servers shared by the tests of this process.
 #[derive(Debug)]

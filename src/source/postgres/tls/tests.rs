@@ -33,8 +33,8 @@ fn extra_roots(tls: &PostgresTls) -> usize {
     }
 }
 
-fn scratch() -> crate::embedded::ScratchDir {
-    crate::embedded::ScratchDir::new("tlsunit").expect("the temp directory is writable")
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir().expect("the temp directory is writable")
 }
 
 #[test]

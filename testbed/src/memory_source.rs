@@ -4,8 +4,8 @@
 //! open transaction's version is returned, exactly like the xid8 guard of the PostgreSQL source. Each row keeps
 //! its commit time, so the lag can be dated as the PostgreSQL source dates it with commit timestamps.
 
-use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
-use crate::change::{Change, Operation};
+use sql_pseudo_trigger::change::{Change, Operation};
+use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use time::OffsetDateTime;

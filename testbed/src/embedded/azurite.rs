@@ -211,7 +211,8 @@ fn find_azurite() -> Result<PathBuf, LaunchError> {
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .into_iter()
-        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("tools")]);
+        // tools/ of the repository (scripts/test installs Azurite there), one level above this crate.
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("tools")]);
     for dir in tools {
         let exe = dir.join("node_modules").join(".bin").join("azurite-blob");
         if exe.is_file() {

@@ -32,8 +32,8 @@ mod wire;
 pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy, RetryStrategy};
 
 use crate::embedded::{self, ScratchDir, Signal};
-use crate::protocol::RetryContext;
 use serde_json::Value;
+use sql_pseudo_trigger::protocol::RetryContext;
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io;

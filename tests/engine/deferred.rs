@@ -23,16 +23,21 @@
 //! Row values. Every write transaction of the world writes `{"id": key, "v": version}`, so `(id, v)` names
 //! one version of one row, and a checkpoint `[version, key]` can be written down from the test's own writes.
 
-use super::state::{QuarantineDoc, StateDoc};
-use super::*;
-use crate::clock::ManualClock;
-use crate::config::{OutputBinding, RetryPolicy, TriggerSettings};
-use crate::protocol::RetryContext;
-use crate::source::memory::MemorySource;
-use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
+use sql_pseudo_trigger::change::Change;
+use sql_pseudo_trigger::clock::ManualClock;
+use sql_pseudo_trigger::config::{
+    DeliveryMode, FunctionConfig, OutputBinding, PoisonAction, RetryPolicy, TriggerSettings,
+};
+use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
+use sql_pseudo_trigger::source::Source;
+use sql_pseudo_trigger::state::{MemoryStore, StateStore, StoreError};
+use sql_pseudo_trigger::trigger::state::{QuarantineDoc, StateDoc};
+use sql_pseudo_trigger::trigger::{ErrorKind, OutcomeKind, TickError, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
+use testbed::{Fault, FaultyStore, MemorySource, StoreOp};
 
 const APP: &str = "app";
 const FUNCTION: &str = "orders";
@@ -69,7 +74,7 @@ fn retry(n: i64) -> Call {
 
 /// Zero poison duration (see the module docs), the shipped defaults otherwise.
 fn settings() -> TriggerSettings {
-    TriggerSettings::for_tests()
+    testbed::config::settings()
 }
 
 /// A lease that expired the moment it was granted: another process may take over at once.
@@ -82,7 +87,7 @@ fn config(settings: TriggerSettings, proof_window: Duration) -> FunctionConfig {
         outputs: vec![OutputBinding { name: "changes".into(), kind: "queue".into() }],
         retry: Some(RetryPolicy::fixed(MAX_RETRIES, Duration::from_secs(5))),
         proof_window,
-        ..FunctionConfig::for_tests(FUNCTION, settings)
+        ..testbed::config::function(FUNCTION, settings)
     }
 }
 
@@ -1174,7 +1179,7 @@ async fn a_source_outage_fails_the_tick_commits_nothing_and_the_next_tick_delive
     let err = p.error(NORMAL).await;
 
     // THEN it fails as transient and nothing was committed
-    assert!(matches!(err, TickError::Source(crate::source::SourceError::Unavailable(_))), "{err}");
+    assert!(matches!(err, TickError::Source(sql_pseudo_trigger::source::SourceError::Unavailable(_))), "{err}");
     assert_eq!(err.kind(), ErrorKind::Transient);
     assert_eq!(world.store.load(STATE_KEY).await.expect("load").expect("exists").etag, before);
 

@@ -1,8 +1,8 @@
 //! The custom-handler wire format from the host's side: the timer request body with the host's exact time
 //! formats, and the lenient decoding of the handler's answer.
 
-use crate::protocol::RetryContext;
 use serde_json::{json, Map, Value};
+use sql_pseudo_trigger::protocol::RetryContext;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use time::format_description::FormatItem;

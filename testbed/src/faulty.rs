@@ -10,7 +10,7 @@
 //! Every call through the wrapper counts as one operation, failed ones included: a request that timed out
 //! was still a round trip. Hooks act through their own handles, so their operations are not counted here.
 
-use super::{Etag, StateStore, StoreError, Versioned};
+use sql_pseudo_trigger::state::{Etag, StateStore, StoreError, Versioned};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -182,7 +182,7 @@ impl StateStore for FaultyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::MemoryStore;
+    use sql_pseudo_trigger::state::MemoryStore;
     use std::sync::atomic::AtomicBool;
 
     fn faulty() -> (Arc<MemoryStore>, FaultyStore) {
@@ -192,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn keeps_the_store_contract_when_no_fault_is_queued() {
-        super::super::contract::create_then_cas(&faulty().1).await;
+        crate::store_contract::create_then_cas(&faulty().1).await;
     }
 
     #[tokio::test]

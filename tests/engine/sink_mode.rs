@@ -5,11 +5,15 @@
 //! once, and no heartbeat runs); an hour never expires within a test. The heartbeat tests use real time in
 //! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
 
-use super::*;
-use crate::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
-use crate::source::memory::MemorySource;
-use crate::state::{Fault, FaultyStore, MemoryStore, StoreOp};
+use sql_pseudo_trigger::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
+use sql_pseudo_trigger::sink::{Resume, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::state::{MemoryStore, StateStore};
+use sql_pseudo_trigger::trigger::state::StateDoc;
+use sql_pseudo_trigger::trigger::{OutcomeKind, TickError, Trigger};
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use testbed::{Fault, FaultyStore, MemorySource, StoreOp};
 use time::OffsetDateTime;
 
 const APP: &str = "app";
@@ -19,14 +23,14 @@ fn settings() -> TriggerSettings {
         polling_interval: Duration::from_millis(5),
         max_attempts: 3,
         delivery_mode: DeliveryMode::Sink,
-        ..TriggerSettings::for_tests()
+        ..testbed::config::settings()
     }
 }
 
 fn config(settings: TriggerSettings) -> FunctionConfig {
     FunctionConfig {
         retry: Some(RetryPolicy::fixed(5, std::time::Duration::from_secs(5))),
-        ..FunctionConfig::for_tests("orders", settings)
+        ..testbed::config::function("orders", settings)
     }
 }
 
@@ -203,7 +207,7 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
     for attempt in 1..=3u32 {
         let e = p.trigger.tick_into(&sink).await.unwrap_err();
         assert!(matches!(e, TickError::Sink(SinkError::Rejected(_))), "{e}");
-        assert_eq!(e.kind(), crate::trigger::ErrorKind::Operator);
+        assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Operator);
         let doc = w.state().await;
         let flight = doc.in_flight.expect("still in flight");
         assert_eq!((flight.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
@@ -230,7 +234,7 @@ async fn a_transient_sink_failure_is_not_counted_toward_max_attempts() {
     // WHEN it comes back
     for _ in 0..5 {
         let e = p.trigger.tick_into(&sink).await.unwrap_err();
-        assert_eq!(e.kind(), crate::trigger::ErrorKind::Transient);
+        assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Transient);
     }
     let out = p.trigger.tick_into(&sink).await.expect("tick");
 
@@ -324,11 +328,11 @@ async fn a_stray_host_style_tick_in_sink_mode_never_acknowledges_from_memory() {
     let w = World::default();
     w.source.upsert(1..=2, 1);
     let p = w.process("p1", settings());
-    let answered = p.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick");
+    let answered = p.trigger.tick(&testbed::attempts::first()).await.expect("tick");
     assert_eq!(answered.batch_id, Some(1));
 
     // WHEN the next ticks run, with and without a sink
-    let stray = p.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick");
+    let stray = p.trigger.tick(&testbed::attempts::first()).await.expect("tick");
     let sink = ScriptedSink::default();
     let delivered = p.trigger.tick_into(&sink).await.expect("tick");
 
@@ -500,7 +504,7 @@ impl Sink for RecordingSink {
     }
 }
 
-use crate::sink::Applied;
+use sql_pseudo_trigger::sink::Applied;
 
 /// A process of `w`'s function on its own, empty state store: the state document is lost.
 fn process_with_lost_state(w: &World, owner: &str) -> Process {
@@ -574,7 +578,7 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
     let p1 = w.process("p1", expired.clone());
     let sink = RecordingSink::default();
-    let recorded = p1.trigger.tick(&crate::protocol::Attempt::first()).await.expect("tick records batch 1");
+    let recorded = p1.trigger.tick(&testbed::attempts::first()).await.expect("tick records batch 1");
     assert_eq!(recorded.batch_id, Some(1));
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
     let flight = doc.in_flight.expect("in flight");
@@ -607,7 +611,7 @@ async fn while_the_sink_cannot_say_what_it_recorded_a_new_document_delivers_noth
     p.trigger.tick_into(&sink).await.expect("tick");
 
     // THEN the first tick failed transiently without delivering or counting, and the next delivered
-    assert_eq!(e.kind(), crate::trigger::ErrorKind::Transient);
+    assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Transient);
     assert_eq!(failures, 0);
     assert_eq!(sink.ids(), ids(1..=2));
 }

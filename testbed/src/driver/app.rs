@@ -33,8 +33,8 @@ impl Binding {
     }
 }
 
-use crate::config::parse_timespan;
-pub use crate::config::{RetryPolicy, RetryStrategy};
+use sql_pseudo_trigger::config::parse_timespan;
+pub use sql_pseudo_trigger::config::{RetryPolicy, RetryStrategy};
 
 /// One function folder.
 #[derive(Debug, Clone)]

@@ -1,0 +1,62 @@
+//! Configurations for tests that build an engine by hand over in-memory parts.
+
+use sql_pseudo_trigger::config::{
+    DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings,
+};
+use sql_pseudo_trigger::ident::TableName;
+use sql_pseudo_trigger::source::StartFrom;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The shipped defaults (batch 100, polling 1 s, 1000 changes per worker, 5 attempts, quarantine, deferred),
+/// except a lease of an hour, so a test's process never loses it by accident, a tick timeout of 30 s instead of
+/// 240 s, and no poison duration (the count alone decides, as a test without a manual clock needs); tests change
+/// what they exercise with `..testbed::config::settings()`.
+pub fn settings() -> TriggerSettings {
+    TriggerSettings {
+        max_batch_size: 100,
+        polling_interval: Duration::from_secs(1),
+        max_changes_per_worker: 1000,
+        max_attempts: 5,
+        poison_after: Duration::ZERO,
+        poison_action: PoisonAction::Quarantine,
+        delivery_mode: DeliveryMode::Deferred,
+        lease_duration: Duration::from_secs(3600),
+        tick_timeout: Duration::from_secs(30),
+    }
+}
+
+/// A source spec for engine tests that run over an in-memory source: the engine reads only `start_from`.
+pub fn placeholder_source() -> SourceSpec {
+    SourceSpec {
+        kind: SourceKind::PostgresCursor,
+        table: TableName::parse("t").expect("a valid table name"),
+        connection_setting: "Conn".into(),
+        connection: Secret::new("x"),
+        cursor_column: None,
+        cursor_guard: None,
+        safety_lag: Duration::ZERO,
+        inserted_column: None,
+        soft_delete_column: None,
+        primary_key: None,
+        columns: None,
+        start_from: StartFrom::Earliest,
+        options: Default::default(),
+    }
+}
+
+/// A function named `name` over [`placeholder_source`], with no outputs, no retry policy and a proof window of
+/// zero (a batch is proven by the next invocation that does not name it).
+pub fn function(name: &str, settings: TriggerSettings) -> FunctionConfig {
+    FunctionConfig {
+        name: name.into(),
+        dir: PathBuf::from(name),
+        timer_binding: "timer".into(),
+        timer_schedule: None,
+        outputs: Vec::new(),
+        retry: None,
+        proof_window: Duration::ZERO,
+        source: placeholder_source(),
+        settings,
+    }
+}

@@ -1,0 +1,15 @@
+//! The engine against its contracts, over in-memory parts from the test bench (`testbed::MemorySource`, a
+//! `MemoryStore` behind a `testbed::FaultyStore` per process): no database, no network, manual clocks where
+//! time matters. One test binary, one compile.
+//!
+//! - `deferred`: the failure matrix and acknowledgement by proof (the host's delivery mode);
+//! - `sink_mode`: record, deliver, acknowledge; heartbeat, chaining, reconciliation, the fence;
+//! - `ops`: operator actions racing ticks;
+//! - `runner`: `handler run`'s loop;
+//! - `telemetry`: what a tick and a status poll record.
+
+mod deferred;
+mod ops;
+mod runner;
+mod sink_mode;
+mod telemetry;

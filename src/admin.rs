@@ -12,8 +12,8 @@
 //! `GET /{fn}/quarantine` · `GET /{fn}/quarantine/{batch}` · `POST /{fn}/quarantine/{batch}/retry`.
 
 use crate::app::App;
+use crate::engine::TickError;
 use crate::ops::{self, OpsError, ResetTo};
-use crate::trigger::TickError;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

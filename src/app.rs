@@ -2,13 +2,13 @@
 //! state store, and the sink of each function that names one. Building it opens no connection; sources,
 //! stores and sinks connect on first use.
 
-use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, SourceKind, StateStoreKind};
-use crate::sink::Sink;
+use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, DeliveryMode, Mode, SourceKind, StateStoreKind};
+use crate::engine::Trigger;
+use crate::sink::{Sink, StdoutSink};
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
-use crate::source::Source;
+use crate::source::{Source, SourceError};
 use crate::state::{BlobStore, FileStore, StateStore};
-use crate::trigger::Trigger;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -18,8 +18,6 @@ pub struct App {
     pub store: Arc<dyn StateStore>,
     /// By lower-cased function name: the host's routes are case-insensitive.
     triggers: BTreeMap<String, Arc<Trigger>>,
-    /// By lower-cased function name: the sinks `"sink"` in sqltrigger.json asks for.
-    sinks: BTreeMap<String, Arc<dyn Sink>>,
     pub owner: String,
 }
 
@@ -45,55 +43,39 @@ impl App {
         }
         let mut errors = Vec::new();
         let mut triggers = BTreeMap::new();
-        let mut sinks = BTreeMap::new();
         for f in &config.functions {
-            if let Some(options) = f.source.options.get("sink") {
-                match crate::sink::from_options(&f.name, Some(options), &config.env, &config.postgres_tls) {
-                    Ok(sink) => {
-                        sinks.insert(f.name.to_ascii_lowercase(), sink);
-                    }
-                    Err(e) => errors.push(e),
+            let file = format!("{}/sqltrigger.json", f.name);
+            let source = source(f, &config).map_err(|e| ConfigError::new(file, e.to_string()));
+            // The trigger owns its delivery: a sink when sqltrigger.json names one for sink delivery, and under
+            // `handler run` always (stdout JSON lines when none is named); the host's bindings otherwise.
+            let wants_sink = config.mode == Mode::Runner || f.settings.delivery_mode == DeliveryMode::Sink;
+            let sink = match f.source.options.get("sink") {
+                Some(options) if wants_sink => {
+                    crate::sink::from_options(&f.name, Some(options), &config.env, &config.postgres_tls).map(Some)
                 }
-            }
-            let source: Arc<dyn Source> = match f.source.kind {
-                SourceKind::PostgresCursor => match PostgresCursor::new(f.source.clone(), &config.postgres_tls) {
-                    Ok(s) => Arc::new(s),
-                    Err(e) => {
-                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
-                        continue;
-                    }
-                },
-                SourceKind::MssqlChangeTracking => match MssqlChangeTracking::new(f.source.clone()) {
-                    Ok(s) => Arc::new(s),
-                    Err(e) => {
-                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
-                        continue;
-                    }
-                },
-                SourceKind::MssqlRowversion => match MssqlRowversion::new(f.source.clone()) {
-                    Ok(s) => Arc::new(s),
-                    Err(e) => {
-                        errors.push(ConfigError::new(format!("{}/sqltrigger.json", f.name), e.to_string()));
-                        continue;
-                    }
-                },
+                None if config.mode == Mode::Runner => Ok(Some(Arc::new(StdoutSink::new()) as Arc<dyn Sink>)),
+                _ => Ok(None),
             };
-            let trigger = Trigger::new(f.clone(), &config.app_name, source, store.clone(), owner.clone());
-            triggers.insert(f.name.to_ascii_lowercase(), Arc::new(trigger));
+            match (source, sink) {
+                (Ok(source), Ok(sink)) => {
+                    let trigger = Trigger::new(f.clone(), &config.app_name, source, store.clone(), owner.clone());
+                    let trigger = match sink {
+                        Some(sink) => trigger.with_sink(sink),
+                        None => trigger,
+                    };
+                    triggers.insert(f.name.to_ascii_lowercase(), Arc::new(trigger));
+                }
+                (source, sink) => errors.extend(source.err().into_iter().chain(sink.err())),
+            }
         }
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
-        Ok(Self { config, store, triggers, sinks, owner })
+        Ok(Self { config, store, triggers, owner })
     }
 
     pub fn trigger(&self, name: &str) -> Option<&Arc<Trigger>> {
         self.triggers.get(&name.to_ascii_lowercase())
-    }
-
-    /// The sink a function's sqltrigger.json names, if it names one.
-    pub fn sink(&self, name: &str) -> Option<&Arc<dyn Sink>> {
-        self.sinks.get(&name.to_ascii_lowercase())
     }
 
     pub fn triggers(&self) -> impl Iterator<Item = &Arc<Trigger>> {
@@ -103,6 +85,15 @@ impl App {
     pub fn function_names(&self) -> Vec<String> {
         self.triggers.values().map(|t| t.name().to_string()).collect()
     }
+}
+
+/// The change source a function watches (no connection is opened here).
+fn source(f: &crate::config::FunctionConfig, config: &AppConfig) -> Result<Arc<dyn Source>, SourceError> {
+    Ok(match f.source.kind {
+        SourceKind::PostgresCursor => Arc::new(PostgresCursor::new(f.source.clone(), &config.postgres_tls)?),
+        SourceKind::MssqlChangeTracking => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
+        SourceKind::MssqlRowversion => Arc::new(MssqlRowversion::new(f.source.clone())?),
+    })
 }
 
 fn build_store(config: &AppConfig) -> Result<Arc<dyn StateStore>, ConfigError> {

@@ -217,16 +217,7 @@ async fn run(
     options: sql_pseudo_trigger::runner::RunOptions,
     admin_port: Option<u16>,
 ) -> Result<(), String> {
-    use sql_pseudo_trigger::sink;
     let app = Arc::new(sql_pseudo_trigger::cli::load_app(app_root, env).map_err(|e| e.to_string())?);
-    // Each function's sink was built (and its options checked) with the app; stdout JSON lines by default.
-    let sinks: Vec<_> = app
-        .triggers()
-        .map(|t| {
-            let sink = app.sink(t.name()).cloned().unwrap_or_else(|| Arc::new(sink::StdoutSink::new()));
-            (t.clone(), sink)
-        })
-        .collect();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Admin routes always require a key; without one they would answer only "off", which looks like a
     // running admin port that refuses everything. Refuse before anything starts instead.
@@ -252,7 +243,7 @@ async fn run(
         let _ = stop_tx.send(true);
     });
     let telemetry = sql_pseudo_trigger::telemetry::start(&app);
-    let summary = sql_pseudo_trigger::runner::run(app, sinks, options, stop_rx).await;
+    let summary = sql_pseudo_trigger::runner::run(app, options, stop_rx).await;
     sql_pseudo_trigger::telemetry::stop(telemetry).await;
     tracing::info!(
         delivered = summary.delivered,

@@ -4,10 +4,10 @@
 //! racing a tick or another operator fails with a clear conflict instead of overwriting either. Every write is
 //! logged with who asked. The CLI (`handler state ...`) and the admin routes both call these functions.
 
+use crate::engine::document::StateDoc;
+use crate::engine::{Saved, TickError, Trigger};
 use crate::source::{Lag, Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
-use crate::trigger::state::StateDoc;
-use crate::trigger::{TickError, Trigger};
 use serde::Serialize;
 use serde_json::{json, Value};
 use time::OffsetDateTime;
@@ -85,25 +85,21 @@ pub struct Status {
     pub quarantined: usize,
     /// State-store operations this process performed so far.
     pub store_operations: u64,
-    pub last_tick: Option<crate::trigger::TickStats>,
+    pub last_tick: Option<crate::engine::TickStats>,
 }
 
 async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
     t.load().await?.ok_or_else(|| OpsError::NoState(t.name().to_string()))
 }
 
+/// Writes an operator's change through the ledger (the same compare-and-swap a tick makes).
 async fn save(t: &Trigger, doc: &mut StateDoc, etag: Option<&Etag>, who: &str, action: &str) -> Result<(), OpsError> {
-    doc.write_id = uuid::Uuid::new_v4().to_string();
-    doc.updated_at = OffsetDateTime::now_utc();
-    doc.updated_by = format!("operator {who}");
-    let bytes = serde_json::to_vec(&*doc).expect("state documents serialize");
-    match t.store().save_if(t.state_key(), &bytes, etag).await {
-        Ok(_) => {
+    match t.ledger().save(doc, etag, &format!("operator {who}")).await? {
+        Saved::Written(_) => {
             tracing::info!(function = %t.name(), who = %who, action = %action, "operator action applied");
             Ok(())
         }
-        Err(StoreError::Conflict) => Err(OpsError::Conflict(t.name().to_string())),
-        Err(e) => Err(e.into()),
+        Saved::Conflict => Err(OpsError::Conflict(t.name().to_string())),
     }
 }
 
@@ -123,7 +119,7 @@ async fn check_position(t: &Trigger, position: &Position) -> Result<(), OpsError
 /// The state document and the quarantine documents in the store.
 pub async fn show(t: &Trigger) -> Result<Value, OpsError> {
     let state = t.load().await?.map(|(doc, _)| doc);
-    let quarantine = t.store().list(t.quarantine_prefix()).await?;
+    let quarantine = t.ledger().list_quarantine().await?;
     Ok(json!({ "function": t.name(), "state_key": t.state_key(), "state": state, "quarantine_documents": quarantine }))
 }
 
@@ -218,9 +214,10 @@ pub async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result
         Ok(None) | Err(TickError::CorruptState { .. }) => (t.new_doc(position.clone()), None),
         Err(e) => return Err(e.into()),
     };
-    let etag = match (&etag, t.store().load(t.state_key()).await?) {
-        (None, Some(v)) => Some(v.etag),
-        (e, _) => e.clone(),
+    // A document that does not parse is replaced, under its etag.
+    let etag = match etag {
+        None => t.ledger().etag().await?,
+        some => some,
     };
     doc.checkpoint = position.clone();
     doc.in_flight = None;
@@ -243,20 +240,20 @@ pub async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, Ops
 }
 
 pub async fn quarantine_list(t: &Trigger) -> Result<Value, OpsError> {
-    let keys = t.store().list(t.quarantine_prefix()).await?;
+    let keys = t.ledger().list_quarantine().await?;
     let recent = t.load().await?.map(|(d, _)| d.quarantine).unwrap_or_default();
     Ok(json!({ "function": t.name(), "documents": keys, "recent": recent }))
 }
 
 pub async fn quarantine_show(t: &Trigger, batch_id: u64) -> Result<Value, OpsError> {
-    let doc = t.load_quarantine_key(&t.quarantine_key(batch_id)).await?;
+    let doc = t.ledger().load_quarantine(&t.ledger().quarantine_key(batch_id)).await?;
     Ok(serde_json::to_value(doc).unwrap_or(Value::Null))
 }
 
 /// Queues a quarantined batch for re-delivery before new changes. The checkpoint does not move.
 pub async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<Value, OpsError> {
     // Fail early, with the key, if there is no such document.
-    t.load_quarantine_key(&t.quarantine_key(batch_id)).await?;
+    t.ledger().load_quarantine(&t.ledger().quarantine_key(batch_id)).await?;
     let (mut doc, etag) = load(t).await?;
     if !doc.retry_quarantined.contains(&batch_id) {
         doc.retry_quarantined.push(batch_id);

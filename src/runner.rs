@@ -13,8 +13,8 @@
 
 use crate::app::App;
 use crate::config::DeliveryMode;
+use crate::engine::{Delivery, OutcomeKind, TickError, Trigger};
 use crate::sink::Sink;
-use crate::trigger::{OutcomeKind, TickError, Trigger};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -74,13 +74,13 @@ impl Streak {
 }
 
 /// Runs every function until `stop` turns true (or, with `once`, until each is drained).
-pub async fn run(
-    app: Arc<App>,
-    sinks: Vec<(Arc<Trigger>, Arc<dyn Sink>)>,
-    options: RunOptions,
-    stop: watch::Receiver<bool>,
-) -> RunSummary {
+pub async fn run(app: Arc<App>, options: RunOptions, stop: watch::Receiver<bool>) -> RunSummary {
     let mut tasks = Vec::new();
+    // Built for `handler run`, every trigger delivers through a sink (stdout JSON lines when none is named).
+    let sinks = app.triggers().filter_map(|t| match t.delivery() {
+        Delivery::Sink(sink) => Some((t.clone(), sink.clone())),
+        Delivery::Host => None,
+    });
     for (trigger, sink) in sinks {
         let app_name = app.config.app_name.clone();
         let stop = stop.clone();
@@ -172,7 +172,7 @@ pub async fn run_one(
             // by waiting, so a drain stops at them.
             Err(e)
                 if options.once
-                    && e.kind() == crate::trigger::ErrorKind::Operator
+                    && e.kind() == crate::engine::ErrorKind::Operator
                     && !matches!(e, TickError::Sink(_)) =>
             {
                 tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
@@ -185,7 +185,7 @@ pub async fn run_one(
                 tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed; the batch will be delivered again");
                 // A rejected batch ends in quarantine (or a halt) by itself; an outage is waited out, up to a
                 // point for a drain.
-                if e.kind() == crate::trigger::ErrorKind::Transient && !*stop.borrow() && streak.failed() {
+                if e.kind() == crate::engine::ErrorKind::Transient && !*stop.borrow() && streak.failed() {
                     let error = streak.gave_up(&e);
                     tracing::error!(function = %name, "{error}");
                     summary.stopped.push(Stopped { function: name.clone(), error });

@@ -3,9 +3,8 @@
 //! touches a database at start.
 
 use crate::app::App;
-use crate::config::DeliveryMode;
+use crate::engine::{Answer, ErrorKind, OutcomeKind};
 use crate::protocol::{Attempt, InvocationRequest, InvocationResponse, Malformed, INVOCATION_ID_HEADER};
-use crate::trigger::{ErrorKind, MappedOutputs, OutcomeKind};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::Method;
@@ -211,28 +210,10 @@ async fn invoke(
         };
         let started = Instant::now();
         let retry_count = attempt.retry.as_ref().map_or(0, |r| r.retry_count);
-        // Sink mode: the handler delivers through the function's sink and answers the host no outputs.
-        let sink = match trigger.config().settings.delivery_mode {
-            DeliveryMode::Sink => match app.sink(trigger.name()) {
-                Some(sink) => Some(sink.clone()),
-                None => {
-                    let message = format!(
-                        "function {} has deliveryMode sink but no sink; add \"sink\" to its sqltrigger.json",
-                        trigger.name()
-                    );
-                    tracing::error!("{message}");
-                    return error(StatusCode::INTERNAL_SERVER_ERROR, message, json!({}));
-                }
-            },
-            _ => None,
-        };
-        let ticked = match &sink {
-            Some(sink) => trigger.tick_into(sink.as_ref()).await,
-            None => trigger.tick(&attempt).await,
-        };
-        match ticked {
-            Ok(outcome) => {
-                let mapped = if sink.is_some() { MappedOutputs::default() } else { trigger.outputs(&outcome.changes) };
+        // The trigger delivers as configured: to the host's bindings (mapped outputs), or through its own sink
+        // (no outputs).
+        match trigger.invoke(&attempt).await {
+            Ok(Answer { outcome, outputs: mapped }) => {
                 let mut logs = outcome.logs;
                 let unsent = mapped.report();
                 for line in &unsent {

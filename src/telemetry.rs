@@ -5,7 +5,7 @@
 //!
 //! Two sources feed the instruments, on purpose:
 //! - **Every tick** reaches the counters and histograms through a
-//!   [`TickObserver`](crate::trigger::TickObserver) set on each trigger. A poll of
+//!   [`TickObserver`](crate::engine::TickObserver) set on each trigger. A poll of
 //!   `Trigger::last_tick()` would miss every tick but the last between two polls, and histograms need them all.
 //!   Recording is an in-memory aggregation on the tick's task: no IO, no lock held across an await.
 //! - **The gauges** (pending changes, target workers, lag, seconds since progress, quarantined batches) need the
@@ -23,7 +23,7 @@ mod instruments;
 pub use config::TelemetryConfig;
 
 use crate::app::App;
-use crate::trigger::Trigger;
+use crate::engine::Trigger;
 use instruments::{register_gauges, Snapshots, StatusGauges, TickInstruments};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::KeyValue;

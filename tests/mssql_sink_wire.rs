@@ -30,11 +30,11 @@ use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::{
     DeliveryMode, Env, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings,
 };
+use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::ident::TableName;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::source::StartFrom;
 use sql_pseudo_trigger::state::MemoryStore;
-use sql_pseudo_trigger::trigger::{OutcomeKind, Trigger};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use testbed::MemorySource;

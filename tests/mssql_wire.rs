@@ -15,12 +15,12 @@ use mssql_mock_tds::{
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::encode_batch;
 use sql_pseudo_trigger::config::{AppConfig, Env, Secret, SourceKind, SourceSpec};
+use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::ident::{Ident, TableName};
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Lag, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::MemoryStore;
-use sql_pseudo_trigger::trigger::{OutcomeKind, Trigger};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 

@@ -17,10 +17,10 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, NumberD
 use prost::Message;
 use serde_json::json;
 use sql_pseudo_trigger::config::{AppConfig, Env};
+use sql_pseudo_trigger::engine::Trigger;
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::telemetry::{Telemetry, TelemetryConfig};
-use sql_pseudo_trigger::trigger::Trigger;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::MemorySource;

@@ -207,7 +207,7 @@ pub fn proof_window(timeout: FunctionTimeout, retry: Option<&RetryPolicy>) -> Du
         FunctionTimeout::Bounded(d) => d,
         FunctionTimeout::Unbounded => UNBOUNDED_TIMEOUT_ASSUMED,
     };
-    invocation + retry.map_or(Duration::ZERO, RetryPolicy::max_delay) + crate::trigger::PROOF_SLACK
+    invocation + retry.map_or(Duration::ZERO, RetryPolicy::max_delay) + crate::engine::PROOF_SLACK
 }
 
 /// What the proof window assumes of an invocation when host.json's functionTimeout is `-1`.

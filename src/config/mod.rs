@@ -138,6 +138,8 @@ pub struct AppConfig {
     pub env: Env,
     /// Problems that do not stop the handler, logged at start-up (each says what to change).
     pub warnings: Vec<ConfigError>,
+    /// Who drives the ticks: the host (`handler serve`) or the handler's own loop (`handler run`, the CLI).
+    pub mode: Mode,
 }
 
 impl AppConfig {
@@ -269,6 +271,7 @@ impl AppConfig {
             postgres_tls,
             env,
             warnings,
+            mode,
         })
     }
 

@@ -1,6 +1,6 @@
 //! The instruments: counters and histograms recorded by every tick, gauges read from the last status poll.
 
-use crate::trigger::{ErrorKind, OutcomeKind, TickObserver, TickRecord};
+use crate::engine::{ErrorKind, OutcomeKind, TickObserver, TickRecord};
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 use super::instruments::outcome_label;
 use super::*;
 use crate::config::{ConfigErrors, Env};
-use crate::trigger::{ErrorKind, OutcomeKind};
+use crate::engine::{ErrorKind, OutcomeKind};
 
 fn env(pairs: &[(&str, &str)]) -> Env {
     Env::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))

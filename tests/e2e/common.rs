@@ -180,7 +180,7 @@ pub fn quarantine_prefix(app_name: &str) -> String {
 pub async fn load_state(
     store: &dyn sql_pseudo_trigger::state::StateStore,
     app_name: &str,
-) -> Option<(sql_pseudo_trigger::trigger::state::StateDoc, String)> {
+) -> Option<(sql_pseudo_trigger::engine::document::StateDoc, String)> {
     let key = state_key(app_name);
     let versioned = store.load(&key).await.unwrap_or_else(|e| panic!("cannot read {key}: {e}"))?;
     let doc = serde_json::from_slice(&versioned.bytes).unwrap_or_else(|e| {
@@ -193,7 +193,7 @@ pub async fn load_state(
 pub async fn state(
     store: &dyn sql_pseudo_trigger::state::StateStore,
     app_name: &str,
-) -> (sql_pseudo_trigger::trigger::state::StateDoc, String) {
+) -> (sql_pseudo_trigger::engine::document::StateDoc, String) {
     load_state(store, app_name).await.unwrap_or_else(|| panic!("no state document at {}", state_key(app_name)))
 }
 

@@ -9,9 +9,9 @@
 
 use crate::common::*;
 use serde_json::{json, Value};
+use sql_pseudo_trigger::engine::document::QuarantineDoc;
+use sql_pseudo_trigger::engine::failpoint;
 use sql_pseudo_trigger::state::StateStore;
-use sql_pseudo_trigger::trigger::failpoint;
-use sql_pseudo_trigger::trigger::state::QuarantineDoc;
 use std::collections::BTreeMap;
 use testbed::driver::AttemptOutcome;
 use testbed::embedded::{self, Azurite};

@@ -199,7 +199,7 @@ async fn a_message_the_queue_always_refuses_is_quarantined_in_bounded_time_and_l
     let keys = store.list(&quarantine_prefix(&app_name)).await.expect("list");
     assert_eq!(keys.len(), 1, "{keys:?}");
     let bytes = store.load(&keys[0]).await.expect("load").expect("the document").bytes;
-    let quarantined: sql_pseudo_trigger::trigger::state::QuarantineDoc = serde_json::from_slice(&bytes).expect("doc");
+    let quarantined: sql_pseudo_trigger::engine::document::QuarantineDoc = serde_json::from_slice(&bytes).expect("doc");
     let changes: Vec<Value> = serde_json::from_str(quarantined.changes.get()).expect("changes");
     assert_eq!(ids_of(&changes), vec![11, 12, 13, 14, 15]);
     assert!(quarantined.failures >= 3, "{}", quarantined.failures);

@@ -13,8 +13,8 @@ use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
+use sql_pseudo_trigger::engine::failpoint;
 use sql_pseudo_trigger::sink::{self, Sink, SinkBatch, SinkError};
-use sql_pseudo_trigger::trigger::failpoint;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -481,8 +481,8 @@ struct AfterLoss {
     /// Rows of a batch recorded in flight with the last acknowledgement before the loss: the process delivers
     /// them from memory at its next tick, before it finds the document gone.
     chained_rows: usize,
-    before: sql_pseudo_trigger::trigger::state::StateDoc,
-    after: sql_pseudo_trigger::trigger::state::StateDoc,
+    before: sql_pseudo_trigger::engine::document::StateDoc,
+    after: sql_pseudo_trigger::engine::document::StateDoc,
     output: String,
 }
 

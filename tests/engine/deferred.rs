@@ -28,11 +28,11 @@ use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::{
     DeliveryMode, FunctionConfig, OutputBinding, PoisonAction, RetryPolicy, TriggerSettings,
 };
+use sql_pseudo_trigger::engine::document::{QuarantineDoc, StateDoc};
+use sql_pseudo_trigger::engine::{ErrorKind, OutcomeKind, TickError, Trigger};
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::Source;
 use sql_pseudo_trigger::state::{MemoryStore, StateStore, StoreError};
-use sql_pseudo_trigger::trigger::state::{QuarantineDoc, StateDoc};
-use sql_pseudo_trigger::trigger::{ErrorKind, OutcomeKind, TickError, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
@@ -1278,6 +1278,8 @@ async fn invoke(
     output: Output,
 ) {
     let result = node.process.tick(Call::Explicit(retry.clone()), output).await;
+    let tracing = std::env::var("SPT_TRACE").is_ok();
+    let unproven = if tracing { Some(node.process.trigger.unproven().await) } else { None };
 
     // The checkpoint never moves backward, and a batch in flight starts at the checkpoint (no operator
     // re-sends a quarantined batch in this run, the one case where it would not).
@@ -1292,7 +1294,7 @@ async fn invoke(
         }
     }
     let me = (node.slot, node.generation);
-    if std::env::var("SPT_TRACE").is_ok() {
+    if tracing {
         let summary = match &result {
             Ok(a) => format!("{:?} b{:?} {:?} inv={}", a.kind, a.batch_id, a.rows, &a.invocation[..8]),
             Err(e) => format!("ERR {e}"),
@@ -1303,10 +1305,10 @@ async fn invoke(
             "{me:?} retry={}/{:?} out={output:?} -> {summary} | cp={cp:?} flight={fl:?} mem={:?}",
             retry.retry_count,
             retry.failed_invocation.as_deref().map(|i| &i[..8]),
-            node.process
-                .trigger
-                .unproven()
-                .span
+            unproven
+                .as_ref()
+                .map(|u| u.span.clone())
+                .unwrap_or_default()
                 .iter()
                 .map(|s| (s.batch_id, s.owed, s.invocations.iter().map(|i| i[..8].to_string()).collect::<Vec<_>>()))
                 .collect::<Vec<_>>()

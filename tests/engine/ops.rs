@@ -3,12 +3,12 @@
 //! an action's read and its compare-and-swap.
 use serde_json::{json, Value};
 use sql_pseudo_trigger::config::{FunctionConfig, TriggerSettings};
+use sql_pseudo_trigger::engine::document::StateDoc;
+use sql_pseudo_trigger::engine::Trigger;
 use sql_pseudo_trigger::ops::*;
 use sql_pseudo_trigger::protocol::Attempt;
 use sql_pseudo_trigger::source::{Position, SourceError, StartFrom};
 use sql_pseudo_trigger::state::{MemoryStore, StateStore};
-use sql_pseudo_trigger::trigger::state::StateDoc;
-use sql_pseudo_trigger::trigger::Trigger;
 use std::sync::Arc;
 use testbed::{FaultyStore, MemorySource};
 use time::OffsetDateTime;
@@ -153,7 +153,7 @@ async fn a_paused_function_answers_nothing_until_resumed() {
     pause(&w.trigger, "op").await.expect("pause");
     w.source.upsert(1..=2, 1);
     let outcome = w.trigger.tick(&w.attempt(NORMAL)).await.expect("tick");
-    assert_eq!(outcome.kind, sql_pseudo_trigger::trigger::OutcomeKind::Paused);
+    assert_eq!(outcome.kind, sql_pseudo_trigger::engine::OutcomeKind::Paused);
     assert!(outcome.changes.is_empty());
     assert!(status(&w.trigger).await.expect("status").paused);
 

@@ -1,9 +1,9 @@
 //! The runner loop over an in-memory source and store, with a scripted sink standing in for the webhook.
 use sql_pseudo_trigger::config::{DeliveryMode, FunctionConfig, PoisonAction, TriggerSettings};
+use sql_pseudo_trigger::engine::Trigger;
 use sql_pseudo_trigger::runner::*;
 use sql_pseudo_trigger::sink::{Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::state::MemoryStore;
-use sql_pseudo_trigger::trigger::Trigger;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::Mutex;

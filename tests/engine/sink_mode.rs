@@ -6,10 +6,10 @@
 //! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
 
 use sql_pseudo_trigger::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
+use sql_pseudo_trigger::engine::document::StateDoc;
+use sql_pseudo_trigger::engine::{OutcomeKind, TickError, Trigger};
 use sql_pseudo_trigger::sink::{Resume, Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::state::{MemoryStore, StateStore};
-use sql_pseudo_trigger::trigger::state::StateDoc;
-use sql_pseudo_trigger::trigger::{OutcomeKind, TickError, Trigger};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -207,7 +207,7 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
     for attempt in 1..=3u32 {
         let e = p.trigger.tick_into(&sink).await.unwrap_err();
         assert!(matches!(e, TickError::Sink(SinkError::Rejected(_))), "{e}");
-        assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Operator);
+        assert_eq!(e.kind(), sql_pseudo_trigger::engine::ErrorKind::Operator);
         let doc = w.state().await;
         let flight = doc.in_flight.expect("still in flight");
         assert_eq!((flight.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
@@ -234,7 +234,7 @@ async fn a_transient_sink_failure_is_not_counted_toward_max_attempts() {
     // WHEN it comes back
     for _ in 0..5 {
         let e = p.trigger.tick_into(&sink).await.unwrap_err();
-        assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Transient);
+        assert_eq!(e.kind(), sql_pseudo_trigger::engine::ErrorKind::Transient);
     }
     let out = p.trigger.tick_into(&sink).await.expect("tick");
 
@@ -611,7 +611,7 @@ async fn while_the_sink_cannot_say_what_it_recorded_a_new_document_delivers_noth
     p.trigger.tick_into(&sink).await.expect("tick");
 
     // THEN the first tick failed transiently without delivering or counting, and the next delivered
-    assert_eq!(e.kind(), sql_pseudo_trigger::trigger::ErrorKind::Transient);
+    assert_eq!(e.kind(), sql_pseudo_trigger::engine::ErrorKind::Transient);
     assert_eq!(failures, 0);
     assert_eq!(sink.ids(), ids(1..=2));
 }

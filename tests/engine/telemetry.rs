@@ -7,9 +7,9 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMe
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use sql_pseudo_trigger::config::FunctionConfig;
+use sql_pseudo_trigger::engine::Trigger;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::telemetry::Telemetry;
-use sql_pseudo_trigger::trigger::Trigger;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -205,7 +205,7 @@ impl PostgresSink {
                 .await
                 .map_err(err)?;
         }
-        crate::trigger::failpoint::hit("sink-before-commit");
+        crate::engine::failpoint::hit("sink-before-commit");
         tx.commit().await.map_err(err)?;
         tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
             superseded = plan.superseded, deletes = plan.deletes.len(), table = %self.target.table,

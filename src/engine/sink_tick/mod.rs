@@ -65,137 +65,61 @@
 //! changed since is delivered again later with its newer values, exactly as when a delivery is slow. A
 //! fetch kept longer than one lease duration is dropped.
 
-use super::state::{InFlight, Lease, StateDoc};
-use super::{acknowledge, failpoint, stamp, OutcomeKind, TickError, TickOutcome, Trigger, Via};
-use crate::clock::Clock;
-use crate::sink::{Resume, Sink, SinkBatch, SinkError};
-use crate::source::{Fetched, Position};
-use crate::state::{Etag, StateStore, StoreError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+mod heartbeat;
+mod reconcile;
 
-/// Lease renewals per lease duration while a delivery runs.
-pub const RENEWALS_PER_LEASE: u32 = 4;
+use super::decide;
+use super::document::{InFlight, StateDoc};
+use super::{failpoint, Memory, OutcomeKind, TickError, TickOutcome, Trigger, Via};
+use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::source::{Fetched, Position};
+use crate::state::Etag;
+use heartbeat::{Heartbeat, Heldover};
+use std::time::Instant;
 
 impl Trigger {
     /// Runs one tick in sink mode: fetch, record the batch in flight (CAS), deliver it to `sink`, acknowledge
     /// it (CAS). See the module docs for the order and what each failure means.
     pub async fn tick_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        let _one_at_a_time = self.lock.lock().await;
-        self.timed(self.deliver_into(sink)).await
+        let mut memory = self.memory.lock().await;
+        self.timed(self.deliver_into(&mut memory, sink)).await
     }
 
     /// The batch fetched ahead, if it starts where the next batch starts and is fresh; taken either way.
-    pub(super) fn take_ahead(&self, checkpoint: &Position) -> Option<Fetched> {
-        let ahead = self.ahead.lock().expect("ahead lock").take()?;
+    pub(super) fn take_ahead(&self, memory: &mut Memory, checkpoint: &Position) -> Option<Fetched> {
+        let ahead = memory.ahead.take()?;
         (ahead.after == *checkpoint && ahead.at.elapsed() < self.config.settings.lease_duration)
             .then_some(ahead.fetched)
     }
 
     /// The app name space of this function's state key (`{app}/{function}.json`; neither part holds a '/').
     fn app(&self) -> &str {
-        self.key.rsplit_once('/').map_or("", |(app, _)| app)
+        self.state_key().rsplit_once('/').map_or("", |(app, _)| app)
     }
 
-    async fn deliver_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        if let Some(out) = self.take_chained() {
-            return self.deliver_batch(sink, out).await;
+    async fn deliver_into(&self, memory: &mut Memory, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        if let Some(out) = self.take_chained(memory) {
+            return self.deliver_batch(memory, sink, out).await;
         }
-        let mut out = self.tick_inner(Via::Sink).await?;
-        if let Some(logs) = self.reconcile(sink, &mut out).await? {
+        let mut out = self.tick_inner(memory, Via::Sink).await?;
+        if let Some(logs) = self.reconcile(memory, sink, &mut out).await? {
             // The document now starts where the destination ends: no second reconciliation.
-            out = self.tick_inner(Via::Sink).await?;
+            out = self.tick_inner(memory, Via::Sink).await?;
             out.logs.splice(0..0, logs);
         }
-        self.deliver_batch(sink, out).await
-    }
-
-    /// See "Resuming from the destination" in the module docs. Leaves `out` to be delivered as it is (its
-    /// lease token raised, or replaced by a conflict when another instance moved first), or answers the lines
-    /// that say where the document was moved, after which the tick starts again.
-    async fn reconcile(&self, sink: &dyn Sink, out: &mut TickOutcome) -> Result<Option<Vec<String>>, TickError> {
-        let Some((doc, _)) = out.committed.as_ref() else { return Ok(None) };
-        let Some(flight) = doc.in_flight.as_ref() else { return Ok(None) };
-        let acknowledged_nothing = doc.counters.batches == 0 && doc.counters.quarantined == 0;
-        if out.batch_id.is_none() || !acknowledged_nothing || flight.quarantined.is_some() {
-            return Ok(None);
-        }
-        let Some(Resume { fence, applied }) =
-            sink.resume_position(self.app(), &self.config.name).await.map_err(TickError::Sink)?
-        else {
-            return Ok(None);
-        };
-        let this_batch =
-            |a: &crate::sink::Applied| a.batch_id == flight.batch_id && a.from == flight.from && a.to == flight.to;
-        let moved = applied.filter(|a| a.to != flight.from && !this_batch(a));
-        if moved.is_none() && fence <= out.fence {
-            return Ok(None);
-        }
-
-        let (mut doc, etag) = out.committed.take().expect("checked above");
-        let now = self.clock.now();
-        let ours = out.fence;
-        let line = match &moved {
-            // The document's lineage is new: its token goes above anything the destination saw, so a writer of
-            // the earlier lineage that still holds a batch is refused.
-            Some(applied) => {
-                let flight = doc.in_flight.take().expect("checked above");
-                doc.checkpoint = applied.to.clone();
-                doc.next_batch_id = doc.next_batch_id.max(applied.batch_id + 1);
-                doc.progress_at = Some(now);
-                // Released at once: the next fetch takes it again and keeps the token (same owner).
-                doc.lease = Some(Lease { owner: self.owner.clone(), token: ours.max(fence) + 1, expires_at: now });
-                format!(
-                    "the state document has acknowledged nothing, but {} records batch {} as applied up to {}: continuing after it, under fencing token {} (the {} change(s) fetched after {} are dropped undelivered)",
-                    sink.describe(),
-                    applied.batch_id,
-                    applied.to,
-                    ours.max(fence) + 1,
-                    flight.rows,
-                    flight.from
-                )
-            }
-            // The batch recorded stays as it is (its id and range name it to an exactly-once sink): only the
-            // token moves above the destination's.
-            None => {
-                if let Some(lease) = doc.lease.as_mut() {
-                    lease.token = fence + 1;
-                }
-                format!(
-                    "{} holds fencing token {fence}, above this state document's {ours}: a new state document restarted the tokens; batch {} goes under token {}",
-                    sink.describe(),
-                    out.batch_id.unwrap_or_default(),
-                    fence + 1
-                )
-            }
-        };
-        tracing::warn!(function = %self.config.name, "{line}");
-        let mut rewritten = TickOutcome::default();
-        if !self.commit(&mut doc, Some(&etag), &mut rewritten).await? {
-            *out = rewritten;
-            return Ok(None);
-        }
-        if moved.is_some() {
-            return Ok(Some(vec![line]));
-        }
-        out.fence = fence + 1;
-        out.committed = rewritten.committed;
-        out.logs.insert(0, line);
-        Ok(None)
+        self.deliver_batch(memory, sink, out).await
     }
 
     /// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver
     /// without touching the state store, if the document this process wrote last still records it under this
     /// process's lease with at least half the lease left (so the heartbeat starts well before it could lapse).
     /// Taken either way: a chained batch not used now goes the ordinary way (re-fetched, re-recorded).
-    fn take_chained(&self) -> Option<TickOutcome> {
-        let chained = self.chained.lock().expect("chained lock").take()?;
-        let (doc, etag) = self.written.lock().expect("written lock").clone()?;
+    fn take_chained(&self, memory: &mut Memory) -> Option<TickOutcome> {
+        let chained = memory.chained.take()?;
+        let (doc, etag) = memory.written.clone()?;
         let flight = doc.in_flight.as_ref().filter(|f| f.batch_id == chained.batch_id && f.owner == self.owner)?;
         let lease = doc.lease.as_ref().filter(|l| l.owner == self.owner)?;
-        let left = lease.expires_at - self.clock.now();
+        let left = lease.expires_at - self.clock().now();
         if left < self.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
             return None;
         }
@@ -220,22 +144,27 @@ impl Trigger {
     /// waiting out this one's lease. `Ok(false)`: there was none, or the state moved on (then nothing is
     /// written and the batch is delivered by whoever holds the state, as after a crash).
     pub async fn withdraw_chained(&self) -> Result<bool, TickError> {
-        let _one_at_a_time = self.lock.lock().await;
-        let Some(chained) = self.chained.lock().expect("chained lock").take() else { return Ok(false) };
-        let Some((mut doc, etag)) = self.written.lock().expect("written lock").clone() else { return Ok(false) };
+        let mut memory = self.memory.lock().await;
+        let Some(chained) = memory.chained.take() else { return Ok(false) };
+        let Some((mut doc, etag)) = memory.written.clone() else { return Ok(false) };
         if doc.in_flight.as_ref().is_none_or(|f| f.batch_id != chained.batch_id || f.owner != self.owner) {
             return Ok(false);
         }
         doc.in_flight = None;
         if let Some(lease) = doc.lease.as_mut().filter(|l| l.owner == self.owner) {
-            lease.expires_at = self.clock.now();
+            lease.expires_at = self.clock().now();
         }
         let mut out = TickOutcome::default();
-        self.commit(&mut doc, Some(&etag), &mut out).await
+        self.commit(&mut memory, &mut doc, Some(&etag), &mut out).await
     }
 
     /// Delivers the batch `tick_inner` recorded in flight, if any, and acknowledges it.
-    async fn deliver_batch(&self, sink: &dyn Sink, mut out: TickOutcome) -> Result<TickOutcome, TickError> {
+    async fn deliver_batch(
+        &self,
+        memory: &mut Memory,
+        sink: &dyn Sink,
+        mut out: TickOutcome,
+    ) -> Result<TickOutcome, TickError> {
         let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
         let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
 
@@ -267,13 +196,13 @@ impl Trigger {
                 }
             }
         );
-        let Held { mut doc, etag, lost } = heartbeat.stop().await;
+        let Heldover { mut doc, etag, lost } = heartbeat.stop().await;
 
         match delivered {
             Ok(()) => {
                 failpoint::hit("after-sink");
-                let now = self.clock.now();
-                acknowledge(&mut doc, &flight, now);
+                let now = self.clock().now();
+                decide::acknowledge(&mut doc, &flight, now);
                 // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining"
                 // in the module docs), unless an operator queued quarantined batches, which go first.
                 let chainable = doc.retry_quarantined.is_empty() && !doc.paused && doc.halted.is_none();
@@ -296,15 +225,15 @@ impl Trigger {
                     };
                     doc.next_batch_id += 1;
                     doc.in_flight = Some(next.clone());
-                    self.take_lease(&mut doc, now);
+                    decide::take_lease(&mut doc, &self.owner, self.config.settings.lease_duration, now);
                     Chained { batch_id: next.batch_id, changes: fetched.changes }
                 });
                 let mut ack = TickOutcome::default();
-                if self.commit(&mut doc, Some(&etag), &mut ack).await? {
-                    *self.chained.lock().expect("chained lock") = next;
+                if self.commit(memory, &mut doc, Some(&etag), &mut ack).await? {
+                    memory.chained = next;
                     if let Some(fetched) = keep {
                         let after = flight.to.clone();
-                        *self.ahead.lock().expect("ahead lock") = Some(Ahead { after, fetched, at: Instant::now() });
+                        memory.ahead = Some(Ahead { after, fetched, at: Instant::now() });
                     }
                     out.logs.push(format!(
                         "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
@@ -326,7 +255,7 @@ impl Trigger {
                     // "Resuming from the destination" for a new one; a document restored from a copy has
                     // acknowledged batches and is not reconciled): then the token is raised, and the next
                     // tick delivers the batch again under it, as a batch whose delivery is not proven.
-                    if let Some(token) = self.raise_fence_on(doc, &etag, batch_id, ours, stored).await? {
+                    if let Some(token) = self.raise_fence_on(memory, doc, &etag, (batch_id, ours, stored)).await? {
                         out.kind = OutcomeKind::Conflict;
                         out.changes.clear();
                         out.logs.push(format!(
@@ -351,7 +280,7 @@ impl Trigger {
                     // A known failure of this batch: durable, so that MaxAttempts counts across processes.
                     f.failures += 1;
                     let mut scratch = TickOutcome::default();
-                    if let Err(store) = self.commit(&mut doc, Some(&etag), &mut scratch).await {
+                    if let Err(store) = self.commit(memory, &mut doc, Some(&etag), &mut scratch).await {
                         tracing::warn!(function = %self.config.name, batch_id, error = %store,
                             "could not record the sink's rejection; this failure is not counted");
                     }
@@ -359,6 +288,32 @@ impl Trigger {
                 Err(TickError::Sink(e))
             }
         }
+    }
+
+    /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced by token `stored`: see
+    /// [`decide::raise_fence`]. When the document allows it, the token goes above the destination's with one
+    /// conditional write, and the answer is the token to deliver the same batch under again (not counted as a
+    /// failure); `None`: this instance was deposed, or the state moved on, and it delivers nothing more of it.
+    async fn raise_fence_on(
+        &self,
+        memory: &mut Memory,
+        mut doc: StateDoc,
+        etag: &Etag,
+        (batch_id, ours, stored): (u64, u64, u64),
+    ) -> Result<Option<u64>, TickError> {
+        let lease = self.config.settings.lease_duration;
+        let Some(token) =
+            decide::raise_fence(&mut doc, &self.owner, (batch_id, ours, stored), lease, self.clock().now())
+        else {
+            return Ok(None);
+        };
+        let mut out = TickOutcome::default();
+        if !self.commit(memory, &mut doc, Some(etag), &mut out).await? {
+            return Ok(None);
+        }
+        tracing::warn!(function = %self.config.name, batch_id,
+            "the sink holds fencing token {stored}, above this state document's {ours}, which no owner of this document wrote: the document is newer than the sink's record (deleted, lost or restored, its tokens restarted); delivering under token {token}");
+        Ok(Some(token))
     }
 }
 
@@ -375,130 +330,4 @@ pub(super) struct Ahead {
     after: Position,
     fetched: Fetched,
     at: Instant,
-}
-
-/// What the heartbeat leaves: the latest document this instance wrote, its etag, and why renewing stopped
-/// early (another writer changed the state), if it did.
-struct Held {
-    doc: StateDoc,
-    etag: Etag,
-    lost: Option<String>,
-}
-
-/// Renews the lease on the batch in flight while a delivery runs. Dropping it ends the renewals at once: an
-/// abandoned tick must not keep a lease alive.
-struct Heartbeat {
-    held: Arc<Mutex<Held>>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Heartbeat {
-    fn start(trigger: &Trigger, doc: StateDoc, etag: Etag) -> Self {
-        let held = Arc::new(Mutex::new(Held { doc, etag, lost: None }));
-        let lease = trigger.config.settings.lease_duration;
-        let every = lease / RENEWALS_PER_LEASE;
-        if every.is_zero() {
-            return Self { held, stop: None, task: None };
-        }
-        let renewal = Renewal {
-            clock: trigger.clock.clone(),
-            store: trigger.store.clone(),
-            key: trigger.key.clone(),
-            owner: trigger.owner.clone(),
-            function: trigger.config.name.clone(),
-            lease,
-            held: held.clone(),
-        };
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => return,
-                    () = tokio::time::sleep(every) => {}
-                }
-                if !renewal.renew().await {
-                    return;
-                }
-            }
-        });
-        Self { held, stop: Some(stop), task: Some(task) }
-    }
-
-    /// Ends the renewals (a renewal in progress finishes first) and returns where they left the state.
-    async fn stop(mut self) -> Held {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-        let held = self.held.lock().expect("heartbeat lock");
-        Held { doc: held.doc.clone(), etag: held.etag.clone(), lost: held.lost.clone() }
-    }
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-}
-
-/// One function's lease renewal: everything the heartbeat task needs, owned, so it can outlive a borrow.
-struct Renewal {
-    clock: Arc<dyn Clock>,
-    store: Arc<dyn StateStore>,
-    key: String,
-    owner: String,
-    function: String,
-    lease: Duration,
-    held: Arc<Mutex<Held>>,
-}
-
-impl Renewal {
-    /// Extends the lease by one lease duration from now. `false`: stop renewing (the state moved on).
-    async fn renew(&self) -> bool {
-        let (mut doc, etag) = {
-            let held = self.held.lock().expect("heartbeat lock");
-            (held.doc.clone(), held.etag.clone())
-        };
-        let Some(lease) = doc.lease.as_mut() else { return false };
-        let now = self.clock.now();
-        lease.expires_at = now + self.lease;
-        let bytes = stamp(&mut doc, &self.owner, now);
-        match self.store.save_if(&self.key, &bytes, Some(&etag)).await {
-            Ok(etag) => {
-                self.adopt(doc, etag);
-                true
-            }
-            Err(StoreError::Conflict) => {
-                let why = "another writer changed the state during the delivery (an operator, or an instance that took the batch over)";
-                tracing::warn!(function = %self.function, "lease renewal refused: {why}");
-                self.held.lock().expect("heartbeat lock").lost = Some(why.into());
-                false
-            }
-            Err(e) => {
-                // The write may have been applied with its answer lost: if the stored document is this very
-                // write, continue from it rather than conflict with ourselves at the next write.
-                if let Ok(Some(stored)) = self.store.load(&self.key).await {
-                    if let Ok(parsed) = serde_json::from_slice::<StateDoc>(&stored.bytes) {
-                        if parsed.write_id == doc.write_id {
-                            self.adopt(parsed, stored.etag);
-                            return true;
-                        }
-                    }
-                }
-                tracing::warn!(function = %self.function, error = %e, "could not renew the lease; trying again");
-                true
-            }
-        }
-    }
-
-    fn adopt(&self, doc: StateDoc, etag: Etag) {
-        let mut held = self.held.lock().expect("heartbeat lock");
-        held.doc = doc;
-        held.etag = etag;
-    }
 }

@@ -1,0 +1,156 @@
+//! The ledger: the only code that reads and writes a function's state document and its quarantine documents.
+//! Ticks, operator actions (`ops`) and the sink tick's heartbeat all go through it, so every write is typed,
+//! stamped (a fresh `write_id`, `updated_at` from the engine's clock, `updated_by`) and a compare-and-swap on
+//! the etag the writer read, and every read checks the schema.
+
+use super::document::{QuarantineDoc, StateDoc, SCHEMA};
+use super::TickError;
+use crate::clock::Clock;
+use crate::state::{Etag, StateStore, StoreError};
+use std::sync::Arc;
+
+/// Where a function's documents live, and who writes them from this process.
+#[derive(Debug)]
+pub struct Ledger {
+    store: Arc<dyn StateStore>,
+    /// `{app}/{function}.json`.
+    key: String,
+    /// `{app}/{function}/quarantine/`.
+    quarantine_prefix: String,
+    clock: Arc<dyn Clock>,
+}
+
+/// What a conditional write met.
+#[derive(Debug)]
+pub enum Saved {
+    /// Written; the document's new etag.
+    Written(Etag),
+    /// Another writer moved first (the etag was not the one read): nothing written.
+    Conflict,
+}
+
+impl Ledger {
+    pub fn new(store: Arc<dyn StateStore>, app_name: &str, function: &str, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store,
+            key: format!("{app_name}/{function}.json"),
+            quarantine_prefix: format!("{app_name}/{function}/quarantine/"),
+            clock,
+        }
+    }
+
+    /// The same documents, reading the time from `clock` (tests).
+    pub fn with_clock(&self, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store: self.store.clone(),
+            key: self.key.clone(),
+            quarantine_prefix: self.quarantine_prefix.clone(),
+            clock,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn quarantine_prefix(&self) -> &str {
+        &self.quarantine_prefix
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The state document and its etag; `None` when the function has none yet.
+    pub async fn load(&self) -> Result<Option<(StateDoc, Etag)>, TickError> {
+        let Some(v) = self.store.load(&self.key).await? else { return Ok(None) };
+        parse(&self.key, &v.bytes).map(|doc| Some((doc, v.etag)))
+    }
+
+    /// The stored document's etag, whether or not it parses (an operator's reset replaces a corrupt one).
+    pub async fn etag(&self) -> Result<Option<Etag>, TickError> {
+        Ok(self.store.load(&self.key).await?.map(|v| v.etag))
+    }
+
+    /// Writes `doc` if the stored document is still at `etag` (`None`: only if there is none), stamped as
+    /// written by `by` now. Store failures other than a lost race are errors (a failed write may have been
+    /// applied: the caller reads again before it decides anything more).
+    pub async fn save(&self, doc: &mut StateDoc, etag: Option<&Etag>, by: &str) -> Result<Saved, TickError> {
+        let bytes = self.stamp(doc, by);
+        match self.store.save_if(&self.key, &bytes, etag).await {
+            Ok(etag) => Ok(Saved::Written(etag)),
+            Err(StoreError::Conflict) => Ok(Saved::Conflict),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the stored document is the very write of `doc` (same `write_id`): how a writer whose store
+    /// call failed learns that the write was applied after all. Its etag when it is.
+    pub async fn find_own_write(&self, doc: &StateDoc) -> Option<Etag> {
+        let stored = self.store.load(&self.key).await.ok()??;
+        let parsed = parse(&self.key, &stored.bytes).ok()?;
+        (parsed.write_id == doc.write_id).then_some(stored.etag)
+    }
+
+    /// Marks a write of `doc` by `by` (a fresh `write_id`, so no two writes are byte-identical and content-hash
+    /// etags stay unique) and serializes it.
+    fn stamp(&self, doc: &mut StateDoc, by: &str) -> Vec<u8> {
+        doc.write_id = uuid::Uuid::new_v4().to_string();
+        doc.updated_at = self.clock.now();
+        doc.updated_by = by.to_string();
+        serde_json::to_vec(doc).expect("state documents serialize")
+    }
+
+    /// The store key of batch `batch_id`'s quarantine document.
+    pub fn quarantine_key(&self, batch_id: u64) -> String {
+        format!("{}{:020}.json", self.quarantine_prefix, batch_id)
+    }
+
+    /// Writes a quarantine document, once: a document already there (written by an earlier tick that then
+    /// lost the race to commit) is the same batch and stays.
+    pub async fn write_quarantine(&self, doc: &QuarantineDoc) -> Result<String, TickError> {
+        let key = self.quarantine_key(doc.batch_id);
+        let bytes = serde_json::to_vec(doc).expect("quarantine documents serialize");
+        match self.store.save_if(&key, &bytes, None).await {
+            Ok(_) | Err(StoreError::Conflict) => Ok(key),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads a quarantine document by key.
+    pub async fn load_quarantine(&self, key: &str) -> Result<QuarantineDoc, TickError> {
+        let Some(v) = self.store.load(key).await? else {
+            return Err(TickError::CorruptState {
+                key: key.to_string(),
+                detail: "the quarantine document is missing".into(),
+            });
+        };
+        serde_json::from_slice(&v.bytes)
+            .map_err(|e| TickError::CorruptState { key: key.to_string(), detail: e.to_string() })
+    }
+
+    /// The keys of every quarantine document of the function, oldest batch first.
+    pub async fn list_quarantine(&self) -> Result<Vec<String>, TickError> {
+        Ok(self.store.list(&self.quarantine_prefix).await?)
+    }
+}
+
+/// Parses a state document, refusing one written by a newer handler.
+fn parse(key: &str, bytes: &[u8]) -> Result<StateDoc, TickError> {
+    let doc: StateDoc = serde_json::from_slice(bytes)
+        .map_err(|e| TickError::CorruptState { key: key.to_string(), detail: e.to_string() })?;
+    if doc.schema > SCHEMA {
+        return Err(TickError::CorruptState {
+            key: key.to_string(),
+            detail: format!(
+                "schema {} is newer than this handler understands ({SCHEMA}); upgrade the handler",
+                doc.schema
+            ),
+        });
+    }
+    Ok(doc)
+}

@@ -3,6 +3,7 @@
 //! stores and sinks connect on first use.
 
 use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, DeliveryMode, Mode, SourceKind, StateStoreKind};
+use crate::db::postgres::PostgresTls;
 use crate::engine::Trigger;
 use crate::sink::{Sink, StdoutSink};
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
@@ -30,7 +31,9 @@ impl App {
     /// Builds the app over a given store (tests use memory or a fault-injecting wrapper).
     pub fn with_store(config: AppConfig, store: Arc<dyn StateStore>) -> Result<Self, ConfigErrors> {
         let owner = instance_id(&config);
-        if config.postgres_tls.trusts_any_certificate() {
+        // One connector for every PostgreSQL source and sink: its TLS configuration is built once, on first use.
+        let postgres_tls = PostgresTls::new(config.postgres_trust.clone());
+        if postgres_tls.trusts_any_certificate() {
             tracing::warn!(
                 "{}=true: PostgreSQL server certificates and host names are not verified, so whoever can intercept \
                  a connection can read its rows and password; set {} to the server's CA certificate instead",
@@ -45,13 +48,13 @@ impl App {
         let mut triggers = BTreeMap::new();
         for f in &config.functions {
             let file = format!("{}/sqltrigger.json", f.name);
-            let source = source(f, &config).map_err(|e| ConfigError::new(file, e.to_string()));
+            let source = source(f, &postgres_tls).map_err(|e| ConfigError::new(file, e.to_string()));
             // The trigger owns its delivery: a sink when sqltrigger.json names one for sink delivery, and under
             // `handler run` always (stdout JSON lines when none is named); the host's bindings otherwise.
             let wants_sink = config.mode == Mode::Runner || f.settings.delivery_mode == DeliveryMode::Sink;
             let sink = match f.source.options.get("sink") {
                 Some(options) if wants_sink => {
-                    crate::sink::from_options(&f.name, Some(options), &config.env, &config.postgres_tls).map(Some)
+                    crate::sink::from_options(&f.name, Some(options), &config.env, &postgres_tls).map(Some)
                 }
                 None if config.mode == Mode::Runner => Ok(Some(Arc::new(StdoutSink::new()) as Arc<dyn Sink>)),
                 _ => Ok(None),
@@ -88,9 +91,9 @@ impl App {
 }
 
 /// The change source a function watches (no connection is opened here).
-fn source(f: &crate::config::FunctionConfig, config: &AppConfig) -> Result<Arc<dyn Source>, SourceError> {
+fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
     Ok(match f.source.kind {
-        SourceKind::PostgresCursor => Arc::new(PostgresCursor::new(f.source.clone(), &config.postgres_tls)?),
+        SourceKind::PostgresCursor => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
         SourceKind::MssqlChangeTracking => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
         SourceKind::MssqlRowversion => Arc::new(MssqlRowversion::new(f.source.clone())?),
     })

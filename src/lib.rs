@@ -10,6 +10,7 @@ pub mod change;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod db;
 pub mod engine;
 pub mod ident;
 pub mod ops;

@@ -15,8 +15,7 @@
 //! fence, exactly once and what sink mode resumes from.
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::config::{Secret, SourceKind, SourceSpec};
-use sql_pseudo_trigger::ident::{Ident, TableName};
+use sql_pseudo_trigger::config::{Env, SourceKind, SourceSpec};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
@@ -54,30 +53,10 @@ impl Ctx {
     }
 
     fn spec(&self, kind: SourceKind, table: &str, options: Value) -> SourceSpec {
-        let ident_list = |k: &str| {
-            options
-                .get(k)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(|s| Ident::new(s).expect("ident")).collect())
-        };
-        SourceSpec {
-            kind,
-            table: TableName::parse(table).expect("table"),
-            connection_setting: "MSSQL_CONNECTION_STRING".into(),
-            connection: Secret::new(self.cs.clone()),
-            cursor_column: None,
-            cursor_guard: None,
-            safety_lag: std::time::Duration::ZERO,
-            inserted_column: None,
-            soft_delete_column: options
-                .get("softDeleteColumn")
-                .and_then(Value::as_str)
-                .map(|s| Ident::new(s).expect("ident")),
-            primary_key: ident_list("primaryKey"),
-            columns: ident_list("columns"),
-            start_from: StartFrom::Earliest,
-            options: options.as_object().cloned().unwrap_or_default(),
-        }
+        let mut sqltrigger = json!({ "source": kind.as_str(), "tableName": table, "connectionStringSetting": "MSSQL_CONNECTION_STRING" });
+        sqltrigger.as_object_mut().expect("an object").extend(options.as_object().cloned().unwrap_or_default());
+        let env = Env::from_pairs([("MSSQL_CONNECTION_STRING".to_string(), self.cs.clone())]);
+        SourceSpec::from_json(&sqltrigger, &env).expect("a valid sqltrigger.json")
     }
 
     fn ct(&self, table: &str, options: Value) -> MssqlChangeTracking {

@@ -15,8 +15,9 @@ mod support;
 
 use serde_json::{json, Value};
 use sql_pseudo_trigger::app::App;
+use sql_pseudo_trigger::config::PostgresTrust;
 use sql_pseudo_trigger::config::{AppConfig, Env, Mode, Secret};
-use sql_pseudo_trigger::source::postgres::{self as pg, ConnectFailure, PostgresTls};
+use sql_pseudo_trigger::db::postgres::{self as pg, ConnectFailure, PostgresTls};
 use sql_pseudo_trigger::source::{Source, SourceError};
 use std::path::Path;
 use std::process::Command;
@@ -181,7 +182,7 @@ async fn session_is_encrypted(connection: &str, tls: &PostgresTls) -> Result<boo
 
 fn tls_from(pairs: &[(&str, &str)], root: &Path) -> PostgresTls {
     let env = Env::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    PostgresTls::from_env(&env, root).unwrap_or_else(|e| panic!("{e:?}"))
+    PostgresTrust::from_env(&env, root).map(PostgresTls::new).unwrap_or_else(|e| panic!("{e:?}"))
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -5,19 +5,23 @@
 //! storage is contacted here; that happens lazily on the first tick.
 
 mod function;
+mod host_policy;
 mod outputs;
+mod postgres_trust;
 mod secret;
 pub mod settings;
+mod source_spec;
 
-pub use function::{
-    parse_timespan, proof_window, AdminFunction, FunctionConfig, FunctionTimeout, OutputBinding, RetryPolicy,
-    RetryStrategy, SourceKind, SourceSpec,
+pub use function::{AdminFunction, FunctionConfig, OutputBinding};
+pub use host_policy::{
+    parse_timespan, proof_window, FunctionTimeout, RetryPolicy, RetryStrategy, PROOF_SLACK, UNBOUNDED_TIMEOUT_ASSUMED,
 };
 pub use outputs::{OutputRoute, OutputShape};
+pub use postgres_trust::PostgresTrust;
 pub use secret::Secret;
 pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
+pub use source_spec::{SourceKind, SourceSpec, StartFrom};
 
-use crate::source::postgres::PostgresTls;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -134,7 +138,7 @@ pub struct AppConfig {
     pub other_functions: Vec<String>,
     /// What PostgreSQL connections trust (`Sql_Trigger_PostgresRootCertificate`,
     /// `Sql_Trigger_PostgresTrustServerCertificate`), shared by every PostgreSQL source and sink.
-    pub postgres_tls: PostgresTls,
+    pub postgres_trust: PostgresTrust,
     pub env: Env,
     /// Problems that do not stop the handler, logged at start-up (each says what to change).
     pub warnings: Vec<ConfigError>,
@@ -246,9 +250,9 @@ impl AppConfig {
                 ));
             }
         }
-        let postgres_tls = PostgresTls::from_env(&env, root).unwrap_or_else(|mut problems| {
+        let postgres_trust = PostgresTrust::from_env(&env, root).unwrap_or_else(|mut problems| {
             errors.append(&mut problems);
-            PostgresTls::default()
+            PostgresTrust::default()
         });
         let app_name =
             env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
@@ -268,7 +272,7 @@ impl AppConfig {
             functions,
             admin_functions,
             other_functions,
-            postgres_tls,
+            postgres_trust,
             env,
             warnings,
             mode,

@@ -27,7 +27,6 @@ mod outputs;
 mod sink_tick;
 mod tick;
 
-pub use decide::PROOF_SLACK;
 pub use error::{ErrorKind, TickError};
 pub use ledger::{Ledger, Saved};
 pub use observe::{TickObserver, TickRecord};

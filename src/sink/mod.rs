@@ -34,7 +34,7 @@ pub use webhook::WebhookSink;
 use crate::change::Change;
 use crate::config::ConfigError;
 use crate::config::Env;
-use crate::source::postgres::PostgresTls;
+use crate::db::postgres::PostgresTls;
 use crate::source::Position;
 use serde_json::Value;
 use std::fmt;

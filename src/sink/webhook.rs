@@ -1,10 +1,13 @@
-//! HTTP POST of each batch to a webhook, with retries and an idempotency key per batch.
+//! HTTP POST of each batch to a webhook, with an idempotency key per batch.
 //!
 //! Body: `{"function","batch_id","fence","changes":[{"Operation":0,"Item":{...}}]}`. Headers:
 //! `Idempotency-Key: {app}/{function}/{batch_id}` (the same on every re-delivery of the batch, so the receiver
-//! can drop duplicates) and `X-Sql-Trigger-Fence: {fence}`. A 2xx is an acknowledgement. 408, 429 and 5xx and
-//! connection failures are retried with exponential backoff within the attempt budget; any other status is a
-//! rejection, which counts toward the poison limit.
+//! can drop duplicates) and `X-Sql-Trigger-Fence: {fence}`. A 2xx is an acknowledgement. 408, 429, 5xx and a
+//! connection failure are transient: the batch stays in flight and the next tick posts it again, so by default
+//! one delivery is one POST (the tick's caller is the retry, as for every other sink). `maxRetries` adds
+//! retries inside the tick, with exponential backoff from 200 ms to 10 s, for a receiver known to blip; each
+//! costs up to `timeoutMs` of the tick's time. Any other status is a rejection, which counts toward the poison
+//! limit.
 
 use super::{Sink, SinkBatch, SinkError};
 use crate::config::{Env, Secret};
@@ -21,7 +24,7 @@ pub struct WebhookSink {
 }
 
 impl WebhookSink {
-    /// `{"type":"webhook","url":"%WebhookUrl%","headers":{"Authorization":"%WebhookAuth%"},"timeoutMs":10000,"maxRetries":4}`
+    /// `{"type":"webhook","url":"%WebhookUrl%","headers":{"Authorization":"%WebhookAuth%"},"timeoutMs":10000,"maxRetries":0}`
     /// (`%Setting%` references are resolved by the configuration loader before this sees them).
     pub fn from_options(options: &Value, _env: &Env) -> Result<Self, String> {
         let url = options.get("url").and_then(Value::as_str).ok_or("webhook needs \"url\"")?;
@@ -33,7 +36,7 @@ impl WebhookSink {
         let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
         let display = format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
         let timeout = options.get("timeoutMs").and_then(Value::as_u64).unwrap_or(10_000);
-        let max_retries = options.get("maxRetries").and_then(Value::as_u64).unwrap_or(4).min(20) as u32;
+        let max_retries = options.get("maxRetries").and_then(Value::as_u64).unwrap_or(0).min(20) as u32;
         // Checked here, not at the first POST: a header reqwest cannot send would fail every delivery as if the
         // receiver were down, and a non-string value would otherwise be dropped without a word.
         let mut headers = Vec::new();
@@ -199,6 +202,18 @@ mod tests {
         assert_eq!(header("authorization").as_deref(), Some("Bearer t0ken"));
         assert_eq!(header("content-type").as_deref(), Some("application/json"));
         assert_eq!(changes[1].operation, Operation::Delete);
+    }
+
+    #[tokio::test]
+    async fn by_default_a_server_error_is_one_post_and_the_next_tick_is_the_retry() {
+        let (receiver, url) = Receiver::start([503]).await;
+        let webhook = sink(serde_json::json!({ "url": url }));
+        let changes = changes();
+        let err = webhook.deliver(&batch(&changes)).await.expect_err("fails");
+        assert!(matches!(&err, SinkError::Transient(m) if m.ends_with("answered 503 Service Unavailable")), "{err:?}");
+        assert_eq!(receiver.seen().len(), 1);
+        webhook.deliver(&batch(&changes)).await.expect("the next tick's post succeeds");
+        assert_eq!(receiver.seen().len(), 2);
     }
 
     #[tokio::test]

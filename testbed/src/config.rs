@@ -1,10 +1,6 @@
 //! Configurations for tests that build an engine by hand over in-memory parts.
 
-use sql_pseudo_trigger::config::{
-    DeliveryMode, FunctionConfig, PoisonAction, Secret, SourceKind, SourceSpec, TriggerSettings,
-};
-use sql_pseudo_trigger::ident::TableName;
-use sql_pseudo_trigger::source::StartFrom;
+use sql_pseudo_trigger::config::{DeliveryMode, Env, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,21 +24,9 @@ pub fn settings() -> TriggerSettings {
 
 /// A source spec for engine tests that run over an in-memory source: the engine reads only `start_from`.
 pub fn placeholder_source() -> SourceSpec {
-    SourceSpec {
-        kind: SourceKind::PostgresCursor,
-        table: TableName::parse("t").expect("a valid table name"),
-        connection_setting: "Conn".into(),
-        connection: Secret::new("x"),
-        cursor_column: None,
-        cursor_guard: None,
-        safety_lag: Duration::ZERO,
-        inserted_column: None,
-        soft_delete_column: None,
-        primary_key: None,
-        columns: None,
-        start_from: StartFrom::Earliest,
-        options: Default::default(),
-    }
+    let env = Env::from_pairs([("Conn".into(), "x".into())]);
+    let sqltrigger = serde_json::json!({ "source": "postgres-cursor", "tableName": "t", "connectionStringSetting": "Conn", "cursorColumn": "c" });
+    SourceSpec::from_json(&sqltrigger, &env).expect("a valid spec")
 }
 
 /// A function named `name` over [`placeholder_source`], with no outputs, no retry policy and a proof window of

@@ -4,7 +4,7 @@
 
 mod proof;
 
-pub use proof::{Answered, Named, Sent, HISTORY_KEPT, PROOF_SLACK};
+pub use proof::{Answered, Named, Sent, HISTORY_KEPT};
 
 use super::document::{InFlight, Lease, StateDoc};
 use super::TickError;

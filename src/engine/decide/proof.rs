@@ -29,9 +29,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use time::OffsetDateTime;
 
-/// Added to the proof window for the host's own scheduling (thread pools, logging, the retry's HTTP request).
-pub const PROOF_SLACK: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// A batch this process answered to the host, not yet proven written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {

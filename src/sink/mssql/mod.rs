@@ -28,8 +28,8 @@ use super::target::Target;
 use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, Sink, SinkBatch, SinkError};
 use crate::config::Env;
+use crate::db::mssql::{describe, Failed, Failure, Param, Pool, Settings};
 use crate::ident::{Ident, TableName};
-use crate::source::mssql::{describe, Failed, Param, Pool, Settings};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ impl MssqlSink {
     /// Reads the options and parses the connection string without connecting.
     pub fn from_options(options: &Value, env: &Env) -> Result<Self, String> {
         let target = Target::from_options(options, env, sql::ROWS_PER_STATEMENT)?;
-        let settings = Settings::parse(&target.setting, &target.connection).map_err(|e| e.to_string())?;
+        let settings = Settings::parse(&target.setting, &target.connection)?;
         Ok(Self { target, pool: Pool::new(settings), shape: Mutex::new(None) })
     }
 
@@ -220,14 +220,10 @@ impl MssqlSink {
         let table = &self.target.table;
         let context = format!("writing {table}");
         if failed.transient {
-            return SinkError::Transient(format!(
-                "{} (gave up after {} attempt(s))",
-                describe(&failed.failure, self.pool.setting(), &context),
-                failed.attempts
-            ));
+            return SinkError::Transient(describe(&failed.failure, self.pool.setting(), &context));
         }
         let message = match &failed.failure {
-            crate::source::mssql::Failure::Tds(tiberius::error::Error::Server(t)) => t.message().to_string(),
+            Failure::Tds(tiberius::error::Error::Server(t)) => t.message().to_string(),
             other => return SinkError::Rejected(describe(other, self.pool.setting(), &context)),
         };
         let code = failed.code().unwrap_or(0);

@@ -20,8 +20,8 @@ use super::target::{chunks, Target};
 use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, Sink, SinkBatch, SinkError};
 use crate::config::Env;
+use crate::db::postgres::{classify, connect_failure, pool, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
-use crate::source::postgres::{connect_failure, PostgresTls};
 use deadpool_postgres::Pool;
 use serde_json::Value;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ impl PostgresSink {
     /// Reads the options and builds the pool without connecting.
     pub fn from_options(options: &Value, env: &Env, tls: &PostgresTls) -> Result<Self, String> {
         let target = Target::from_options(options, env, DEFAULT_ROWS_PER_STATEMENT)?;
-        let pool = crate::source::postgres::pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
+        let pool = pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
         Ok(Self { target, pool, shape: Mutex::new(None) })
     }
 
@@ -213,8 +213,8 @@ impl PostgresSink {
         Ok(())
     }
 
-    /// Classifies a PostgreSQL error: what a retry can fix is transient; the rest says what to change. Data
-    /// errors (class 22) are reported without the server's message, which quotes the offending value.
+    /// A failed statement in the sink's words: what waiting fixes is transient; the rest says what to change.
+    /// Data errors are reported without the server's message, which quotes the offending value.
     fn error(&self, e: tokio_postgres::Error) -> SinkError {
         let table = &self.target.table;
         let Some(db) = e.as_db_error() else {
@@ -223,20 +223,19 @@ impl PostgresSink {
         let code = db.code().code();
         let msg = db.message();
         let at = |what: &str, v: Option<&str>| v.map(|v| format!(", {what} {v}")).unwrap_or_default();
-        match &code[..2] {
-            "08" | "40" | "53" | "57" | "58" => SinkError::Transient(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
-            "55" if code == "55P03" => SinkError::Transient(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
-            "42" if code == "42501" => SinkError::Rejected(format!(
+        match classify(Some(code)) {
+            Verdict::Transient => SinkError::Transient(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
+            Verdict::Denied => SinkError::Rejected(format!(
                 "PostgreSQL: {msg} (SQLSTATE {code}); grant the login INSERT, UPDATE and DELETE on {table}, and INSERT, UPDATE and SELECT on {}{}",
                 self.target.fence_table,
                 self.target.checkpoint_table.as_ref().map(|c| format!(" and {c}")).unwrap_or_default()
             )),
-            "22" => SinkError::Rejected(format!(
+            Verdict::BadValue => SinkError::Rejected(format!(
                 "PostgreSQL refused a value for {table} (SQLSTATE {code}{}{}): a value does not fit its column's type; the server's message is not logged because it quotes the value",
                 at("column", db.column()),
                 at("type", db.datatype())
             )),
-            _ => SinkError::Rejected(format!(
+            Verdict::Refused => SinkError::Rejected(format!(
                 "PostgreSQL: {msg} (SQLSTATE {code}{}) while writing {table}",
                 at("constraint", db.constraint())
             )),

@@ -2,10 +2,11 @@
 //! or a column of the wrong type is an error, never a default (a silent default would let an unexpected
 //! server answer pass validation).
 
-use super::connect::{Param, Pool};
+use super::read::Reads;
 use super::schema::{ColumnFacts, DatabaseFacts, TableFacts};
 use super::sql;
 use super::types::SqlType;
+use crate::db::mssql::{Param, Pool};
 use crate::ident::TableName;
 use crate::source::SourceError;
 use tiberius::Row;

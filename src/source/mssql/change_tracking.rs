@@ -27,17 +27,16 @@
 //! empty by this process since the base (the base moves to the version that poll proved empty).
 
 use super::catalog::{big, int, one_row, required, text};
-use super::connect::{Param, Pool, Settings};
 use super::options::{OnPositionLost, Options};
 use super::position::{CtPosition, Last};
+use super::read::Reads;
 use super::schema::{self, DatabaseFacts};
 use super::sql::{self, After, CtShape, Slot, Statement, Upto};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
-use crate::ident::Ident;
+use crate::db::mssql::{Param, Pool, Settings};
 use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::OnceCell;
 
@@ -98,7 +97,7 @@ enum Until<'a> {
 impl MssqlChangeTracking {
     /// Parses the connection string and options; connects on first use.
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
-        let settings = Settings::parse(&spec.connection_setting, &spec.connection)?;
+        let settings = Settings::parse(&spec.connection_setting, &spec.connection).map_err(SourceError::Invalid)?;
         let options = Options::parse(&spec.options)?;
         Ok(Self {
             spec,
@@ -434,12 +433,7 @@ impl Source for MssqlChangeTracking {
     }
 
     fn fingerprint(&self) -> String {
-        let key = match &self.spec.primary_key {
-            Some(k) => k.iter().map(Ident::as_str).collect::<Vec<_>>().join(","),
-            None => "(primary key)".into(),
-        };
-        let text = format!("mssql-change-tracking\n{}\n{key}", self.spec.table);
-        Sha256::digest(text.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+        crate::source::fingerprint(&self.spec, None)
     }
 
     async fn validate(&self) -> Result<(), SourceError> {

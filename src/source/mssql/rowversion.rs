@@ -7,15 +7,15 @@
 //! `insertedColumn` every change is an Update (1); with it, rows created after the position are Inserts.
 
 use super::catalog::{big, int, one_row, required, text};
-use super::connect::{Param, Pool, Settings};
 use super::position::RvPosition;
+use super::read::Reads;
 use super::schema;
 use super::sql::{After, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
+use crate::db::mssql::{Param, Pool, Settings};
 use crate::ident::Ident;
 use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
-use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 #[derive(Debug)]
@@ -27,7 +27,7 @@ pub struct MssqlRowversion {
 
 impl MssqlRowversion {
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
-        let settings = Settings::parse(&spec.connection_setting, &spec.connection)?;
+        let settings = Settings::parse(&spec.connection_setting, &spec.connection).map_err(SourceError::Invalid)?;
         Ok(Self { spec, pool: Pool::new(settings), shape: OnceCell::new() })
     }
 
@@ -128,13 +128,8 @@ impl Source for MssqlRowversion {
     }
 
     fn fingerprint(&self) -> String {
-        let key = match &self.spec.primary_key {
-            Some(k) => k.iter().map(Ident::as_str).collect::<Vec<_>>().join(","),
-            None => "(primary key)".into(),
-        };
         let cursor = self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or("(rowversion)");
-        let text = format!("mssql-rowversion\n{}\n{cursor}\n{key}", self.spec.table);
-        Sha256::digest(text.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+        crate::source::fingerprint(&self.spec, Some(cursor))
     }
 
     async fn validate(&self) -> Result<(), SourceError> {

@@ -331,25 +331,12 @@ pub fn rowversion_shape(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Secret, SourceKind};
-    use crate::source::StartFrom;
+    use crate::config::Env;
 
     fn spec(table: &str) -> SourceSpec {
-        SourceSpec {
-            kind: SourceKind::MssqlChangeTracking,
-            table: TableName::parse(table).expect("parses"),
-            connection_setting: "SqlConnectionString".into(),
-            connection: Secret::new("Server=tcp:x,1433;Password=hunter2"),
-            cursor_column: None,
-            cursor_guard: None,
-            safety_lag: std::time::Duration::ZERO,
-            inserted_column: None,
-            soft_delete_column: None,
-            primary_key: None,
-            columns: None,
-            start_from: StartFrom::Earliest,
-            options: Default::default(),
-        }
+        let env = Env::from_pairs([("SqlConnectionString".into(), "Server=tcp:x,1433;Password=hunter2".into())]);
+        let sqltrigger = serde_json::json!({ "tableName": table, "connectionStringSetting": "SqlConnectionString" });
+        SourceSpec::from_json(&sqltrigger, &env).expect("a valid spec")
     }
 
     fn db() -> DatabaseFacts {

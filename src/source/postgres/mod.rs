@@ -12,20 +12,16 @@
 //! The lag (status) dates the first pending row: a timestamp cursor by its own value, any other cursor by the
 //! commit timestamp of the row's last writer, which PostgreSQL keeps only with `track_commit_timestamp = on`.
 
-mod connect;
 mod sql;
-mod tls;
 
-pub use connect::{connect_failure, pool, ConnectFailure};
 pub use sql::Guard;
-pub use tls::PostgresTls;
 
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
+use crate::db::postgres::{classify, connect_failure, pool, ConnectFailure, PostgresTls, Verdict};
 use crate::ident::Ident;
 use deadpool_postgres::Pool;
-use sha2::{Digest, Sha256};
 use sql::{Age, Shape};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -261,14 +257,7 @@ impl Source for PostgresCursor {
     }
 
     fn fingerprint(&self) -> String {
-        let key = match &self.spec.primary_key {
-            Some(k) => k.iter().map(Ident::as_str).collect::<Vec<_>>().join(","),
-            None => "(primary key)".into(),
-        };
-        let cursor = self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or_default();
-        let text = format!("postgres-cursor\n{}\n{cursor}\n{key}", self.spec.table);
-        let digest = Sha256::digest(text.as_bytes());
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        super::fingerprint(&self.spec, Some(self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or_default()))
     }
 
     async fn validate(&self) -> Result<(), SourceError> {
@@ -369,23 +358,20 @@ impl Source for PostgresCursor {
     }
 }
 
-/// Classifies a PostgreSQL error: what a retry can fix is `Unavailable`, the rest says what to change.
+/// A failed statement in the source's words: what waiting fixes is `Unavailable`, the rest says what to change.
 fn db_error(e: tokio_postgres::Error, table: &crate::ident::TableName) -> SourceError {
     let Some(db) = e.as_db_error() else {
         return SourceError::Unavailable(format!("PostgreSQL connection failed: {e}"));
     };
     let code = db.code().code();
     let msg = db.message();
-    match &code[..2] {
-        // Class 55 is "object not in prerequisite state": only a lock not available (55P03) or an object in use
-        // (55006) passes by waiting; the rest (55000, for a setting the statement needs) needs an operator.
-        "08" | "40" | "53" | "57" | "58" => SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
-        "55" if matches!(code, "55P03" | "55006") => {
-            SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})"))
-        }
-        "42" if code == "42501" => {
+    match classify(Some(code)) {
+        Verdict::Transient => SourceError::Unavailable(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
+        Verdict::Denied => {
             SourceError::Invalid(format!("PostgreSQL: {msg}; grant the login SELECT on {table} (SQLSTATE {code})"))
         }
-        _ => SourceError::Invalid(format!("PostgreSQL: {msg} (SQLSTATE {code}) while reading {table}")),
+        Verdict::BadValue | Verdict::Refused => {
+            SourceError::Invalid(format!("PostgreSQL: {msg} (SQLSTATE {code}) while reading {table}"))
+        }
     }
 }

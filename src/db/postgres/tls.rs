@@ -20,18 +20,16 @@
 //! tokio-rustls and rustls-platform-verifier (through reqwest and tiberius), the connector is small, and here
 //! its errors can name the setting that fixes them.
 
-use crate::config::settings::{POSTGRES_ROOT_CERTIFICATE, POSTGRES_TRUST_SERVER_CERTIFICATE};
-use crate::config::{ConfigError, Env};
+use crate::config::settings::POSTGRES_ROOT_CERTIFICATE;
+use crate::config::PostgresTrust;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -47,7 +45,7 @@ pub struct PostgresTls {
 
 #[derive(Default)]
 struct Inner {
-    trust: Trust,
+    trust: PostgresTrust,
     /// Built when the first server offers TLS, not before: loading the platform's roots costs a few
     /// milliseconds and may fail (a container without CA certificates), which must not break plaintext
     /// connections (`sslmode=disable`, or `prefer` against a server without TLS). Built once per process, a
@@ -55,78 +53,25 @@ struct Inner {
     config: OnceLock<Result<Arc<ClientConfig>, Problem>>,
 }
 
-/// Where trust in a server certificate comes from.
-#[derive(Debug, Clone, Default)]
-enum Trust {
-    /// The platform's roots: no setting given.
-    #[default]
-    Platform,
-    /// The platform's roots plus the operator's CA certificates (`Sql_Trigger_PostgresRootCertificate`).
-    PlatformAnd(Vec<CertificateDer<'static>>),
-    /// `Sql_Trigger_PostgresTrustServerCertificate=true`: encrypt, but verify neither the certificate nor the
-    /// host name; only the handshake's signatures are checked.
-    AnyCertificate,
-}
-
 impl fmt::Debug for PostgresTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner.trust {
-            Trust::Platform => f.write_str("PostgresTls(platform roots)"),
-            Trust::PlatformAnd(roots) => write!(f, "PostgresTls(platform roots and {} more)", roots.len()),
-            Trust::AnyCertificate => f.write_str("PostgresTls(any certificate)"),
+            PostgresTrust::Platform => f.write_str("PostgresTls(platform roots)"),
+            PostgresTrust::PlatformAnd(roots) => write!(f, "PostgresTls(platform roots and {} more)", roots.len()),
+            PostgresTrust::AnyCertificate => f.write_str("PostgresTls(any certificate)"),
         }
     }
 }
 
 impl PostgresTls {
-    /// Reads `Sql_Trigger_PostgresRootCertificate` (a PEM file, relative to `app_root`, or the PEM text) and
-    /// `Sql_Trigger_PostgresTrustServerCertificate`, reporting every problem with its setting.
-    pub fn from_env(env: &Env, app_root: &Path) -> Result<Self, Vec<ConfigError>> {
-        let mut errors = Vec::new();
-        let problem = |def: &str, msg: String| ConfigError::new(format!("app setting {def}"), msg);
-        let trust_any = match env.get(POSTGRES_TRUST_SERVER_CERTIFICATE.name).map(str::trim) {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("true") => true,
-            Some(v) if v.eq_ignore_ascii_case("false") => false,
-            Some(v) => {
-                errors
-                    .push(problem(POSTGRES_TRUST_SERVER_CERTIFICATE.name, format!("must be true or false, got {v:?}")));
-                false
-            }
-        };
-        let roots = match env.get(POSTGRES_ROOT_CERTIFICATE.name) {
-            None => None,
-            Some(value) => match read_roots(value, app_root) {
-                Ok(roots) => Some(roots),
-                Err(e) => {
-                    errors.push(problem(POSTGRES_ROOT_CERTIFICATE.name, e));
-                    None
-                }
-            },
-        };
-        if trust_any && env.get(POSTGRES_ROOT_CERTIFICATE.name).is_some() {
-            errors.push(problem(
-                POSTGRES_TRUST_SERVER_CERTIFICATE.name,
-                format!(
-                    "is true, which verifies no certificate, so {} would be ignored: set only one of them",
-                    POSTGRES_ROOT_CERTIFICATE.name
-                ),
-            ));
-        }
-        if !errors.is_empty() {
-            return Err(errors);
-        }
-        let trust = match (trust_any, roots) {
-            (true, _) => Trust::AnyCertificate,
-            (false, Some(roots)) => Trust::PlatformAnd(roots),
-            (false, None) => Trust::Platform,
-        };
-        Ok(Self { inner: Arc::new(Inner { trust, config: OnceLock::new() }) })
+    /// The connector for what the app settings say to trust (read by `config`).
+    pub fn new(trust: PostgresTrust) -> Self {
+        Self { inner: Arc::new(Inner { trust, config: OnceLock::new() }) }
     }
 
     /// True under `Sql_Trigger_PostgresTrustServerCertificate=true`: the start-up warning's condition.
     pub fn trusts_any_certificate(&self) -> bool {
-        matches!(self.inner.trust, Trust::AnyCertificate)
+        matches!(self.inner.trust, PostgresTrust::AnyCertificate)
     }
 
     fn client_config(&self) -> Result<Arc<ClientConfig>, Problem> {
@@ -134,55 +79,24 @@ impl PostgresTls {
     }
 }
 
-/// The operator's CA certificates: PEM text (it holds `-----BEGIN`), else the path of a PEM file.
-fn read_roots(value: &str, app_root: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let (pem, what) = if value.contains("-----BEGIN") {
-        // A PEM pasted into a one-line setting often arrives with literal `\n`s; base64 never holds `\`.
-        (value.replace("\\n", "\n").into_bytes(), "the PEM text".to_string())
-    } else {
-        let path = app_root.join(value.trim());
-        let bytes = std::fs::read(&path).map_err(|e| {
-            format!(
-                "cannot read {} ({e}); give the path of a PEM file (absolute, or relative to the app root) or the PEM text itself",
-                path.display()
-            )
-        })?;
-        (bytes, path.display().to_string())
-    };
-    let roots: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{what} is not valid PEM ({e})"))?;
-    if roots.is_empty() {
-        return Err(format!(
-            "{what} holds no certificate (-----BEGIN CERTIFICATE-----); convert a DER file with `openssl x509 -inform der -in ca.cer -out ca.pem`"
-        ));
-    }
-    for (i, root) in roots.iter().enumerate() {
-        RootCertStore::empty()
-            .add(root.clone())
-            .map_err(|e| format!("certificate {} in {what} cannot be a trusted root ({e})", i + 1))?;
-    }
-    Ok(roots)
-}
-
 /// Why the platform verifier: it is what reqwest (the state store's client) uses, so PostgreSQL trusts what the
 /// rest of the process trusts. On Linux it reads the system's store (`/etc/ssl/certs`, or `SSL_CERT_FILE`) and
 /// verifies with webpki, exactly as `rustls-native-certs` would; on Windows and macOS it asks the operating
 /// system, which also knows roots an administrator installed and checks revocation. Extra roots are added to
 /// the platform's, not substituted for them.
-fn build_config(trust: &Trust) -> Result<ClientConfig, Problem> {
+fn build_config(trust: &PostgresTrust) -> Result<ClientConfig, Problem> {
     // Explicitly ring, the provider main.rs installs: the tree also carries aws-lc-rs, so the process default
     // would be ambiguous wherever nobody installed one (library users, tests).
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match trust {
-        Trust::Platform => Arc::new(
+        PostgresTrust::Platform => Arc::new(
             rustls_platform_verifier::Verifier::new(provider.clone()).map_err(|e| Problem::NoRoots(e.to_string()))?,
         ),
-        Trust::PlatformAnd(roots) => Arc::new(
+        PostgresTrust::PlatformAnd(roots) => Arc::new(
             rustls_platform_verifier::Verifier::new_with_extra_roots(roots.iter().cloned(), provider.clone())
                 .map_err(|e| Problem::NoRoots(e.to_string()))?,
         ),
-        Trust::AnyCertificate => Arc::new(AnyCertificate(provider.clone())),
+        PostgresTrust::AnyCertificate => Arc::new(AnyCertificate(provider.clone())),
     };
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

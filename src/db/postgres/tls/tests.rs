@@ -2,6 +2,9 @@
 //! errors' words. The handshakes themselves are tested against a real PostgreSQL in tests/postgres_tls.rs.
 
 use super::*;
+use crate::config::Env;
+use rustls::pki_types::pem::PemObject;
+use std::path::Path;
 
 /// A self-signed CA (ECDSA P-256, signed with SHA-256), valid until 2126; its key was thrown away.
 const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
@@ -23,12 +26,14 @@ fn env(pairs: &[(&str, &str)]) -> Env {
 }
 
 fn load(pairs: &[(&str, &str)], root: &Path) -> Result<PostgresTls, Vec<String>> {
-    PostgresTls::from_env(&env(pairs), root).map_err(|errors| errors.iter().map(ToString::to_string).collect())
+    PostgresTrust::from_env(&env(pairs), root)
+        .map(PostgresTls::new)
+        .map_err(|errors| errors.iter().map(ToString::to_string).collect())
 }
 
 fn extra_roots(tls: &PostgresTls) -> usize {
     match &tls.inner.trust {
-        Trust::PlatformAnd(roots) => roots.len(),
+        PostgresTrust::PlatformAnd(roots) => roots.len(),
         _ => 0,
     }
 }
@@ -40,7 +45,7 @@ fn scratch() -> tempfile::TempDir {
 #[test]
 fn without_settings_only_the_platform_roots_are_trusted() {
     let tls = load(&[], Path::new("/nowhere")).expect("no settings is valid");
-    assert!(matches!(tls.inner.trust, Trust::Platform));
+    assert!(matches!(tls.inner.trust, PostgresTrust::Platform));
     assert!(!tls.trusts_any_certificate());
     assert_eq!(format!("{tls:?}"), "PostgresTls(platform roots)");
 }

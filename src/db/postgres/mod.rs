@@ -1,12 +1,16 @@
 //! Connections to PostgreSQL, shared by the cursor source and the PostgreSQL sink so both read connection
-//! strings, use TLS and explain a failed connection the same way.
+//! strings, use TLS, explain a failed connection and classify a failed statement the same way.
 
-use super::tls::{HandshakeError, PostgresTls};
+mod tls;
+
+pub use tls::PostgresTls;
+
 use crate::config::settings::POSTGRES_ROOT_CERTIFICATE;
 use crate::config::Secret;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use std::error::Error;
 use std::time::Duration;
+use tls::HandshakeError;
 
 /// A pool of at most `size` connections to the database in app setting `setting`, opening none until used.
 /// Every connection goes through `tls`, so the connection string's `sslmode` decides whether TLS is used
@@ -121,6 +125,36 @@ pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
     ConnectFailure::Unavailable(format!("{prefix}: {}", chain.join(": ")))
 }
 
+/// What a failed statement's SQLSTATE says, for the source's and the sink's wording alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No SQLSTATE (the connection broke), or a class that passes by waiting: connection exceptions (08),
+    /// transaction rollbacks such as serialization failures and deadlocks (40), insufficient resources (53),
+    /// operator intervention such as a shutdown or a cancelled query (57), system errors (58), and of class 55
+    /// ("object not in prerequisite state") only a lock not available (55P03) or an object in use (55006); the
+    /// rest of 55 (55000, a setting the statement needs) waits for an operator.
+    Transient,
+    /// 42501: the login lacks a privilege; the caller names the grant.
+    Denied,
+    /// Class 22: a value does not fit its column. The server's message quotes the value, so it is not repeated.
+    BadValue,
+    /// Anything else: retrying the same statement fails the same way.
+    Refused,
+}
+
+/// The one SQLSTATE table of the handler (`None`: the error carries no SQLSTATE). Codes from the PostgreSQL
+/// manual's appendix A, "PostgreSQL Error Codes".
+pub fn classify(code: Option<&str>) -> Verdict {
+    let Some(code) = code else { return Verdict::Transient };
+    match code.get(..2).unwrap_or("") {
+        "08" | "40" | "53" | "57" | "58" => Verdict::Transient,
+        "55" if matches!(code, "55P03" | "55006") => Verdict::Transient,
+        "42" if code == "42501" => Verdict::Denied,
+        "22" => Verdict::BadValue,
+        _ => Verdict::Refused,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +193,20 @@ mod tests {
             message,
             "app setting Pg is not a usable PostgreSQL connection string: unknown option `sslcompression`"
         );
+    }
+
+    #[test]
+    fn one_sqlstate_table_decides_what_waiting_fixes() {
+        for code in ["08006", "40001", "40P01", "53300", "57P01", "57014", "58030", "55P03", "55006"] {
+            assert_eq!(classify(Some(code)), Verdict::Transient, "{code}");
+        }
+        assert_eq!(classify(None), Verdict::Transient, "a broken connection");
+        assert_eq!(classify(Some("55000")), Verdict::Refused, "a setting the statement needs waits for an operator");
+        assert_eq!(classify(Some("42501")), Verdict::Denied);
+        assert_eq!(classify(Some("22P02")), Verdict::BadValue);
+        for code in ["42P01", "42703", "23505", "XX000", "2"] {
+            assert_eq!(classify(Some(code)), Verdict::Refused, "{code}");
+        }
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! What a function watches: the source half of `sqltrigger.json`, with `%Name%` app-setting references
+//! resolved.
+
+use super::{ConfigError, ConfigErrors, Env, Secret};
+use crate::ident::{Ident, TableName};
+use serde_json::{Map, Value};
+use std::time::Duration;
+
+/// Where a function starts when it has no state yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// Every change the source still has (the official trigger's behaviour).
+    Earliest,
+    /// Only changes made after the first tick.
+    Now,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// PostgreSQL table polled by a cursor column plus primary key.
+    PostgresCursor,
+    /// SQL Server / Azure SQL change tracking (the official trigger's mechanism).
+    MssqlChangeTracking,
+    /// SQL Server table polled by a rowversion column below MIN_ACTIVE_ROWVERSION().
+    MssqlRowversion,
+}
+
+impl SourceKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::PostgresCursor => "postgres-cursor",
+            Self::MssqlChangeTracking => "mssql-change-tracking",
+            Self::MssqlRowversion => "mssql-rowversion",
+        }
+    }
+}
+
+/// What to watch and how; the source module interprets the optional parts for its kind.
+#[derive(Debug, Clone)]
+pub struct SourceSpec {
+    pub kind: SourceKind,
+    pub table: TableName,
+    pub connection_setting: String,
+    pub connection: Secret,
+    pub cursor_column: Option<Ident>,
+    /// `xid8`, `lag` or `none`; the source picks a default from the cursor column's type.
+    pub cursor_guard: Option<String>,
+    pub safety_lag: Duration,
+    pub inserted_column: Option<Ident>,
+    pub soft_delete_column: Option<Ident>,
+    pub primary_key: Option<Vec<Ident>>,
+    pub columns: Option<Vec<Ident>>,
+    pub start_from: StartFrom,
+    /// The whole resolved `sqltrigger.json`, for kind-specific options.
+    pub options: Map<String, Value>,
+}
+
+impl SourceSpec {
+    /// Reads the source half of a `sqltrigger.json` given as JSON (`%Name%` references resolved), against the app
+    /// settings in `env`, reporting every problem at once: for tests and tools that state a function as its
+    /// author writes it, through the same parser the handler uses.
+    pub fn from_json(sqltrigger: &Value, env: &Env) -> Result<Self, ConfigErrors> {
+        let file = "sqltrigger.json";
+        let mut errors = Vec::new();
+        let Some(object) = sqltrigger.as_object() else {
+            return Err(ConfigErrors(vec![ConfigError::new(file, "must be a JSON object")]));
+        };
+        let resolved = resolve_references(object, env, file, &mut errors);
+        let spec = source_spec(&resolved, env, file, &mut errors);
+        match spec {
+            Some(spec) if errors.is_empty() => Ok(spec),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+pub(super) fn source_spec(
+    o: &Map<String, Value>,
+    env: &Env,
+    file: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<SourceSpec> {
+    let text = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
+    let mut problem = |key: &str, msg: String| errors.push(ConfigError::new(format!("{key} in {file}"), msg));
+
+    let kind = match text("source").as_deref().unwrap_or("mssql-change-tracking") {
+        "postgres-cursor" | "postgres" => SourceKind::PostgresCursor,
+        "mssql-change-tracking" | "mssql" => SourceKind::MssqlChangeTracking,
+        "mssql-rowversion" => SourceKind::MssqlRowversion,
+        other => {
+            problem(
+                "source",
+                format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion or postgres-cursor"),
+            );
+            return None;
+        }
+    };
+    let table = match text("tableName").map(|t| TableName::parse(&t)) {
+        Some(Ok(t)) => Some(t),
+        Some(Err(e)) => {
+            problem("tableName", e);
+            None
+        }
+        None => {
+            problem("tableName", "is required (the table to watch, e.g. dbo.Orders)".into());
+            None
+        }
+    };
+    let connection_setting = text("connectionStringSetting");
+    let connection = match &connection_setting {
+        Some(s) => match env.get(s) {
+            Some(v) => Some(Secret::new(v)),
+            None => {
+                problem(
+                    "connectionStringSetting",
+                    format!("names app setting {s:?}, which is not set; add it to the app settings (Values in local.settings.json)"),
+                );
+                None
+            }
+        },
+        None => {
+            problem(
+                "connectionStringSetting",
+                "is required: the name of the app setting that holds the connection string".into(),
+            );
+            None
+        }
+    };
+    let ident = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Ident> {
+        let v = o.get(key)?;
+        match v.as_str().map(Ident::new) {
+            Some(Ok(i)) => Some(i),
+            Some(Err(e)) => {
+                problem(key, e);
+                None
+            }
+            None => {
+                problem(key, "must be a column name (a string)".into());
+                None
+            }
+        }
+    };
+    let ident_list = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Vec<Ident>> {
+        let v = o.get(key)?;
+        let items: Option<Vec<&str>> = v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect());
+        match items {
+            Some(items) if !items.is_empty() && items.len() == v.as_array().map_or(0, Vec::len) => {
+                let mut out = Vec::new();
+                for i in items {
+                    match Ident::new(i) {
+                        Ok(i) => out.push(i),
+                        Err(e) => problem(key, e),
+                    }
+                }
+                Some(out)
+            }
+            _ => {
+                problem(key, "must be a non-empty array of column names".into());
+                None
+            }
+        }
+    };
+    let cursor_column = ident("cursorColumn", &mut problem);
+    let inserted_column = ident("insertedColumn", &mut problem);
+    let soft_delete_column = ident("softDeleteColumn", &mut problem);
+    let primary_key = ident_list("primaryKey", &mut problem);
+    let columns = ident_list("columns", &mut problem);
+    let cursor_guard = text("cursorGuard");
+    if let Some(g) = &cursor_guard {
+        if !matches!(g.as_str(), "xid8" | "lag" | "none") {
+            problem("cursorGuard", format!("{g:?} is not a guard; use xid8, lag or none"));
+        }
+    }
+    let safety_lag = match o.get("safetyLagMs") {
+        None => Duration::from_millis(5000),
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(ms) if ms <= 86_400_000 => Duration::from_millis(ms),
+            _ => {
+                problem("safetyLagMs", format!("must be milliseconds from 0 to 86400000, got {v}"));
+                Duration::ZERO
+            }
+        },
+    };
+    let start_from = match text("startFrom").as_deref() {
+        None | Some("earliest") => StartFrom::Earliest,
+        Some("now") => StartFrom::Now,
+        // The SQL Server change-tracking source walks the table first, then follows changes; it reads the
+        // option itself, and to the engine the start is "before everything".
+        Some("snapshot") if kind == SourceKind::MssqlChangeTracking => StartFrom::Earliest,
+        Some("snapshot") => {
+            problem("startFrom", "snapshot is available for mssql-change-tracking only; use earliest or now".into());
+            StartFrom::Earliest
+        }
+        Some(other) => {
+            problem(
+                "startFrom",
+                format!("{other:?} is not a start; use earliest, now or (SQL Server change tracking) snapshot"),
+            );
+            StartFrom::Earliest
+        }
+    };
+    if kind == SourceKind::PostgresCursor && cursor_column.is_none() && o.get("cursorColumn").is_none() {
+        problem("cursorColumn", "is required for postgres-cursor: an xid8 (recommended), bigint or timestamp column that every insert and update sets".into());
+    }
+    Some(SourceSpec {
+        kind,
+        table: table?,
+        connection_setting: connection_setting?,
+        connection: connection?,
+        cursor_column,
+        cursor_guard,
+        safety_lag,
+        inserted_column,
+        soft_delete_column,
+        primary_key,
+        columns,
+        start_from,
+        options: o.clone(),
+    })
+}
+
+/// Replaces `%Name%` in every string value with the app setting's value. Connection strings are never
+/// resolved this way into the spec (they come through connectionStringSetting), so no secret is copied.
+pub(super) fn resolve_references(
+    raw: &Map<String, Value>,
+    env: &Env,
+    file: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Map<String, Value> {
+    fn walk(v: &Value, env: &Env, key: &str, file: &str, errors: &mut Vec<ConfigError>) -> Value {
+        match v {
+            Value::String(s) => Value::String(resolve_text(s, env).unwrap_or_else(|missing| {
+                errors.push(ConfigError::new(
+                    format!("{key} in {file}"),
+                    format!("references app setting %{missing}%, which is not set"),
+                ));
+                s.clone()
+            })),
+            Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, env, key, file, errors)).collect()),
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, x)| (k.clone(), walk(x, env, key, file, errors))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    raw.iter().map(|(k, v)| (k.clone(), walk(v, env, k, file, errors))).collect()
+}
+
+fn resolve_text(s: &str, env: &Env) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(start) = rest.find('%') {
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('%') else { break };
+        let name = &after[..end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':')) {
+            out.push_str(&rest[..=start]);
+            rest = after;
+            continue;
+        }
+        out.push_str(&rest[..start]);
+        out.push_str(env.get(name).ok_or_else(|| name.to_string())?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_app_setting_references() {
+        let env = Env::from_pairs([("Table".to_string(), "dbo.Orders".to_string())]);
+        assert_eq!(resolve_text("%Table%", &env).expect("resolves"), "dbo.Orders");
+        assert_eq!(resolve_text("x-%Table%-y", &env).expect("resolves"), "x-dbo.Orders-y");
+        assert_eq!(resolve_text("100%", &env).expect("no reference"), "100%");
+        assert_eq!(resolve_text("%Missing%", &env).unwrap_err(), "Missing");
+    }
+}

@@ -1,0 +1,324 @@
+//! Connections to SQL Server / Azure SQL: Entra ID tokens for managed identity, a small pool, and the one
+//! table that decides which failures pass by waiting. The connection string is read in `connection_string`.
+//!
+//! Why an own pool: bb8-tiberius and deadpool-tiberius pin tiberius 0.12. This one is a semaphore (at most
+//! [`POOL_SIZE`] connections) over a stack of idle clients. A client that saw any error is dropped, never
+//! reused: after a timeout or a broken stream tiberius' connection is out of step with the server. Idle
+//! clients older than [`MAX_IDLE`] are dropped too: Azure's load balancers silently cut connections that
+//! stay idle for about four minutes.
+//!
+//! A failed statement is not retried here: it fails the tick at once, worded by [`describe`] and marked
+//! transient or not by [`is_transient`], and the tick's caller retries (the host's next firing, or `handler
+//! run`'s outage loop). A statement that waited out a 30-second failover inside one invocation would only
+//! spend the invocation's time. The one exception is a pooled connection found dead when reused (cut while
+//! idle, or the server restarted): it is replaced by a fresh one, at most `ConnectRetryCount` times, as
+//! ADO.NET's idle connection resiliency does. That repeats a statement whose connection broke, so every
+//! caller's statements must be single reads or atomic, idempotent batches (the sink's delivery is one
+//! transaction under `XACT_ABORT`, fenced and optionally exactly once).
+
+mod connection_string;
+
+pub use connection_string::{Auth, Settings};
+
+use azure_core::credentials::TokenCredential;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tiberius::{AuthMethod, Client, Query, Row};
+use tokio::net::TcpStream;
+use tokio::sync::{OnceCell, Semaphore};
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+pub const POOL_SIZE: usize = 4;
+pub const MAX_IDLE: Duration = Duration::from_secs(180);
+/// Fresh connections that may replace a dead pooled one when `ConnectRetryCount` is not set: ADO.NET's
+/// default (`SqlConnectionStringBuilder.ConnectRetryCount`, "Default is 1").
+pub const DEFAULT_RECONNECTS: u32 = 1;
+/// Azure SQL's scope for Entra ID tokens.
+pub const TOKEN_SCOPE: &str = "https://database.windows.net/.default";
+/// Azure SQL redirects a login to the node that hosts the database (the Redirect connection policy).
+const MAX_REDIRECTS: usize = 2;
+
+type Tds = Client<Compat<TcpStream>>;
+
+/// Why a statement failed, before its caller words it.
+#[derive(Debug)]
+pub enum Failure {
+    Tds(tiberius::error::Error),
+    /// Connecting (TCP) took longer than the connect timeout, or the address did not resolve.
+    Connect(String),
+    /// No Entra ID token.
+    Token(String),
+}
+
+/// SQL Server and Azure SQL error numbers that a retry can fix: deadlock victim, lock and login timeouts,
+/// Azure SQL reconfiguration (40613, 40197, 4060 database unavailable, 10928/10929 resource limits,
+/// 40501 throttling, 49918-49920 too many requests) and network errors reported by the server.
+pub const TRANSIENT_CODES: &[u32] = &[
+    1205, 1222, 4060, 4221, 10053, 10054, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918, 49919, 49920,
+    233, 64, 121,
+];
+
+/// The classifier: does this failure pass by waiting (a later tick may succeed), or does it need a change?
+pub fn is_transient(f: &Failure) -> bool {
+    match f {
+        Failure::Connect(_) | Failure::Token(_) => true,
+        Failure::Tds(e) => match e {
+            tiberius::error::Error::Io { .. } => true,
+            tiberius::error::Error::Server(t) => TRANSIENT_CODES.contains(&t.code()),
+            // A stream that ended or desynced mid-response: the connection is gone, a new one may work.
+            tiberius::error::Error::Protocol(_) => true,
+            _ => false,
+        },
+    }
+}
+
+/// The operator message for a failure, naming the app setting and never a secret.
+pub fn describe(f: &Failure, setting: &str, context: &str) -> String {
+    match f {
+        Failure::Connect(m) => format!("cannot connect to SQL Server (app setting {setting}): {m}"),
+        Failure::Token(m) => format!(
+            "cannot get an Entra ID token for SQL Server (app setting {setting}): {m}; check the app's managed identity (or `az login` locally) and that it is a user in the database (CREATE USER [app-name] FROM EXTERNAL PROVIDER)"
+        ),
+        Failure::Tds(tiberius::error::Error::Server(t)) => {
+            let hint = match t.code() {
+                18456 => "; check User ID and Password in the connection string",
+                4060 => "; check Database in the connection string",
+                229 | 230 | 297 | 300 => "; grant the login the permission named above",
+                208 => "; the table or a column was dropped or renamed: check tableName, then restart the function app",
+                207 => "; a column was renamed or dropped since the trigger started: restart the function app",
+                22105 | 22106 => "; change tracking was turned off: enable it again (ALTER TABLE ... ENABLE CHANGE_TRACKING) and restart",
+                3952 => "; snapshot isolation was turned off since start-up: restart the function app (or ALTER DATABASE ... SET ALLOW_SNAPSHOT_ISOLATION ON)",
+                _ => "",
+            };
+            format!("SQL Server error {} while {context}: {}{hint}", t.code(), t.message())
+        }
+        Failure::Tds(tiberius::error::Error::Tls(m)) => format!(
+            "TLS to SQL Server failed (app setting {setting}): {m}; check the server name and the certificate (TrustServerCertificate=True only for a local test server)"
+        ),
+        Failure::Tds(e @ tiberius::error::Error::Io { .. }) => format!("SQL Server connection failed while {context}: {e}"),
+        Failure::Tds(e) => format!("SQL Server driver error while {context}: {e}"),
+    }
+}
+
+/// A statement that failed, with the classifier's verdict.
+#[derive(Debug)]
+pub struct Failed {
+    pub failure: Failure,
+    /// Whether waiting may fix it ([`is_transient`]).
+    pub transient: bool,
+}
+
+impl Failed {
+    pub fn new(failure: Failure) -> Self {
+        let transient = is_transient(&failure);
+        Self { failure, transient }
+    }
+
+    /// The SQL Server error number, when the server reported the failure.
+    pub fn code(&self) -> Option<u32> {
+        match &self.failure {
+            Failure::Tds(tiberius::error::Error::Server(t)) => Some(t.code()),
+            _ => None,
+        }
+    }
+}
+
+/// A statement parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    Int(i64),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+/// A pool of connections to one database.
+pub struct Pool {
+    settings: Settings,
+    permits: Semaphore,
+    idle: Mutex<Vec<(Tds, Instant)>>,
+    credential: OnceCell<Arc<dyn TokenCredential>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("setting", &self.settings.setting).field("auth", &self.settings.auth).finish()
+    }
+}
+
+impl Pool {
+    /// Opens nothing: connections are made on first use.
+    pub fn new(settings: Settings) -> Self {
+        Self { settings, permits: Semaphore::new(POOL_SIZE), idle: Mutex::new(Vec::new()), credential: OnceCell::new() }
+    }
+
+    async fn token(&self) -> Result<Option<String>, Failure> {
+        let build = |auth: &Auth| -> azure_core::Result<Arc<dyn TokenCredential>> {
+            use azure_identity::{
+                DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId,
+            };
+            let managed = |client_id: Option<String>| {
+                ManagedIdentityCredential::new(Some(ManagedIdentityCredentialOptions {
+                    user_assigned_id: client_id.map(UserAssignedId::ClientId),
+                    ..Default::default()
+                }))
+                .map(|c| c as Arc<dyn TokenCredential>)
+            };
+            match auth {
+                Auth::ManagedIdentity { client_id } => managed(client_id.clone()),
+                _ if std::env::var_os("IDENTITY_ENDPOINT").is_some() || std::env::var_os("MSI_ENDPOINT").is_some() => {
+                    managed(None)
+                }
+                _ => DeveloperToolsCredential::new(None).map(|c| c as Arc<dyn TokenCredential>),
+            }
+        };
+        if self.settings.auth == Auth::SqlPassword {
+            return Ok(None);
+        }
+        let credential = self
+            .credential
+            .get_or_try_init(|| async { build(&self.settings.auth) })
+            .await
+            .map_err(|e| Failure::Token(e.to_string()))?;
+        let token = credential.get_token(&[TOKEN_SCOPE], None).await.map_err(|e| Failure::Token(e.to_string()))?;
+        Ok(Some(token.token.secret().to_string()))
+    }
+
+    async fn connect(&self) -> Result<Tds, Failure> {
+        let mut config = self.settings.config.clone();
+        if let Some(token) = self.token().await? {
+            config.authentication(AuthMethod::aad_token(token));
+        }
+        let mut redirects = 0;
+        loop {
+            let addr = config.get_addr();
+            let tcp = match tokio::time::timeout(self.settings.connect_timeout, TcpStream::connect(&addr)).await {
+                Ok(Ok(tcp)) => tcp,
+                Ok(Err(e)) => return Err(Failure::Connect(format!("{addr}: {e}"))),
+                Err(_) => {
+                    return Err(Failure::Connect(format!(
+                        "{addr}: no answer within {:?} (Connect Timeout)",
+                        self.settings.connect_timeout
+                    )))
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            match Client::connect(config.clone(), tcp.compat_write()).await {
+                Ok(client) => return Ok(client),
+                Err(tiberius::error::Error::Routing { host, port }) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    config.host(host);
+                    config.port(port);
+                }
+                Err(e) => return Err(Failure::Tds(e)),
+            }
+        }
+    }
+
+    fn take_idle(&self) -> Option<Tds> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some((client, since)) = idle.pop() {
+            if since.elapsed() < MAX_IDLE {
+                return Some(client);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, client: Tds) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push((client, Instant::now()));
+    }
+
+    /// Drops every idle client: once one was found dead, the others were most likely cut with it.
+    fn drop_idle(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// A connection from the pool, the statement, all rows of its first result set. A pooled connection that
+    /// turns out dead is replaced (see the module docs); any other failure is answered at once.
+    async fn run(&self, sql: &str, params: Option<&[Param]>, context: &str) -> Result<Vec<Row>, Failed> {
+        let _permit =
+            self.permits.acquire().await.map_err(|_| Failed::new(Failure::Connect("the pool is closed".into())))?;
+        let mut replaced = 0;
+        loop {
+            let (mut client, reused) = match self.take_idle() {
+                Some(client) => (client, true),
+                None => (self.connect().await.map_err(Failed::new)?, false),
+            };
+            match send(&mut client, sql, params).await {
+                Ok(rows) => {
+                    self.put_idle(client);
+                    return Ok(rows);
+                }
+                Err(e) if reused && broke_connection(&e) && replaced < self.settings.reconnects => {
+                    // The client is dropped; so are the other idle ones, so the next try opens a fresh one.
+                    replaced += 1;
+                    self.drop_idle();
+                    tracing::debug!(setting = %self.settings.setting, error = %e, context,
+                        "a pooled SQL Server connection was dead; replacing it (ConnectRetryCount)");
+                }
+                // The client is dropped: after any error its stream may be out of step with the server.
+                Err(e) => return Err(Failed::new(Failure::Tds(e))),
+            }
+        }
+    }
+
+    /// The app setting this pool connects with, for messages.
+    pub fn setting(&self) -> &str {
+        &self.settings.setting
+    }
+
+    /// A parameterized statement (`sp_executesql`). `context` says what it does, for the debug log.
+    pub async fn execute(&self, sql: &str, params: &[Param], context: &str) -> Result<Vec<Row>, Failed> {
+        self.run(sql, Some(params), context).await
+    }
+
+    /// A statement without parameters, sent as a plain batch.
+    pub async fn execute_batch(&self, sql: &str, context: &str) -> Result<Vec<Row>, Failed> {
+        self.run(sql, None, context).await
+    }
+}
+
+/// Sends one statement on `client` and reads its first result set.
+async fn send(client: &mut Tds, sql: &str, params: Option<&[Param]>) -> Result<Vec<Row>, tiberius::error::Error> {
+    match params {
+        Some(params) => {
+            let mut q = Query::new(sql.to_string());
+            for p in params {
+                match p {
+                    Param::Int(v) => q.bind(*v),
+                    Param::Text(v) => q.bind(v.clone()),
+                    Param::Bytes(v) => q.bind(v.clone()),
+                }
+            }
+            q.query(client).await?.into_first_result().await
+        }
+        None => client.simple_query(sql).await?.into_first_result().await,
+    }
+}
+
+/// True when the connection itself broke (reset, closed, a stream that ended mid-response), as opposed to the
+/// server refusing the statement.
+fn broke_connection(e: &tiberius::error::Error) -> bool {
+    matches!(e, tiberius::error::Error::Io { .. } | tiberius::error::Error::Protocol(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_table_retries_what_a_retry_can_fix() {
+        let io = Failure::Tds(tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            message: "reset".into(),
+        });
+        assert!(is_transient(&io));
+        assert!(is_transient(&Failure::Connect("timeout".into())));
+        assert!(!is_transient(&Failure::Tds(tiberius::error::Error::Tls("bad certificate".into()))));
+        assert!(!is_transient(&Failure::Tds(tiberius::error::Error::Conversion("x".into()))));
+        for code in [1205, 40613, 40197, 40501, 49918, 49919, 49920, 4060, 10928, 10929, 10053, 10054, 10060, 233, 64] {
+            assert!(TRANSIENT_CODES.contains(&code), "{code}");
+        }
+        assert!(!TRANSIENT_CODES.contains(&18456), "a failed login is not transient");
+    }
+}

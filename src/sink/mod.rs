@@ -22,6 +22,7 @@
 mod mssql;
 mod postgres;
 mod stdout;
+mod table;
 mod target;
 mod upsert;
 mod webhook;
@@ -29,6 +30,7 @@ mod webhook;
 pub use mssql::MssqlSink;
 pub use postgres::PostgresSink;
 pub use stdout::StdoutSink;
+pub use table::{Dialect, TableSink};
 pub use webhook::WebhookSink;
 
 use crate::change::Change;
@@ -135,9 +137,9 @@ pub fn from_options(
         "stdout" => Ok(Arc::new(StdoutSink::new())),
         "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
         "postgres" | "postgresql" => {
-            PostgresSink::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>)
+            postgres::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>)
         }
-        "mssql" | "sqlserver" => MssqlSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        "mssql" | "sqlserver" => mssql::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
         other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
     };
     built.map_err(|e| ConfigError::new(setting, e))

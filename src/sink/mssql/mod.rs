@@ -1,6 +1,7 @@
 //! The SQL Server upsert sink: the same rules, fence and exactly-once checkpoint as the PostgreSQL sink, as
-//! one atomic T-SQL batch per delivery (`sql`), over the SQL Server source's connection layer (connection
-//! strings as Azure shows them, Entra ID tokens, TLS unless `Encrypt=False`, redirects, the retry table).
+//! one atomic T-SQL batch per delivery (`sql`), over the connection layer it shares with the SQL Server
+//! sources (`db::mssql`: connection strings as Azure shows them, Entra ID tokens, TLS unless `Encrypt=False`,
+//! redirects, the failure classifier).
 //!
 //! One delivery is one `sp_executesql` round trip under `SET XACT_ABORT ON`, holding one transaction:
 //! 1. the fence row of the app/function is locked (`UPDLOCK, HOLDLOCK`) and raised to the batch's fencing
@@ -12,31 +13,27 @@
 //! 4. with `exactlyOnce`, the checkpoint row is set to this batch;
 //! 5. commit, then one status row. Any error rolls everything back: no partial upsert.
 //!
-//! Because the whole delivery is one atomic batch that the fence and the checkpoint make safe to repeat, the
-//! connection layer may retry it on a transient failure (a deadlock, a dropped connection, Azure SQL
-//! failing over) before the engine sees a `Transient` error; a retry after a commit whose answer was lost
-//! upserts the same rows again (at-least-once) or, exactly once, finds the checkpoint row.
+//! Because the whole delivery is one atomic batch that the fence and the checkpoint make safe to repeat, a
+//! transient failure (a deadlock, a dropped connection, Azure SQL failing over) leaves the batch in flight
+//! and the next tick delivers it again; a delivery repeated after a commit whose answer was lost upserts the
+//! same rows again (at-least-once) or, exactly once, finds the checkpoint row.
 //!
-//! The table's columns and key are read from `sys.columns` on first use and cached for [`SCHEMA_TTL`]; a
+//! The table's columns and key are read from `sys.columns` on first use and cached (`super::table`); a
 //! rejected write drops the cache, so a changed table is seen by the next attempt. Columns of types the
 //! sink cannot write (`sql::type_sql`) are treated like computed columns: an item that carries one is
 //! refused, naming it.
 
 mod sql;
 
+use super::table::{Dialect, TableSink};
 use super::target::Target;
 use super::upsert::{self, Column, TableShape};
-use super::{Applied, Resume, Sink, SinkBatch, SinkError};
+use super::{Applied, Resume, SinkBatch, SinkError};
 use crate::config::Env;
 use crate::db::mssql::{describe, Failed, Failure, Param, Pool, Settings};
 use crate::ident::{Ident, TableName};
 use serde_json::Value;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
-
-/// How long a discovered table shape is trusted (the official binding caches for 10 minutes too).
-pub const SCHEMA_TTL: Duration = Duration::from_secs(600);
+use std::time::Instant;
 
 /// SQL Server errors whose message quotes a row value (conversions, overflows, truncation, JSON parsing):
 /// reported without the server's message, as the PostgreSQL sink does for its data errors.
@@ -44,43 +41,92 @@ fn quotes_a_value(code: u32) -> bool {
     matches!(code, 220 | 232 | 244 | 245 | 248 | 2628 | 13600..=13699)
 }
 
-#[derive(Debug)]
-pub struct MssqlSink {
-    target: Target,
-    pool: Pool,
-    shape: Mutex<Option<(Arc<TableShape>, Instant)>>,
+/// The SQL Server sink.
+pub type MssqlSink = TableSink<Mssql>;
+
+/// Reads the options and parses the connection string without connecting.
+pub fn from_options(options: &Value, env: &Env) -> Result<MssqlSink, String> {
+    let target = Target::from_options(options, env, sql::ROWS_PER_STATEMENT)?;
+    let settings = Settings::parse(&target.setting, &target.connection)?;
+    Ok(TableSink::new(target, Mssql { pool: Pool::new(settings) }))
 }
 
-impl MssqlSink {
-    /// Reads the options and parses the connection string without connecting.
-    pub fn from_options(options: &Value, env: &Env) -> Result<Self, String> {
-        let target = Target::from_options(options, env, sql::ROWS_PER_STATEMENT)?;
-        let settings = Settings::parse(&target.setting, &target.connection)?;
-        Ok(Self { target, pool: Pool::new(settings), shape: Mutex::new(None) })
-    }
+/// SQL Server's way of writing a batch: a pool of connections to the target database.
+#[derive(Debug)]
+pub struct Mssql {
+    pool: Pool,
+}
 
-    /// The table's shape, from the cache while it is fresh.
-    async fn shape(&self) -> Result<Arc<TableShape>, SinkError> {
-        let mut cached = self.shape.lock().await;
-        if let Some((shape, at)) = cached.as_ref() {
-            if at.elapsed() < SCHEMA_TTL {
-                return Ok(shape.clone());
-            }
+impl Mssql {
+    /// Creates `table` with `ddl` unless it exists (the statement checks `OBJECT_ID` first, so a login
+    /// without CREATE rights works with tables an administrator made).
+    async fn ensure(&self, target: &Target, table: &TableName, ddl: &str) -> Result<(), SinkError> {
+        match self.pool.execute_batch(ddl, "creating the sink's bookkeeping table").await {
+            Ok(_) => Ok(()),
+            // Another instance created it at the same moment.
+            Err(f) if f.code() == Some(2714) => Ok(()),
+            Err(f) if f.transient => Err(self.error(target, f)),
+            Err(f) => Err(SinkError::Rejected(format!(
+                "cannot create {table} ({}); create it once with a login that may: {ddl}",
+                describe(&f.failure, self.pool.setting(), "creating the sink's bookkeeping table")
+            ))),
         }
-        let shape = Arc::new(self.discover().await?);
-        *cached = Some((shape.clone(), Instant::now()));
-        Ok(shape)
     }
 
-    /// Reads the columns and primary key from the catalog, and creates the fence (and checkpoint) table when
-    /// missing.
-    async fn discover(&self) -> Result<TableShape, SinkError> {
-        let table = &self.target.table;
+    /// Words a failed statement: what a retry can fix is transient (the retry table of the connection
+    /// layer); the rest says what to change. Messages that quote a row value are not passed on.
+    fn error(&self, target: &Target, failed: Failed) -> SinkError {
+        let table = &target.table;
+        let context = format!("writing {table}");
+        if failed.transient {
+            return SinkError::Transient(describe(&failed.failure, self.pool.setting(), &context));
+        }
+        let message = match &failed.failure {
+            Failure::Tds(tiberius::error::Error::Server(t)) => t.message().to_string(),
+            other => return SinkError::Rejected(describe(other, self.pool.setting(), &context)),
+        };
+        let code = failed.code().unwrap_or(0);
+        let bookkeeping = format!(
+            "{}{}",
+            target.fence_table,
+            target.checkpoint_table.as_ref().map(|c| format!(" and {c}")).unwrap_or_default()
+        );
+        SinkError::Rejected(match code {
+            2601 | 2627 => format!(
+                "SQL Server error {code}: a row violates a unique key of {table}; the server's message is not logged because it quotes the key's value"
+            ),
+            c if quotes_a_value(c) => format!(
+                "SQL Server error {code}: {table} refused a value (it does not fit its column's type or length, or is not valid JSON or base64); the server's message is not logged because it quotes the value"
+            ),
+            229 | 230 | 262 | 297 | 300 | 1088 => format!(
+                "SQL Server error {code} while {context}: {message}; grant the login SELECT, INSERT, UPDATE and DELETE on {table} (and ALTER, for rows that carry an identity value), and SELECT, INSERT and UPDATE on {bookkeeping}"
+            ),
+            208 if message.contains("OPENJSON") => format!(
+                "SQL Server error 208 while {context}: {message}; the sink reads rows with OPENJSON, which needs database compatibility level 130 or higher (ALTER DATABASE CURRENT SET COMPATIBILITY_LEVEL = 130)"
+            ),
+            _ => format!("SQL Server error {code} while {context}: {message}"),
+        })
+    }
+}
+
+/// An answer the sink's own statements cannot produce from a SQL Server: a driver or protocol surprise.
+fn unexpected(what: &str) -> SinkError {
+    SinkError::Rejected(format!("unexpected answer from SQL Server to the sink: expected {what}"))
+}
+
+#[async_trait::async_trait]
+impl Dialect for Mssql {
+    fn name(&self) -> &'static str {
+        "mssql"
+    }
+
+    async fn discover(&self, target: &Target) -> Result<TableShape, SinkError> {
+        let table = &target.table;
         let rows = self
             .pool
             .execute(sql::COLUMNS, &[Param::Text(table.mssql())], "reading the sink table's columns")
             .await
-            .map_err(|f| self.error(f))?;
+            .map_err(|f| self.error(target, f))?;
         if rows.is_empty() {
             return Err(SinkError::Rejected(format!(
                 "sink table {table} does not exist (or the login cannot see it); create it, or check the sink's tableName and grant the login access to it"
@@ -132,44 +178,23 @@ impl MssqlSink {
             )));
         }
         key.sort_unstable();
-        self.ensure(&self.target.fence_table, &sql::create_fence(&self.target.fence_table)).await?;
-        if let Some(checkpoint) = &self.target.checkpoint_table {
-            self.ensure(checkpoint, &sql::create_checkpoint(checkpoint)).await?;
+        self.ensure(target, &target.fence_table, &sql::create_fence(&target.fence_table)).await?;
+        if let Some(checkpoint) = &target.checkpoint_table {
+            self.ensure(target, checkpoint, &sql::create_checkpoint(checkpoint)).await?;
         }
         tracing::debug!(table = %table, columns = columns.len(), "discovered the sink table");
         Ok(TableShape { table: table.clone(), columns, key: key.into_iter().map(|(_, i)| i).collect() })
     }
 
-    /// Creates `table` with `ddl` unless it exists (the statement checks `OBJECT_ID` first, so a login
-    /// without CREATE rights works with tables an administrator made).
-    async fn ensure(&self, table: &TableName, ddl: &str) -> Result<(), SinkError> {
-        match self.pool.execute_batch(ddl, "creating the sink's bookkeeping table").await {
-            Ok(_) => Ok(()),
-            // Another instance created it at the same moment.
-            Err(f) if f.code() == Some(2714) => Ok(()),
-            Err(f) if f.transient => Err(self.error(f)),
-            Err(f) => Err(SinkError::Rejected(format!(
-                "cannot create {table} ({}); create it once with a login that may: {ddl}",
-                describe(&f.failure, self.pool.setting(), "creating the sink's bookkeeping table")
-            ))),
-        }
-    }
-
-    async fn write(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
+    async fn write(&self, target: &Target, shape: &TableShape, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
         let started = Instant::now();
-        if self.target.checkpoint_table.is_some() && batch.range.is_none() {
-            return Err(SinkError::Rejected(
-                "exactlyOnce needs deliveryMode sink (the batch's range names what was applied)".into(),
-            ));
-        }
-        let shape = self.shape().await?;
-        let plan = upsert::plan(&shape, batch.changes).map_err(SinkError::Rejected)?;
+        let plan = upsert::plan(shape, batch.changes).map_err(SinkError::Rejected)?;
         let (text, slices) = sql::delivery(
-            &shape,
+            shape,
             &plan,
-            &self.target.fence_table,
-            self.target.checkpoint_table.as_ref(),
-            self.target.max_rows_per_statement,
+            &target.fence_table,
+            target.checkpoint_table.as_ref(),
+            target.max_rows_per_statement,
         );
         let (from, to) =
             batch.range.map_or_else(|| ("null".into(), "null".into()), |(f, t)| (f.to_string(), t.to_string()));
@@ -189,8 +214,11 @@ impl MssqlSink {
             };
             params.push(Param::Text(format!("[{}]", rows.join(","))));
         }
-        let answer =
-            self.pool.execute(&text, &params, "writing a batch to the sink table").await.map_err(|f| self.error(f))?;
+        let answer = self
+            .pool
+            .execute(&text, &params, "writing a batch to the sink table")
+            .await
+            .map_err(|f| self.error(target, f))?;
         let [row] = answer.as_slice() else { return Err(unexpected("one status row")) };
         let status = row.try_get::<i32, _>(0).ok().flatten().ok_or_else(|| unexpected("one status row"))?;
         let stored = row.try_get::<i64, _>(1).ok().flatten();
@@ -198,7 +226,7 @@ impl MssqlSink {
             0 => {
                 tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
                     superseded = plan.superseded, deletes = plan.deletes.len(), statements = slices.len(),
-                    table = %self.target.table, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
+                    table = %target.table, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
                 Ok(())
             }
             1 => Err(SinkError::Fenced {
@@ -206,7 +234,7 @@ impl MssqlSink {
                 stored: stored.and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
             }),
             2 => {
-                tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %self.target.table,
+                tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %target.table,
                     "batch already applied (exactly-once checkpoint row); nothing written again");
                 Ok(())
             }
@@ -214,76 +242,13 @@ impl MssqlSink {
         }
     }
 
-    /// Words a failed statement: what a retry can fix is transient (the retry table of the connection
-    /// layer); the rest says what to change. Messages that quote a row value are not passed on.
-    fn error(&self, failed: Failed) -> SinkError {
-        let table = &self.target.table;
-        let context = format!("writing {table}");
-        if failed.transient {
-            return SinkError::Transient(describe(&failed.failure, self.pool.setting(), &context));
-        }
-        let message = match &failed.failure {
-            Failure::Tds(tiberius::error::Error::Server(t)) => t.message().to_string(),
-            other => return SinkError::Rejected(describe(other, self.pool.setting(), &context)),
-        };
-        let code = failed.code().unwrap_or(0);
-        let bookkeeping = format!(
-            "{}{}",
-            self.target.fence_table,
-            self.target.checkpoint_table.as_ref().map(|c| format!(" and {c}")).unwrap_or_default()
-        );
-        SinkError::Rejected(match code {
-            2601 | 2627 => format!(
-                "SQL Server error {code}: a row violates a unique key of {table}; the server's message is not logged because it quotes the key's value"
-            ),
-            c if quotes_a_value(c) => format!(
-                "SQL Server error {code}: {table} refused a value (it does not fit its column's type or length, or is not valid JSON or base64); the server's message is not logged because it quotes the value"
-            ),
-            229 | 230 | 262 | 297 | 300 | 1088 => format!(
-                "SQL Server error {code} while {context}: {message}; grant the login SELECT, INSERT, UPDATE and DELETE on {table} (and ALTER, for rows that carry an identity value), and SELECT, INSERT and UPDATE on {bookkeeping}"
-            ),
-            208 if message.contains("OPENJSON") => format!(
-                "SQL Server error 208 while {context}: {message}; the sink reads rows with OPENJSON, which needs database compatibility level 130 or higher (ALTER DATABASE CURRENT SET COMPATIBILITY_LEVEL = 130)"
-            ),
-            _ => format!("SQL Server error {code} while {context}: {message}"),
-        })
-    }
-}
-
-/// An answer the sink's own statements cannot produce from a SQL Server: a driver or protocol surprise.
-fn unexpected(what: &str) -> SinkError {
-    SinkError::Rejected(format!("unexpected answer from SQL Server to the sink: expected {what}"))
-}
-
-#[async_trait::async_trait]
-impl Sink for MssqlSink {
-    async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
-        let result = self.write(batch).await;
-        if matches!(result, Err(SinkError::Rejected(_))) {
-            // The usual cause worth a second look is a table changed since discovery.
-            *self.shape.lock().await = None;
-        }
-        result
-    }
-
-    fn describe(&self) -> String {
-        let mode = if self.exactly_once() { ", exactly once" } else { "" };
-        format!("mssql {} (app setting {}{mode})", self.target.table, self.target.setting)
-    }
-
-    fn exactly_once(&self) -> bool {
-        self.target.checkpoint_table.is_some()
-    }
-
-    async fn resume_position(&self, app: &str, function: &str) -> Result<Option<Resume>, SinkError> {
-        // Discovery first: it creates the bookkeeping tables the statement reads.
-        self.shape().await?;
-        let statement = sql::resume(&self.target.fence_table, self.target.checkpoint_table.as_ref());
+    async fn recorded(&self, target: &Target, app: &str, function: &str) -> Result<Resume, SinkError> {
+        let statement = sql::resume(&target.fence_table, target.checkpoint_table.as_ref());
         let rows = self
             .pool
             .execute(&statement, &[Param::Text(format!("{app}/{function}"))], "reading what the sink recorded")
             .await
-            .map_err(|f| self.error(f))?;
+            .map_err(|f| self.error(target, f))?;
         let [row] = rows.as_slice() else { return Err(unexpected("one row of what the sink recorded")) };
         let fence = row.try_get::<i64, _>(0).ok().flatten().and_then(|t| u64::try_from(t).ok()).unwrap_or(0);
         let position = |n: usize| -> Result<Option<Value>, SinkError> {
@@ -292,12 +257,12 @@ impl Sink for MssqlSink {
                 Some(text) => serde_json::from_str(text).map(Some).map_err(|e| {
                     SinkError::Rejected(format!(
                         "the checkpoint row of {function} in {} holds a position that is not JSON ({e}); delete the row to start over from startFrom",
-                        self.target.checkpoint_table.as_ref().map_or_else(String::new, |t| t.to_string())
+                        target.checkpoint_table.as_ref().map_or_else(String::new, |t| t.to_string())
                     ))
                 }),
             }
         };
-        let applied = match self.target.checkpoint_table {
+        let applied = match target.checkpoint_table {
             None => None,
             Some(_) => {
                 let batch_id = row.try_get::<i64, _>(1).ok().flatten().and_then(|b| u64::try_from(b).ok());
@@ -307,6 +272,6 @@ impl Sink for MssqlSink {
                 }
             }
         };
-        Ok(Some(Resume { fence, applied }))
+        Ok(Resume { fence, applied })
     }
 }

@@ -10,26 +10,22 @@
 //! 4. with `exactlyOnce`, the checkpoint row is set to this batch;
 //! 5. commit. Any error before it rolls everything back: no partial upsert.
 //!
-//! The table's columns and key are read from the catalog on first use and cached for [`SCHEMA_TTL`] (the
-//! official binding caches for 10 minutes too); a rejected write drops the cache, so a schema change is
-//! seen by the next attempt.
+//! The table's columns and key are read from the catalog on first use and cached (`super::table`); a rejected
+//! write drops the cache, so a schema change is seen by the next attempt.
 
 mod sql;
 
+use super::table::{Dialect, TableSink};
 use super::target::{chunks, Target};
 use super::upsert::{self, Column, TableShape};
-use super::{Applied, Resume, Sink, SinkBatch, SinkError};
+use super::{Applied, Resume, SinkBatch, SinkError};
 use crate::config::Env;
 use crate::db::postgres::{classify, connect_failure, pool, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
 use serde_json::Value;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
+use std::time::Instant;
 
-/// How long a discovered table shape is trusted.
-pub const SCHEMA_TTL: Duration = Duration::from_secs(600);
 /// Rows per statement unless `maxRowsPerStatement` says otherwise: large enough that the per-statement
 /// round trip disappears, small enough that one parameter stays a few megabytes.
 pub const DEFAULT_ROWS_PER_STATEMENT: usize = 5000;
@@ -38,56 +34,78 @@ const MAX_STATEMENT_BYTES: usize = 16 << 20;
 /// One delivery at a time per function; the second connection serves discovery after a failed one.
 const POOL_SIZE: usize = 2;
 
-#[derive(Debug)]
-pub struct PostgresSink {
-    target: Target,
-    pool: Pool,
-    shape: Mutex<Option<(Arc<TableShape>, Instant)>>,
+/// The PostgreSQL sink.
+pub type PostgresSink = TableSink<Postgres>;
+
+/// Reads the options and builds the pool without connecting.
+pub fn from_options(options: &Value, env: &Env, tls: &PostgresTls) -> Result<PostgresSink, String> {
+    let target = Target::from_options(options, env, DEFAULT_ROWS_PER_STATEMENT)?;
+    let pool = pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
+    Ok(TableSink::new(target, Postgres { pool }))
 }
 
-impl PostgresSink {
-    /// Reads the options and builds the pool without connecting.
-    pub fn from_options(options: &Value, env: &Env, tls: &PostgresTls) -> Result<Self, String> {
-        let target = Target::from_options(options, env, DEFAULT_ROWS_PER_STATEMENT)?;
-        let pool = pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
-        Ok(Self { target, pool, shape: Mutex::new(None) })
-    }
+/// PostgreSQL's way of writing a batch: a pool of connections to the target database.
+#[derive(Debug)]
+pub struct Postgres {
+    pool: Pool,
+}
 
-    async fn client(&self) -> Result<deadpool_postgres::Client, SinkError> {
+impl Postgres {
+    async fn client(&self, target: &Target) -> Result<deadpool_postgres::Client, SinkError> {
         // Transient even when the certificate is not trusted: the batch is fine, so it must not count toward
         // quarantine; the message names the fix and the batch waits in flight until it is made.
         self.pool
             .get()
             .await
-            .map_err(|e| SinkError::Transient(connect_failure(&self.target.setting, &e).message().to_string()))
+            .map_err(|e| SinkError::Transient(connect_failure(&target.setting, &e).message().to_string()))
     }
 
-    /// The table's shape, from the cache while it is fresh.
-    async fn shape(&self) -> Result<Arc<TableShape>, SinkError> {
-        let mut cached = self.shape.lock().await;
-        if let Some((shape, at)) = cached.as_ref() {
-            if at.elapsed() < SCHEMA_TTL {
-                return Ok(shape.clone());
-            }
-        }
-        let shape = Arc::new(self.discover().await?);
-        *cached = Some((shape.clone(), Instant::now()));
-        Ok(shape)
-    }
-
-    /// Reads the columns and primary key from the catalog, and creates the fence (and checkpoint) table when
-    /// missing.
-    async fn discover(&self) -> Result<TableShape, SinkError> {
-        let client = self.client().await?;
-        let table = &self.target.table;
+    /// Creates `table` with `ddl` unless it exists. Checked first, so a login without CREATE rights works
+    /// with tables an administrator made.
+    async fn ensure(
+        &self,
+        target: &Target,
+        client: &deadpool_postgres::Client,
+        table: &TableName,
+        ddl: &str,
+    ) -> Result<(), SinkError> {
         let oid: Option<u32> =
-            client.query_one(sql::TABLE_OID, &[&table.pg()]).await.map_err(|e| self.error(e))?.get(0);
+            client.query_one(sql::TABLE_OID, &[&table.pg()]).await.map_err(|e| error(target, e))?.get(0);
+        if oid.is_some() {
+            return Ok(());
+        }
+        match client.batch_execute(ddl).await {
+            Ok(()) => {
+                tracing::info!(table = %table, "created the sink's bookkeeping table");
+                Ok(())
+            }
+            // Another instance created it at the same moment.
+            Err(e) if e.as_db_error().is_some_and(|d| matches!(d.code().code(), "42P07" | "23505")) => Ok(()),
+            Err(e) => Err(SinkError::Rejected(format!(
+                "cannot create {table} ({}); create it once with a login that may: {ddl}",
+                e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+            ))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Dialect for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn discover(&self, target: &Target) -> Result<TableShape, SinkError> {
+        let client = self.client(target).await?;
+        let table = &target.table;
+        let oid: Option<u32> =
+            client.query_one(sql::TABLE_OID, &[&table.pg()]).await.map_err(|e| error(target, e))?.get(0);
         let Some(oid) = oid else {
             return Err(SinkError::Rejected(format!(
                 "sink table {table} does not exist (or the login cannot see it); create it, or check the sink's tableName and the search_path"
             )));
         };
-        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| self.error(e))?;
+        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| error(target, e))?;
         let mut columns = Vec::with_capacity(rows.len());
         let mut key: Vec<(i32, usize)> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
@@ -113,58 +131,28 @@ impl PostgresSink {
             )));
         }
         key.sort_unstable();
-        self.ensure(&client, &self.target.fence_table, &sql::create_fence(&self.target.fence_table)).await?;
-        if let Some(checkpoint) = &self.target.checkpoint_table {
-            self.ensure(&client, checkpoint, &sql::create_checkpoint(checkpoint)).await?;
+        self.ensure(target, &client, &target.fence_table, &sql::create_fence(&target.fence_table)).await?;
+        if let Some(checkpoint) = &target.checkpoint_table {
+            self.ensure(target, &client, checkpoint, &sql::create_checkpoint(checkpoint)).await?;
         }
         tracing::debug!(table = %table, columns = columns.len(), "discovered the sink table");
         Ok(TableShape { table: table.clone(), columns, key: key.into_iter().map(|(_, i)| i).collect() })
     }
 
-    /// Creates `table` with `ddl` unless it exists. Checked first, so a login without CREATE rights works
-    /// with tables an administrator made.
-    async fn ensure(&self, client: &deadpool_postgres::Client, table: &TableName, ddl: &str) -> Result<(), SinkError> {
-        let oid: Option<u32> =
-            client.query_one(sql::TABLE_OID, &[&table.pg()]).await.map_err(|e| self.error(e))?.get(0);
-        if oid.is_some() {
-            return Ok(());
-        }
-        match client.batch_execute(ddl).await {
-            Ok(()) => {
-                tracing::info!(table = %table, "created the sink's bookkeeping table");
-                Ok(())
-            }
-            // Another instance created it at the same moment.
-            Err(e) if e.as_db_error().is_some_and(|d| matches!(d.code().code(), "42P07" | "23505")) => Ok(()),
-            Err(e) => Err(SinkError::Rejected(format!(
-                "cannot create {table} ({}); create it once with a login that may: {ddl}",
-                e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
-            ))),
-        }
-    }
-
-    async fn write(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
+    async fn write(&self, target: &Target, shape: &TableShape, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
         let started = Instant::now();
-        let exactly_once = match (&self.target.checkpoint_table, batch.range) {
-            (Some(table), Some(range)) => Some((table, range)),
-            (Some(_), None) => {
-                return Err(SinkError::Rejected(
-                    "exactlyOnce needs deliveryMode sink (the batch's range names what was applied)".into(),
-                ))
-            }
-            (None, _) => None,
-        };
-        let shape = self.shape().await?;
-        let plan = upsert::plan(&shape, batch.changes).map_err(SinkError::Rejected)?;
+        // `TableSink` refuses exactlyOnce without a range before this runs.
+        let exactly_once = target.checkpoint_table.as_ref().zip(batch.range);
+        let plan = upsert::plan(shape, batch.changes).map_err(SinkError::Rejected)?;
         let key = batch.owner_key();
         let fence = i64::try_from(batch.fence).unwrap_or(i64::MAX);
-        let err = |e| self.error(e);
+        let err = |e| error(target, e);
 
-        let mut client = self.client().await?;
+        let mut client = self.client(target).await?;
         let tx = client.transaction().await.map_err(err)?;
-        let fenced = tx.prepare_cached(&sql::fence(&self.target.fence_table)).await.map_err(err)?;
+        let fenced = tx.prepare_cached(&sql::fence(&target.fence_table)).await.map_err(err)?;
         if tx.query(&fenced, &[&key, &fence]).await.map_err(err)?.is_empty() {
-            let stored = tx.query_opt(&sql::fence_token(&self.target.fence_table), &[&key]).await.map_err(err)?;
+            let stored = tx.query_opt(&sql::fence_token(&target.fence_table), &[&key]).await.map_err(err)?;
             let stored = stored.map_or(0, |r| r.get::<_, i64>(0));
             return Err(SinkError::Fenced { ours: batch.fence, stored: u64::try_from(stored).unwrap_or(0) });
         }
@@ -179,21 +167,21 @@ impl PostgresSink {
                     && same(row.get(2), to)
                 {
                     tx.commit().await.map_err(err)?;
-                    tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %self.target.table,
+                    tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %target.table,
                         "batch already applied (exactly-once checkpoint row); nothing written again");
                     return Ok(());
                 }
             }
         }
         if !plan.deletes.is_empty() {
-            let statement = tx.prepare_cached(&sql::delete(&shape)).await.map_err(err)?;
-            for rows in chunks(&plan.deletes, self.target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
+            let statement = tx.prepare_cached(&sql::delete(shape)).await.map_err(err)?;
+            for rows in chunks(&plan.deletes, target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
                 tx.execute(&statement, &[&rows]).await.map_err(err)?;
             }
         }
         for group in &plan.groups {
-            let statement = tx.prepare_cached(&sql::write(&shape, group)).await.map_err(err)?;
-            for rows in chunks(&group.rows, self.target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
+            let statement = tx.prepare_cached(&sql::write(shape, group)).await.map_err(err)?;
+            for rows in chunks(&group.rows, target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
                 tx.execute(&statement, &[&rows]).await.map_err(err)?;
             }
         }
@@ -208,70 +196,18 @@ impl PostgresSink {
         crate::engine::failpoint::hit("sink-before-commit");
         tx.commit().await.map_err(err)?;
         tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
-            superseded = plan.superseded, deletes = plan.deletes.len(), table = %self.target.table,
+            superseded = plan.superseded, deletes = plan.deletes.len(), table = %target.table,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
         Ok(())
     }
 
-    /// A failed statement in the sink's words: what waiting fixes is transient; the rest says what to change.
-    /// Data errors are reported without the server's message, which quotes the offending value.
-    fn error(&self, e: tokio_postgres::Error) -> SinkError {
-        let table = &self.target.table;
-        let Some(db) = e.as_db_error() else {
-            return SinkError::Transient(format!("PostgreSQL connection failed while writing {table}: {e}"));
-        };
-        let code = db.code().code();
-        let msg = db.message();
-        let at = |what: &str, v: Option<&str>| v.map(|v| format!(", {what} {v}")).unwrap_or_default();
-        match classify(Some(code)) {
-            Verdict::Transient => SinkError::Transient(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
-            Verdict::Denied => SinkError::Rejected(format!(
-                "PostgreSQL: {msg} (SQLSTATE {code}); grant the login INSERT, UPDATE and DELETE on {table}, and INSERT, UPDATE and SELECT on {}{}",
-                self.target.fence_table,
-                self.target.checkpoint_table.as_ref().map(|c| format!(" and {c}")).unwrap_or_default()
-            )),
-            Verdict::BadValue => SinkError::Rejected(format!(
-                "PostgreSQL refused a value for {table} (SQLSTATE {code}{}{}): a value does not fit its column's type; the server's message is not logged because it quotes the value",
-                at("column", db.column()),
-                at("type", db.datatype())
-            )),
-            Verdict::Refused => SinkError::Rejected(format!(
-                "PostgreSQL: {msg} (SQLSTATE {code}{}) while writing {table}",
-                at("constraint", db.constraint())
-            )),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Sink for PostgresSink {
-    async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
-        let result = self.write(batch).await;
-        if matches!(result, Err(SinkError::Rejected(_))) {
-            // The usual cause worth a second look is a table changed since discovery.
-            *self.shape.lock().await = None;
-        }
-        result
-    }
-
-    fn describe(&self) -> String {
-        let mode = if self.exactly_once() { ", exactly once" } else { "" };
-        format!("postgres {} (app setting {}{mode})", self.target.table, self.target.setting)
-    }
-
-    fn exactly_once(&self) -> bool {
-        self.target.checkpoint_table.is_some()
-    }
-
-    async fn resume_position(&self, app: &str, function: &str) -> Result<Option<Resume>, SinkError> {
-        // Discovery first: it creates the bookkeeping tables the statements read.
-        self.shape().await?;
+    async fn recorded(&self, target: &Target, app: &str, function: &str) -> Result<Resume, SinkError> {
         let key = format!("{app}/{function}");
-        let err = |e| self.error(e);
-        let client = self.client().await?;
-        let fence = client.query_opt(&sql::fence_token(&self.target.fence_table), &[&key]).await.map_err(err)?;
+        let err = |e| error(target, e);
+        let client = self.client(target).await?;
+        let fence = client.query_opt(&sql::fence_token(&target.fence_table), &[&key]).await.map_err(err)?;
         let fence = fence.map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
-        let Some(table) = &self.target.checkpoint_table else { return Ok(Some(Resume { fence, applied: None })) };
+        let Some(table) = &target.checkpoint_table else { return Ok(Resume { fence, applied: None }) };
         let applied = match client.query_opt(&sql::read_checkpoint(table), &[&key]).await.map_err(err)? {
             None => None,
             Some(row) => {
@@ -286,6 +222,35 @@ impl Sink for PostgresSink {
                 Some(Applied { batch_id, from: position(1)?, to: position(2)? })
             }
         };
-        Ok(Some(Resume { fence, applied }))
+        Ok(Resume { fence, applied })
+    }
+}
+
+/// A failed statement in the sink's words: what waiting fixes is transient; the rest says what to change.
+/// Data errors are reported without the server's message, which quotes the offending value.
+fn error(target: &Target, e: tokio_postgres::Error) -> SinkError {
+    let table = &target.table;
+    let Some(db) = e.as_db_error() else {
+        return SinkError::Transient(format!("PostgreSQL connection failed while writing {table}: {e}"));
+    };
+    let code = db.code().code();
+    let msg = db.message();
+    let at = |what: &str, v: Option<&str>| v.map(|v| format!(", {what} {v}")).unwrap_or_default();
+    match classify(Some(code)) {
+        Verdict::Transient => SinkError::Transient(format!("PostgreSQL: {msg} (SQLSTATE {code})")),
+        Verdict::Denied => SinkError::Rejected(format!(
+            "PostgreSQL: {msg} (SQLSTATE {code}); grant the login INSERT, UPDATE and DELETE on {table}, and INSERT, UPDATE and SELECT on {}{}",
+            target.fence_table,
+            target.checkpoint_table.as_ref().map(|c| format!(" and {c}")).unwrap_or_default()
+        )),
+        Verdict::BadValue => SinkError::Rejected(format!(
+            "PostgreSQL refused a value for {table} (SQLSTATE {code}{}{}): a value does not fit its column's type; the server's message is not logged because it quotes the value",
+            at("column", db.column()),
+            at("type", db.datatype())
+        )),
+        Verdict::Refused => SinkError::Rejected(format!(
+            "PostgreSQL: {msg} (SQLSTATE {code}{}) while writing {table}",
+            at("constraint", db.constraint())
+        )),
     }
 }

@@ -6,6 +6,7 @@
 //! `UPDATE_GOLDEN=1 cargo test --lib source::mssql` to rewrite the files, then review `git diff`.
 
 use super::*;
+use crate::ident::TableName;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

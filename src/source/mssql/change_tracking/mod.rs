@@ -26,6 +26,9 @@
 //! last delivered version is still valid (the base moves up to just below it), and a table that was polled
 //! empty by this process since the base (the base moves to the version that poll proved empty).
 
+mod snapshot;
+mod status;
+
 use super::catalog::{big, int, one_row, required, text};
 use super::options::{OnPositionLost, Options};
 use super::position::{CtPosition, Last};
@@ -37,7 +40,7 @@ use crate::config::SourceSpec;
 use crate::db::mssql::{Param, Pool, Settings};
 use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use serde_json::value::RawValue;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use tokio::sync::OnceCell;
 
 /// SQL Server's answers to a statement the login lacks a permission for: 229 (an object permission), 297 and
@@ -278,36 +281,6 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
         Ok(change)
     }
 
-    /// A walk of the current rows: `Insert` for each, positions in the snapshot phase.
-    async fn walk(
-        &self,
-        shape: &CtShape,
-        after: Option<&[String]>,
-        upto: Option<&[String]>,
-        limit: usize,
-    ) -> Result<(Vec<Change>, Option<Vec<String>>), SourceError> {
-        let s = shape.walk(after.is_some(), upto.is_some());
-        let params =
-            self.bind(&s, &Values { after_key: after, upto_key: upto, limit: limit as i64, ..Default::default() })?;
-        let ctx = "walking the table";
-        let rows = self.pool.query(&s.sql, &params, ctx).await?;
-        let mut changes = Vec::with_capacity(rows.len());
-        let mut last_key = None;
-        for r in &rows {
-            let item = required(text(r, 1, ctx)?, "ITEM", ctx)?;
-            changes.push(
-                Change::from_json(Operation::Insert, item)
-                    .map_err(|e| SourceError::Invalid(format!("SQL Server returned invalid row JSON: {e}")))?,
-            );
-            last_key = Some(
-                (0..shape.key.len())
-                    .map(|k| required(text(r, 2 + k, ctx)?, "key text", ctx))
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
-        }
-        Ok((changes, last_key))
-    }
-
     async fn versions(&self) -> Result<(i64, i64), SourceError> {
         let ctx = "reading change-tracking versions";
         let s = sql::versions();
@@ -375,28 +348,6 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
             CtPosition::Changes { base: current.max(base), last: None }
         };
         Ok(Fetched { changes, last: Some(last.to_json()), advance: None })
-    }
-
-    async fn on_lost(&self, shape: &CtShape, base: i64, read: &Read, limit: usize) -> Result<Fetched, SourceError> {
-        if self.options.on_position_lost != OnPositionLost::Resync {
-            return Err(self.lost(base, read.min_valid));
-        }
-        let from = read.current.unwrap_or(base);
-        tracing::warn!(table = %self.spec.table, base, min_valid = ?read.min_valid, "change-tracking position lost; resyncing by walking the table (onPositionLost: resync)");
-        let (changes, key) = self.walk(shape, None, None, limit).await?;
-        Ok(self.walk_result(changes, key, from, limit))
-    }
-
-    fn walk_result(&self, changes: Vec<Change>, key: Option<Vec<String>>, base: i64, limit: usize) -> Fetched {
-        if changes.is_empty() {
-            return Fetched::default();
-        }
-        let last = if changes.len() >= limit {
-            CtPosition::Snapshot { base, key }
-        } else {
-            CtPosition::Changes { base, last: None }
-        };
-        Fetched { changes, last: Some(last.to_json()), advance: None }
     }
 
     /// Re-reads `(after, until]` of the change stream; the lost-position rules are the fetch's.
@@ -522,73 +473,10 @@ impl Source for MssqlChangeTracking {
     }
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
-        let shape = self.shape().await?;
-        let ctx = "counting pending changes";
-        match self.parse(after).await? {
-            CtPosition::Snapshot { key, .. } => {
-                let s = shape.walk_pending(key.is_some());
-                let params = self.bind(&s, &Values { after_key: key.as_deref(), ..Default::default() })?;
-                let row = one_row(self.pool.query(&s.sql, &params, ctx).await?, ctx)?;
-                Ok(big(&row, 0, ctx)?.unwrap_or(0).max(0) as u64)
-            }
-            CtPosition::Changes { base, last } => {
-                let mut base = base;
-                for _ in 0..2 {
-                    let s = shape.pending(if last.is_some() { After::Key } else { After::Start });
-                    let params = self.bind(&s, &Values { base, after: last.as_ref(), ..Default::default() })?;
-                    let row = one_row(self.pool.query(&s.sql, &params, ctx).await?, ctx)?;
-                    let min_valid = big(&row, 0, ctx)?;
-                    let read = Read { current: Some(0), min_valid, rows: Vec::new() };
-                    if self.liveness(&read, base)? {
-                        return Ok(big(&row, 1, ctx)?.unwrap_or(0).max(0) as u64);
-                    }
-                    match &last {
-                        Some(l) if min_valid.is_some_and(|m| l.version > m) && base != l.version - 1 => {
-                            base = l.version - 1
-                        }
-                        _ => return Err(self.lost(base, min_valid)),
-                    }
-                }
-                Err(self.lost(base, None))
-            }
-        }
+        self.count_pending(after).await
     }
 
     async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
-        let shape = self.shape().await?;
-        let ctx = "reading the commit time of the oldest pending change";
-        let (base, last) = match self.parse(after).await? {
-            CtPosition::Changes { base, last } => (base, last),
-            CtPosition::Snapshot { .. } => {
-                return Ok(Lag::Unknown(
-                    "the table is being walked (startFrom snapshot or a resync), and its current rows have no commit time; the lag is known again once the walk is done".into(),
-                ))
-            }
-        };
-        let s = shape.oldest(if last.is_some() { After::Key } else { After::Start });
-        let params = self.bind(&s, &Values { base, after: last.as_ref(), ..Default::default() })?;
-        let reason = match self.pool.query_coded(&s.sql, &params, ctx).await {
-            Ok(rows) => {
-                let Some(row) = rows.first() else { return Ok(Lag::CaughtUp) };
-                if let Some(seconds) = int(row, 1, ctx)? {
-                    return Ok(Lag::Behind(std::time::Duration::from_secs(seconds.max(0) as u64)));
-                }
-                let version = big(row, 0, ctx)?.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
-                format!("the commit time of version {version} is no longer in sys.dm_tran_commit_table (change-tracking cleanup removed it); the lag is known again once that change is delivered")
-            }
-            Err((_, Some(code))) if PERMISSION_DENIED.contains(&code) => {
-                let user =
-                    self.discovered.get().map(|(_, db)| db.user.clone()).unwrap_or_else(|| "the login user".into());
-                format!(
-                    "reading commit times (sys.dm_tran_commit_table) needs VIEW DATABASE STATE, which login user {user} lacks (SQL Server error {code}); run GRANT VIEW DATABASE STATE TO [{}] for a lag",
-                    user.replace(']', "]]")
-                )
-            }
-            Err((e, _)) => return Err(e),
-        };
-        if !self.lag_reason_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(table = %self.spec.table, "the lag of this function is unknown: {reason}");
-        }
-        Ok(Lag::Unknown(reason))
+        self.date_oldest_pending(after).await
     }
 }

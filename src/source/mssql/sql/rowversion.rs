@@ -1,0 +1,126 @@
+//! The rowversion source's statements: rows after a position below `MIN_ACTIVE_ROWVERSION()`.
+
+use super::{isolation, json_object, keyset, After, KeyColumn, Params, Slot, Statement};
+use crate::ident::{Ident, TableName};
+
+/// The table's shape as the rowversion source reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RvShape {
+    pub table: TableName,
+    pub key: Vec<KeyColumn>,
+    /// The `rowversion` column.
+    pub version: Ident,
+    pub item: Vec<Ident>,
+    /// Soft-delete column, and whether it is `bit` (`= 1`) or anything else (`IS NOT NULL`).
+    pub soft_delete: Option<(Ident, bool)>,
+    /// A column set once at insert to a value comparable with the rowversion (`binary(8)` or `bigint`).
+    pub inserted: Option<(Ident, bool)>,
+    pub snapshot: bool,
+}
+
+impl RvShape {
+    fn rv_param(p: &mut Params, slot: Slot) -> String {
+        format!("CAST({} AS BINARY(8))", p.p(slot))
+    }
+
+    fn key_params(&self, p: &mut Params, version: Slot, key: fn(usize) -> Slot) -> Vec<(String, String)> {
+        let mut cols = vec![(format!("T.{}", self.version.mssql()), Self::rv_param(p, version))];
+        for (i, k) in self.key.iter().enumerate() {
+            cols.push((format!("T.{}", k.name.mssql()), k.ty.parse_text(&p.p(key(i)))));
+        }
+        cols
+    }
+
+    /// Rows changed after a position and below `MIN_ACTIVE_ROWVERSION()`: a row is read only once no
+    /// transaction that could still commit a smaller rowversion is open, so a late commit is not skipped.
+    /// Row shape: `RV, OP, ITEM, K1..Kn`. `upto` bounds a re-read of a batch.
+    pub fn changes(&self, from: After, upto: bool) -> Statement {
+        let mut p = Params::default();
+        let limit = p.p(Slot::Limit);
+        let rv = format!("T.{}", self.version.mssql());
+        let mut preds = vec![format!("{rv} < MIN_ACTIVE_ROWVERSION()")];
+        match from {
+            After::Start => {}
+            After::Version => preds.push(format!("{rv} > {}", Self::rv_param(&mut p, Slot::AfterVersion))),
+            After::Key => {
+                preds.push(format!("({})", keyset(&self.key_params(&mut p, Slot::AfterVersion, Slot::AfterKey), false)))
+            }
+        }
+        if upto {
+            preds.push(format!("({})", keyset(&self.key_params(&mut p, Slot::UptoVersion, Slot::UptoKey), true)));
+        }
+        let deleted = self.soft_delete.as_ref().map(|(c, is_bit)| {
+            if *is_bit {
+                format!("T.{} = 1", c.mssql())
+            } else {
+                format!("T.{} IS NOT NULL", c.mssql())
+            }
+        });
+        let inserted = match (&self.inserted, from) {
+            (Some(_), After::Start) => Some("1 = 1".to_string()),
+            (Some((c, is_binary)), _) => {
+                let after =
+                    if *is_binary { Self::rv_param(&mut p, Slot::AfterVersion) } else { p.p(Slot::AfterVersion) };
+                Some(format!("T.{} > {after}", c.mssql()))
+            }
+            (None, _) => None,
+        };
+        let op = match (&deleted, &inserted) {
+            (Some(d), Some(i)) => format!("CASE WHEN {d} THEN 2 WHEN {i} THEN 0 ELSE 1 END"),
+            (Some(d), None) => format!("CASE WHEN {d} THEN 2 ELSE 1 END"),
+            (None, Some(i)) => format!("CASE WHEN {i} THEN 0 ELSE 1 END"),
+            (None, None) => "1".to_string(),
+        };
+        let row = json_object("T", self.item.iter());
+        let item = match &deleted {
+            Some(d) => {
+                format!("CASE WHEN {d} THEN {} ELSE {row} END", json_object("T", self.key.iter().map(|k| &k.name)))
+            }
+            None => row,
+        };
+        let mut select =
+            vec![format!("CAST({rv} AS BIGINT) AS RV"), format!("CAST({op} AS INT) AS OP"), format!("{item} AS ITEM")];
+        for (i, k) in self.key.iter().enumerate() {
+            select.push(format!("{} AS K{}", k.ty.to_text(&format!("T.{}", k.name.mssql())), i + 1));
+        }
+        let order: Vec<String> =
+            std::iter::once(rv.clone()).chain(self.key.iter().map(|k| format!("T.{}", k.name.mssql()))).collect();
+        let sql = format!(
+            "{}SELECT TOP ({limit}) {} FROM {} AS T WHERE {} ORDER BY {}",
+            isolation(self.snapshot),
+            select.join(", "),
+            self.table.mssql(),
+            preds.join(" AND "),
+            order.join(", ")
+        );
+        Statement { sql, slots: p.0 }
+    }
+
+    /// Readable rows after a position (status). Row shape: `PENDING`.
+    pub fn pending(&self, from: After) -> Statement {
+        let mut p = Params::default();
+        let rv = format!("T.{}", self.version.mssql());
+        let mut preds = vec![format!("{rv} < MIN_ACTIVE_ROWVERSION()")];
+        match from {
+            After::Start => {}
+            After::Version => preds.push(format!("{rv} > {}", Self::rv_param(&mut p, Slot::AfterVersion))),
+            After::Key => {
+                preds.push(format!("({})", keyset(&self.key_params(&mut p, Slot::AfterVersion, Slot::AfterKey), false)))
+            }
+        }
+        Statement {
+            sql: format!(
+                "SELECT COUNT_BIG(*) AS PENDING FROM {} AS T WHERE {}",
+                self.table.mssql(),
+                preds.join(" AND ")
+            ),
+            slots: p.0,
+        }
+    }
+
+    /// The newest readable rowversion (for `startFrom: now`): everything below the oldest open transaction.
+    /// Row shape: `RV`.
+    pub fn newest() -> Statement {
+        Statement { sql: "SELECT CAST(MIN_ACTIVE_ROWVERSION() AS BIGINT) - 1 AS RV".into(), slots: vec![] }
+    }
+}

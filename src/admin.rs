@@ -166,8 +166,8 @@ mod tests {
     /// Writes a fresh state document for `Orders`, as its first tick would.
     async fn first_tick_state(app: &App) {
         let t = app.trigger("Orders").expect("Orders");
-        let doc = t.new_doc(Position::Null);
-        t.store().save_if(t.state_key(), &serde_json::to_vec(&doc).expect("json"), None).await.expect("save");
+        let mut doc = t.new_doc(Position::Null);
+        t.ledger().save(&mut doc, None, &app.owner).await.expect("save");
     }
 
     #[test]

@@ -10,7 +10,6 @@ use crate::source::{Lag, Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
 use serde::Serialize;
 use serde_json::{json, Value};
-use time::OffsetDateTime;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
@@ -132,7 +131,7 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
     };
     let pending = t.source().pending(&checkpoint).await.map_err(TickError::from)?;
     let per_worker = t.config().settings.max_changes_per_worker.max(1);
-    let now = OffsetDateTime::now_utc();
+    let now = t.ledger().clock().now();
     let since = doc.as_ref().and_then(|d| d.progress_at.or(Some(d.updated_at)));
     let seconds_since_progress = match (pending, since) {
         (0, _) | (_, None) => 0.0,
@@ -167,7 +166,7 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
             .then(|| t.config().proof_window.as_millis() as u64),
         counters: doc.as_ref().map(|d| serde_json::to_value(&d.counters).unwrap_or(Value::Null)).unwrap_or(Value::Null),
         quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
-        store_operations: t.store().operations(),
+        store_operations: t.ledger().store_operations(),
         last_tick: t.last_tick(),
     })
 }

@@ -3,7 +3,7 @@
 //! cursor source built from an app folder exactly as the handler builds it (app settings, sqltrigger.json).
 //! The last tests run the real `handler` binary the same way.
 //!
-//! What each sslmode means with the verifying connector is in `src/source/postgres/tls.rs`; these tests pin
+//! What each sslmode means with the verifying connector is in `src/db/postgres/tls.rs`; these tests pin
 //! it: `require` and the default `prefer` verify the certificate and host name, `disable` is plaintext, and
 //! the plain test servers everyone else uses keep working with the default.
 //!

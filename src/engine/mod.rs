@@ -220,10 +220,6 @@ impl Trigger {
         &self.ledger
     }
 
-    pub fn store(&self) -> &Arc<dyn StateStore> {
-        self.ledger.store()
-    }
-
     pub fn state_key(&self) -> &str {
         self.ledger.key()
     }
@@ -302,13 +298,13 @@ impl Trigger {
         work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
     ) -> Result<TickOutcome, TickError> {
         let started = std::time::Instant::now();
-        let ops_before = self.store().operations();
+        let ops_before = self.ledger.store_operations();
         let budget = self.config.settings.tick_timeout;
         let result = match tokio::time::timeout(budget, work).await {
             Ok(result) => result,
             Err(_) => Err(TickError::Timeout(budget)),
         };
-        let store_operations = self.store().operations() - ops_before;
+        let store_operations = self.ledger.store_operations() - ops_before;
         let duration = started.elapsed();
         if let Some(observer) = self.observer.get() {
             observer.tick_finished(&TickRecord {

@@ -17,7 +17,7 @@
 //! - `resume_position` says what the destination recorded for a function (the fence token, and an
 //!   exactly-once sink's last applied batch). Sink mode asks only while the function's state document has
 //!   acknowledged nothing, which is how a lost document shows, so the target's record wins over `startFrom`
-//!   (see `trigger::sink_mode`). Sinks that record nothing keep the default, `None`.
+//!   (see `engine::sink_tick::reconcile`). Sinks that record nothing keep the default, `None`.
 
 mod mssql;
 mod postgres;

@@ -1,9 +1,9 @@
 //! Durable state: one small document per function, written only by compare-and-swap.
 //!
-//! The store knows nothing about what the document means (the engine owns that, in `trigger::state`); it
-//! stores bytes under a key and guards every write with an entity tag. This keeps every backend (Azure Blob,
-//! a local file, memory) down to the two operations whose semantics matter, and the same store also holds the
-//! immutable quarantine documents.
+//! The store knows nothing about what the document means (the engine owns that, in `engine::document`, read and
+//! written only by `engine::ledger`); it stores bytes under a key and guards every write with an entity tag.
+//! This keeps every backend (Azure Blob, a local file, memory) down to the two operations whose semantics
+//! matter, and the same store also holds the immutable quarantine documents.
 //!
 //! # Contract
 //! - `load` returns the latest durable bytes with their etag, or `None` if the key was never written.

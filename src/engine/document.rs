@@ -90,6 +90,34 @@ pub struct InFlight {
     pub failing_since: Option<OffsetDateTime>,
 }
 
+impl InFlight {
+    /// A batch delivered for the first time, by `owner` at `now`.
+    pub fn first_delivery(
+        batch_id: u64,
+        from: Position,
+        to: Position,
+        rows: u64,
+        owner: &str,
+        now: OffsetDateTime,
+    ) -> Self {
+        Self {
+            batch_id,
+            from,
+            to,
+            rows,
+            deliveries: 1,
+            failures: 0,
+            owner: owner.to_string(),
+            final_attempt: false,
+            first_delivered_at: now,
+            last_delivered_at: now,
+            quarantined: None,
+            batches: 1,
+            failing_since: None,
+        }
+    }
+}
+
 fn one() -> u32 {
     1
 }

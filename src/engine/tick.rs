@@ -180,19 +180,8 @@ impl Trigger {
         let batch_id = doc.next_batch_id;
         doc.next_batch_id += 1;
         let flight = InFlight {
-            batch_id,
-            from,
-            to: last,
-            rows: fetched.changes.len() as u64,
-            deliveries: 1,
-            failures: 0,
-            owner: self.owner.clone(),
-            final_attempt: false,
-            first_delivered_at: now,
-            last_delivered_at: now,
             quarantined,
-            batches: 1,
-            failing_since: None,
+            ..InFlight::first_delivery(batch_id, from, last, fetched.changes.len() as u64, &self.owner, now)
         };
         self.record_delivery(&mut doc, flight, via, now);
         if !self.commit(memory, &mut doc, etag.as_ref(), &mut out).await? {

@@ -241,13 +241,12 @@ impl<'de> Deserialize<'de> for Props<'de> {
 struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn column(name: &str, ty: &str) -> Column {
-        Column {
-            name: Ident::new(name).expect("valid"),
-            sql_type: ty.into(),
+impl Column {
+    /// A nullable column without a default, identity or generation: what tests build shapes from.
+    pub(crate) fn plain(name: &str, sql_type: &str) -> Self {
+        Self {
+            name: Ident::new(name).expect("a valid column name"),
+            sql_type: sql_type.into(),
             nullable: true,
             has_default: false,
             identity: false,
@@ -255,18 +254,23 @@ mod tests {
             binary: false,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     /// `orders(id bigint PK, name text NOT NULL, "order" int NULL, note text NULL DEFAULT 'x')`.
     fn shape() -> TableShape {
-        let mut id = column("id", "bigint");
+        let mut id = Column::plain("id", "bigint");
         id.nullable = false;
-        let mut name = column("name", "text");
+        let mut name = Column::plain("name", "text");
         name.nullable = false;
-        let mut note = column("note", "text");
+        let mut note = Column::plain("note", "text");
         note.has_default = true;
         TableShape {
             table: TableName::parse("public.orders").expect("valid"),
-            columns: vec![id, name, column("order", "integer"), note],
+            columns: vec![id, name, Column::plain("order", "integer"), note],
             key: vec![0],
         }
     }
@@ -353,7 +357,7 @@ mod tests {
     #[test]
     fn reserved_and_unicode_column_names_match_exactly_and_escaped_names_are_read() {
         let mut s = shape();
-        s.columns.push(column("Ünïcode Col", "text"));
+        s.columns.push(Column::plain("Ünïcode Col", "text"));
         let changes = vec![change(Operation::Insert, r#"{"id":1,"name":"a","order":2,"\u00dcn\u00efcode Col":"x"}"#)];
         let p = plan(&s, &changes).expect("valid");
         assert_eq!(p.groups[0].columns, vec![0, 1, 2, 4]);

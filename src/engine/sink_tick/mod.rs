@@ -208,21 +208,14 @@ impl Trigger {
                 let chainable = doc.retry_quarantined.is_empty() && !doc.paused && doc.halted.is_none();
                 let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
                 let next = chain.map(|fetched| {
-                    let next = InFlight {
-                        batch_id: doc.next_batch_id,
-                        from: flight.to.clone(),
-                        to: fetched.last.clone().unwrap_or(Position::Null),
-                        rows: fetched.changes.len() as u64,
-                        deliveries: 1,
-                        failures: 0,
-                        owner: self.owner.clone(),
-                        final_attempt: false,
-                        first_delivered_at: now,
-                        last_delivered_at: now,
-                        quarantined: None,
-                        batches: 1,
-                        failing_since: None,
-                    };
+                    let next = InFlight::first_delivery(
+                        doc.next_batch_id,
+                        flight.to.clone(),
+                        fetched.last.clone().unwrap_or(Position::Null),
+                        fetched.changes.len() as u64,
+                        &self.owner,
+                        now,
+                    );
                     doc.next_batch_id += 1;
                     doc.in_flight = Some(next.clone());
                     decide::take_lease(&mut doc, &self.owner, self.config.settings.lease_duration, now);

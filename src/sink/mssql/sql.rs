@@ -259,28 +259,16 @@ mod tests {
         assert_eq!(actual, expected, "{} differs; rerun with UPDATE_GOLDEN=1 and review the diff", path.display());
     }
 
-    fn column(name: &str, ty: &str) -> Column {
-        Column {
-            name: Ident::new(name).expect("valid"),
-            sql_type: ty.into(),
-            nullable: true,
-            has_default: false,
-            identity: false,
-            generated: false,
-            binary: false,
-        }
-    }
-
     /// `[Sales Ünïcode].[Order]] Lines]`: key (Id, Line), a reserved word, a quote, a binary column.
     fn shape() -> TableShape {
         TableShape {
             table: TableName::parse("[Sales Ünïcode].[Order]] Lines]").expect("valid"),
             columns: vec![
-                column("Id", "bigint"),
-                column("Line", "int"),
-                column("order", "nvarchar(max)"),
-                column("Qty \"x\"", "decimal(12, 2)"),
-                column("Photo", "varbinary(max)"),
+                Column::plain("Id", "bigint"),
+                Column::plain("Line", "int"),
+                Column::plain("order", "nvarchar(max)"),
+                Column::plain("Qty \"x\"", "decimal(12, 2)"),
+                Column::plain("Photo", "varbinary(max)"),
             ],
             key: vec![0, 1],
         }

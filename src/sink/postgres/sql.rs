@@ -151,31 +151,19 @@ pub fn write_checkpoint(table: &TableName) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ident::Ident;
+
     use crate::sink::target::beside;
     use crate::sink::upsert::Column;
 
-    fn column(name: &str, ty: &str) -> Column {
-        Column {
-            name: Ident::new(name).expect("valid"),
-            sql_type: ty.into(),
-            nullable: true,
-            has_default: false,
-            identity: false,
-            generated: false,
-            binary: false,
-        }
-    }
-
     fn shape() -> TableShape {
-        let mut blob = column("blob", "bytea");
+        let mut blob = Column::plain("blob", "bytea");
         blob.binary = true;
         TableShape {
             table: TableName::parse("public.\"Target Table\"").expect("valid"),
             columns: vec![
-                column("id", "bigint"),
-                column("order", "integer"),
-                column("Ünïcode Col", "numeric(12,2)"),
+                Column::plain("id", "bigint"),
+                Column::plain("order", "integer"),
+                Column::plain("Ünïcode Col", "numeric(12,2)"),
                 blob,
             ],
             key: vec![0],

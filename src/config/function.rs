@@ -4,8 +4,9 @@
 //! plus our additions. String values may reference app settings as `%Name%`, as function.json does.
 
 use super::host_policy::{proof_window, FunctionTimeout, RetryPolicy, UNBOUNDED_TIMEOUT_ASSUMED};
+use super::ncrontab::Schedule;
 use super::settings::{DeliveryMode, Resolver, TriggerSettings};
-use super::source_spec::{resolve_references, source_spec, SourceSpec};
+use super::source_spec::{resolve_references, resolve_text, source_spec, SourceSpec};
 use super::{read_json, valid_path_part, ConfigError, Env};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -57,6 +58,9 @@ pub struct FunctionConfig {
     /// The timer trigger binding's name: where the host puts the timer under `Data`.
     pub timer_binding: String,
     pub timer_schedule: Option<String>,
+    /// The schedule the host fires on (`%Name%` resolved), when the handler serves the host; `None` under
+    /// `handler run`, which has no timer.
+    pub schedule: Option<Schedule>,
     pub outputs: Vec<OutputBinding>,
     pub retry: Option<RetryPolicy>,
     /// Deferred delivery: how long an answered batch stays unproven (see [`proof_window`]).
@@ -283,6 +287,28 @@ pub(super) fn load(
     } else if let Err(problems) = super::outputs::routes(&outputs, &options, &trig_file) {
         errors.extend(problems);
     }
+    let schedule = match (&timer_schedule, host) {
+        (Some(text), true) => match resolve_text(text, env)
+            .map_err(|missing| format!("the timer's schedule references app setting %{missing}%, which is not set"))
+        {
+            Ok(resolved) => Schedule::parse(&resolved).map(Some).unwrap_or_else(|e| {
+                errors.push(ConfigError::new(fn_file.clone(), format!("{e}; the host would refuse it too")));
+                None
+            }),
+            Err(e) => {
+                errors.push(ConfigError::new(fn_file.clone(), e));
+                None
+            }
+        },
+        (None, true) => {
+            errors.push(ConfigError::new(
+                fn_file.clone(),
+                "the timerTrigger binding has no \"schedule\" (an NCRONTAB expression such as \"*/5 * * * * *\")",
+            ));
+            None
+        }
+        (_, false) => None,
+    };
     if host && settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
         errors.push(ConfigError::new(
             fn_file.clone(),
@@ -300,6 +326,7 @@ pub(super) fn load(
         dir: dir.to_path_buf(),
         timer_binding,
         timer_schedule,
+        schedule,
         outputs,
         retry,
         proof_window,

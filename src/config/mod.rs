@@ -6,6 +6,7 @@
 
 mod function;
 mod host_policy;
+pub mod ncrontab;
 mod outputs;
 mod postgres_trust;
 mod secret;
@@ -400,6 +401,35 @@ mod retry_tests {
         assert!(err.contains("retry.delayInterval") && err.contains("00:00:05"), "{err}");
         let err = load(fixed(3, "00:00:05"), serde_json::json!({ "functionTimeout": "later" }), &[]).expect_err("x");
         assert!(err.contains("host.json functionTimeout"), "{err}");
+    }
+
+    /// Loads the test app with its timer schedule set to `schedule`, under the app settings `settings`.
+    fn with_schedule(schedule: &str, settings: &[(&str, &str)]) -> Result<AppConfig, String> {
+        let root = std::env::temp_dir().join(format!("spt-schedule-{}", uuid::Uuid::new_v4().simple()));
+        write_test_app(&root, "Orders");
+        let function = root.join("Orders/function.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&function).expect("function.json")).expect("JSON");
+        json["bindings"][0]["schedule"] = schedule.into();
+        std::fs::write(&function, json.to_string()).expect("write");
+        let mut pairs = vec![("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())];
+        pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let loaded = AppConfig::load_from(&root, Env::from_pairs(pairs)).map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(&root);
+        loaded
+    }
+
+    #[test]
+    fn the_timer_schedule_is_read_as_the_host_reads_it_and_a_bad_one_is_refused() {
+        let app = with_schedule("%Orders_Schedule%", &[("Orders_Schedule", "*/10 * * * * *")]).expect("valid");
+        assert_eq!(app.functions[0].schedule, Some(ncrontab::Schedule::parse("*/10 * * * * *").expect("valid")));
+        let err = with_schedule("%Orders_Schedule%", &[]).expect_err("unset");
+        assert!(err.contains("references app setting %Orders_Schedule%, which is not set"), "{err}");
+        let err = with_schedule("*/5 * * * * 7", &[]).expect_err("day 7");
+        assert!(
+            err.contains("Orders/function.json: schedule \"*/5 * * * * 7\" is not a valid NCRONTAB expression: 7 is out of range in the day of week field"),
+            "{err}"
+        );
     }
 
     #[test]

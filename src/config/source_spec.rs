@@ -248,7 +248,8 @@ pub(super) fn resolve_references(
     raw.iter().map(|(k, v)| (k.clone(), walk(v, env, k, file, errors))).collect()
 }
 
-fn resolve_text(s: &str, env: &Env) -> Result<String, String> {
+/// `%Name%` references in `s` replaced by app settings; the name of a missing one as the error.
+pub(super) fn resolve_text(s: &str, env: &Env) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = s;
     while let Some(start) = rest.find('%') {

@@ -37,6 +37,7 @@ pub fn function(name: &str, settings: TriggerSettings) -> FunctionConfig {
         dir: PathBuf::from(name),
         timer_binding: "timer".into(),
         timer_schedule: None,
+        schedule: None,
         outputs: Vec::new(),
         retry: None,
         proof_window: Duration::ZERO,

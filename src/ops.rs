@@ -75,6 +75,16 @@ pub struct Status {
     /// the lag, it says whether the function is moving at all: a function that keeps delivering a backlog
     /// older than an hour has a large lag and a small `seconds_since_progress`.
     pub seconds_since_progress: f64,
+    /// Changes acknowledged per second over the last minutes (a decayed average, `engine::decide::Pace`);
+    /// `None` until a function has acknowledged batches for a few seconds.
+    pub pace_per_second: Option<f64>,
+    /// `pending / pace_per_second`: how long the pending changes take at the observed pace. 0 when nothing is
+    /// pending; `None` when changes wait and the pace is unknown or zero (the function is not moving).
+    pub seconds_to_drain: Option<f64>,
+    /// The most the host's timer lets this function deliver: `Sql_Trigger_MaxBatchSize` changes per firing
+    /// times the schedule's firings per second (one batch per firing, as the timer never overlaps itself).
+    /// `None` under `handler run`, which has no timer.
+    pub ceiling_per_second: Option<f64>,
     /// What is in flight: in deferred delivery, every batch answered and not yet proven written (`batches`,
     /// `rows`, the first answered at `since`); `failures` are the first batch's known failures.
     pub in_flight: Option<Value>,
@@ -137,6 +147,16 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         (0, _) | (_, None) => 0.0,
         (_, Some(at)) => (now - at).as_seconds_f64().max(0.0),
     };
+    let pace_per_second = doc.as_ref().and_then(|d| d.pace.as_ref()).and_then(|p| p.per_second(now));
+    let seconds_to_drain = match (pending, pace_per_second) {
+        (0, _) => Some(0.0),
+        (_, Some(pace)) if pace > 0.0 => Some(pending as f64 / pace),
+        _ => None,
+    };
+    let ceiling_per_second = t.config().schedule.as_ref().map(|schedule| {
+        let from = time::PrimitiveDateTime::new(now.date(), now.time());
+        t.config().settings.max_batch_size as f64 * schedule.firings_per_second(from)
+    });
     // The lag is extra information: a failure to read it is reported in the answer, never fails the status.
     let (lag_seconds, lag_unknown_reason) = match t.source().oldest_pending_age(&checkpoint).await {
         Ok(Lag::CaughtUp) => (Some(0.0), None),
@@ -155,6 +175,9 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         lag_seconds,
         lag_unknown_reason,
         seconds_since_progress,
+        pace_per_second,
+        seconds_to_drain,
+        ceiling_per_second,
         in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
             json!({
                 "batch_id": f.batch_id, "batches": f.batches, "rows": f.rows, "deliveries": f.deliveries,

@@ -8,8 +8,8 @@
 //!   [`TickObserver`](crate::engine::TickObserver) set on each trigger. A poll of
 //!   `Trigger::last_tick()` would miss every tick but the last between two polls, and histograms need them all.
 //!   Recording is an in-memory aggregation on the tick's task: no IO, no lock held across an await.
-//! - **The gauges** (pending changes, target workers, lag, seconds since progress, quarantined batches) need the
-//!   database, so a separate task refreshes them from `ops::status` every `Sql_Trigger_MetricsIntervalMs`, one
+//! - **The gauges** (pending changes, target workers, lag, seconds since progress, pace, seconds to drain,
+//!   quarantined batches) need the database, so a separate task refreshes them from `ops::status` every `Sql_Trigger_MetricsIntervalMs`, one
 //!   function at a time with a timeout, and the gauge callbacks only read the last snapshot. The poll never
 //!   takes a function's tick lock, so it cannot delay a tick, and a slow database delays only the gauges.
 //!
@@ -202,6 +202,8 @@ async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, interval
                     seconds_since_progress: status.seconds_since_progress,
                     lag: status.lag_seconds,
                     quarantined: status.quarantined as u64,
+                    pace: status.pace_per_second,
+                    seconds_to_drain: status.seconds_to_drain,
                 }),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {bound:?}")),

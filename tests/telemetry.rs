@@ -50,6 +50,10 @@ async fn receiver(received: Received) -> String {
 
 /// A trigger named `Orders` over an in-memory source and store, configured from an app folder.
 fn trigger(source: Arc<MemorySource>) -> Arc<Trigger> {
+    Arc::new(trigger_on(source, Arc::new(sql_pseudo_trigger::clock::SystemClock)))
+}
+
+fn trigger_on(source: Arc<MemorySource>, clock: Arc<dyn sql_pseudo_trigger::clock::Clock>) -> Trigger {
     let sqltrigger = json!({
         "source": "postgres-cursor", "tableName": "public.orders", "connectionStringSetting": "Pg",
         "cursorColumn": "version"
@@ -62,7 +66,7 @@ fn trigger(source: Arc<MemorySource>) -> Arc<Trigger> {
     );
     let config = AppConfig::load_from(app.root(), env).expect("the app config loads");
     let function = config.functions[0].clone();
-    Arc::new(Trigger::new(function, "app", source, Arc::new(MemoryStore::new()), "owner-1".into()))
+    Trigger::new(function, "app", source, Arc::new(MemoryStore::new()), "owner-1".into()).with_clock(clock)
 }
 
 fn string_attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a str> {
@@ -182,6 +186,43 @@ async fn ticks_and_status_arrive_at_an_otlp_receiver() {
     telemetry.shutdown().await;
     assert!(stopping.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopping.elapsed());
     assert!(received.lock().expect("received lock").len() > requests_before, "no final export");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pace_and_the_time_to_drain_arrive_once_the_pace_is_known() {
+    // GIVEN a function on a manual clock that acknowledged two batches 30 s apart and has a third in flight
+    let received = Received::default();
+    let url = receiver(received.clone()).await;
+    let env = Env::from_pairs(
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()), ("Sql_Trigger_MetricsIntervalMs", "100")]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let config = TelemetryConfig::from_env(&env, "pace-test").expect("valid settings").expect("an exporter");
+    let source = Arc::new(MemorySource::new());
+    let clock = Arc::new(sql_pseudo_trigger::clock::ManualClock::default());
+    let trigger = Arc::new(trigger_on(source.clone(), clock.clone()));
+    source.upsert(1..=300, 1);
+    for _ in 0..3 {
+        trigger.tick(&Attempt::fresh(Some(RetryContext::first(5)))).await.expect("tick");
+        clock.advance(Duration::from_secs(30));
+    }
+    let status = sql_pseudo_trigger::ops::status(&trigger).await.expect("status");
+    let (pace, drain) = (status.pace_per_second.expect("known"), status.seconds_to_drain.expect("moving"));
+
+    // WHEN the status poll exports them
+    let telemetry = Telemetry::start(&config, "instance-1", vec![trigger.clone()]).expect("the exporter starts");
+
+    // THEN the gauges carry status's values
+    let f = ("function", "Orders");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while latest(&received, "sql_trigger.seconds_to_drain", &[f]).is_none() {
+        assert!(Instant::now() < deadline, "the gauges did not arrive within 20 s; got {:?}", names(&received));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(latest(&received, "sql_trigger.pace", &[f]), Some(pace));
+    assert_eq!(latest(&received, "sql_trigger.seconds_to_drain", &[f]), Some(drain));
+    assert_eq!(status.pending, 100, "the batch in flight");
+    telemetry.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 //! except by an explicit operator reset. Every write carries a fresh `write_id`, so no two writes are
 //! byte-identical and content-hash etags stay unique.
 
+use super::decide::Pace;
 use crate::source::Position;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -47,6 +48,9 @@ pub struct StateDoc {
     /// When the checkpoint last moved (or a batch was last acknowledged).
     #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
     pub progress_at: Option<OffsetDateTime>,
+    /// Changes acknowledged per second over the last minutes (see `decide::pace`), set with `counters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<Pace>,
     pub write_id: String,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,

@@ -388,6 +388,7 @@ impl Trigger {
             quarantine: Vec::new(),
             retry_quarantined: Vec::new(),
             progress_at: None,
+            pace: None,
             write_id: String::new(),
             updated_at: self.clock().now(),
             updated_by: self.owner.clone(),

@@ -117,6 +117,10 @@ pub(super) struct StatusGauges {
     /// than a 0 that would read as "caught up".
     pub(super) lag: Option<f64>,
     pub(super) quarantined: u64,
+    /// `None` until the pace is known (status `pace_per_second`).
+    pub(super) pace: Option<f64>,
+    /// `None` when changes wait and nothing moves (status `seconds_to_drain`).
+    pub(super) seconds_to_drain: Option<f64>,
 }
 
 /// The gauges read the snapshots only: a collection never waits for the database.
@@ -164,6 +168,24 @@ pub(super) fn register_gauges(meter: &Meter, snapshots: &Snapshots) {
                 }
             })
         })
+        .build();
+    let s = snapshots.clone();
+    meter
+        .f64_observable_gauge("sql_trigger.pace")
+        .with_description(
+            "Changes acknowledged per second over the last minutes, at the last status poll; absent until known.",
+        )
+        .with_unit("{change}/s")
+        .with_callback(move |o| each(&s, |g, attrs| g.pace.into_iter().for_each(|v| o.observe(v, attrs))))
+        .build();
+    let s = snapshots.clone();
+    meter
+        .f64_observable_gauge("sql_trigger.seconds_to_drain")
+        .with_description(
+            "Pending changes divided by the pace: seconds to drain at the observed pace (0 when none are pending); absent while nothing moves.",
+        )
+        .with_unit("s")
+        .with_callback(move |o| each(&s, |g, attrs| g.seconds_to_drain.into_iter().for_each(|v| o.observe(v, attrs))))
         .build();
     let s = snapshots.clone();
     meter

@@ -2,6 +2,8 @@
 //! another process (a handler instance or another operator); a [`FaultyStore`] hook lets it write between
 //! an action's read and its compare-and-swap.
 use serde_json::{json, Value};
+use sql_pseudo_trigger::clock::ManualClock;
+use sql_pseudo_trigger::config::ncrontab::Schedule;
 use sql_pseudo_trigger::config::{FunctionConfig, TriggerSettings};
 use sql_pseudo_trigger::engine::document::StateDoc;
 use sql_pseudo_trigger::engine::Trigger;
@@ -217,6 +219,33 @@ async fn status_counts_pending_changes_and_the_workers_they_need() {
     let s = status(&w.trigger).await.expect("status");
     assert_eq!((s.pending, s.in_flight.is_some()), (2400, true));
     assert!(s.seconds_since_progress >= 0.0);
+}
+
+#[tokio::test]
+async fn status_reports_the_pace_the_time_to_drain_at_it_and_the_ceiling_of_the_schedule() {
+    // GIVEN 10,000 changes, a function fired every 5 s (100 per firing) on a manual clock
+    let clock = Arc::new(ManualClock::new(OffsetDateTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000)));
+    let mut function = config(5);
+    function.schedule = Some(Schedule::parse("*/5 * * * * *").expect("valid"));
+    let source = Arc::new(MemorySource::new());
+    let store = Arc::new(MemoryStore::new());
+    let trigger = Trigger::new(function, "app", source.clone(), store, "handler-1".into()).with_clock(clock.clone());
+    source.upsert(1..=10_000, 1);
+    let s = status(&trigger).await.expect("status");
+    // THEN before anything is acknowledged the pace and the drain time are unknown; the ceiling is 100 per 5 s
+    assert_eq!((s.pace_per_second, s.seconds_to_drain, s.ceiling_per_second), (None, None, Some(20.0)));
+
+    // WHEN it runs five minutes of firings, each acknowledging the batch before it (proof window 0)
+    for _ in 0..61 {
+        trigger.tick(&testbed::attempts::first()).await.expect("tick");
+        clock.advance(std::time::Duration::from_secs(5));
+    }
+    // THEN the pace is the 20 changes per second it moves at, and the drain time is what is left at that pace
+    let s = status(&trigger).await.expect("status");
+    let pace = s.pace_per_second.expect("known after five minutes");
+    assert!((pace - 20.0).abs() < 2.0, "pace {pace}");
+    assert_eq!(s.pending, 10_000 - 60 * 100);
+    assert_eq!(s.seconds_to_drain, Some(s.pending as f64 / pace));
 }
 
 /// Reads status, and the seconds since `at` measured just before and just after: the bounds any age of a

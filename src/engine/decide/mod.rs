@@ -2,8 +2,10 @@
 //! `now` (from the engine's clock, so tests move time by hand): acknowledgement by proof (`proof`), leases and
 //! their fencing tokens, acknowledgement, poison, the fence a sink raises, the span in flight.
 
+mod pace;
 mod proof;
 
+pub use pace::{Pace, PACE_HORIZON};
 pub use proof::{Answered, Named, Sent, HISTORY_KEPT};
 
 use super::document::{InFlight, Lease, StateDoc};
@@ -92,6 +94,7 @@ pub fn acknowledge(doc: &mut StateDoc, flight: &InFlight, now: OffsetDateTime) {
     }
     doc.counters.delivered += flight.rows;
     doc.counters.batches += 1;
+    Pace::record(&mut doc.pace, flight.rows, now);
     doc.in_flight = None;
     doc.progress_at = Some(now);
 }
@@ -212,6 +215,10 @@ pub fn adopt(flight: &InFlight) -> Sent {
 /// Moves the checkpoint (and the counters) over batches proven written: the span's proven prefix, and
 /// operators' retries of quarantined batches (which lie before the checkpoint). `true` when anything moved.
 pub fn apply_proven(doc: &mut StateDoc, span: &[Arc<Sent>], retries: &[Arc<Sent>], now: OffsetDateTime) -> bool {
+    let counted: u64 = span.iter().chain(retries).filter(|s| !s.settled).map(|s| s.rows).sum();
+    if !span.is_empty() || !retries.is_empty() {
+        Pace::record(&mut doc.pace, counted, now);
+    }
     for sent in span {
         doc.checkpoint = sent.to.clone();
         doc.progress_at = Some(now);

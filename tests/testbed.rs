@@ -277,6 +277,7 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 time.sleep(int(os.environ.get("STANDIN_DELAY_MS", "0")) / 1000)
 fail_first, posts = int(os.environ.get("STANDIN_FAIL_FIRST", "0")), 0
 messages = int(os.environ.get("STANDIN_MESSAGES", "1"))
+post_delay = int(os.environ.get("STANDIN_POST_DELAY_MS", "0")) / 1000
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args): pass
     def reply(self, code, data):
@@ -287,6 +288,7 @@ class Handler(BaseHTTPRequestHandler):
         global posts
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
         posts += 1
+        time.sleep(post_delay)
         if posts <= fail_first: return self.reply(500, b"transient failure")
         retry = body["Metadata"].get("RetryContext")
         echo = {"request": body, "path": self.path, "id": self.headers.get("X-Azure-Functions-InvocationId"),
@@ -338,8 +340,11 @@ async fn start_standin(app: &AppFolder, script: &Path, env: &[(&str, &str)]) -> 
 
 #[tokio::test]
 async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
-    // GIVEN a handler that takes 300 ms to listen, and a setting both in local.settings.json and the options
-    let (app, script) = standin_app(None);
+    // GIVEN a handler that takes 300 ms to listen, a setting both in local.settings.json and the options, and a
+    // timer every five minutes (one the host keeps a schedule monitor for)
+    let mut function_json = support::timer_function_json(None);
+    function_json["bindings"][0]["schedule"] = json!("0 */5 * * * *");
+    let (app, script) = standin_app_with(function_json);
     let driver = start_standin(&app, &script, &[("STANDIN_DELAY_MS", "300")]).await;
 
     // THEN readiness waited for it
@@ -363,6 +368,9 @@ async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
     // AND the body is the host's timer body: first run's Last has no offset, no RetryContext
     let body = &echo["request"];
     assert_eq!(body["Data"]["timer"]["ScheduleStatus"]["Last"], "0001-01-01T00:00:00");
+    let next = body["Data"]["timer"]["ScheduleStatus"]["Next"].as_str().expect("a string");
+    let minute: u32 = next[14..16].parse().expect("minutes");
+    assert_eq!((next.len(), minute % 5, &next[17..]), (25, 0, "00+00:00"), "the next five-minute mark: {next}");
     assert_eq!(body["Data"]["timer"]["Schedule"]["AdjustForDST"], true);
     assert_eq!(body["Data"]["timer"]["IsPastDue"], false);
     assert_eq!(body["Metadata"]["sys"]["MethodName"], FUNCTION);
@@ -386,6 +394,67 @@ async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
 
     // AND invoke alone applies nothing
     assert!(driver.delivered("changes").is_empty());
+}
+
+#[tokio::test]
+async fn a_simulated_hour_of_firings_every_five_seconds_is_720_firings_on_the_schedules_seconds() {
+    // GIVEN the templates' schedule, */5 * * * * *, which is under a minute: no schedule monitor
+    let (app, script) = standin_app(None);
+    let driver = start_standin(&app, &script, &[]).await;
+    let start = time::macros::datetime!(2026-11-25 10:00:00 UTC);
+
+    // WHEN the model fires it for an hour of simulated time
+    let paced = driver.run_schedule(FUNCTION, start, Duration::from_secs(3600), |_| false).await.expect("runs");
+
+    // THEN it fired at every fifth second after the start, up to and including the end, and wrote one message each
+    let expected: Vec<_> = (1..=720).map(|k| start + Duration::from_secs(5 * k)).collect();
+    assert_eq!(paced.firings.iter().map(|f| f.at).collect::<Vec<_>>(), expected);
+    assert_eq!(paced.written("changes"), 720);
+    assert_eq!(paced.per_second("changes"), 0.2);
+    let first = paced.firings[0].run.last_invocation().expect("answered");
+    let body = &first.outputs["echo"]["request"];
+    assert_eq!(body["Data"]["timer"]["ScheduleStatus"], Value::Null, "no monitor for a sub-minute schedule");
+}
+
+#[tokio::test]
+async fn a_firing_that_outlasts_the_period_is_followed_at_once_and_missed_occurrences_are_not_caught_up() {
+    // GIVEN a timer every second and a handler that takes 1.1 s to answer
+    let mut function_json = support::timer_function_json(None);
+    function_json["bindings"][0]["schedule"] = json!("* * * * * *");
+    let (app, script) = standin_app_with(function_json);
+    let driver = start_standin(&app, &script, &[("STANDIN_POST_DELAY_MS", "1100")]).await;
+    let start = time::macros::datetime!(2026-11-25 10:00:00 UTC);
+
+    // WHEN the model fires it for 4.5 simulated seconds
+    let paced = driver.run_schedule(FUNCTION, start, Duration::from_millis(4500), |_| false).await.expect("runs");
+
+    // THEN the first firing is on the first second, and each next one comes the moment the previous ended
+    // (TimerListener: a negative interval becomes one tick), never two for the occurrences it missed
+    assert_eq!(paced.firings[0].at, start + Duration::from_secs(1));
+    for pair in paced.firings.windows(2) {
+        assert!(pair[0].took >= Duration::from_millis(1100), "{:?}", pair[0].took);
+        assert_eq!(pair[1].at, pair[0].at + pair[0].took + pair[0].run.waited);
+    }
+    assert!((3..=4).contains(&paced.firings.len()), "{} firings in 4.5 s", paced.firings.len());
+}
+
+#[tokio::test]
+async fn on_real_seconds_the_model_fires_on_the_schedules_seconds_never_early() {
+    // GIVEN a timer every second (the one slow test of the schedule: three real seconds)
+    let mut function_json = support::timer_function_json(None);
+    function_json["bindings"][0]["schedule"] = json!("* * * * * *");
+    let (app, script) = standin_app_with(function_json);
+    let driver = start_standin(&app, &script, &[]).await;
+
+    // WHEN it fires three times on the wall clock
+    let paced = driver.run_schedule_real(FUNCTION, 3).await.expect("runs");
+
+    // THEN each firing came at or after a whole second, in three successive seconds
+    let seconds: Vec<i64> = paced.firings.iter().map(|f| f.at.unix_timestamp()).collect();
+    assert_eq!(seconds.len(), 3);
+    assert!(seconds.windows(2).all(|w| w[1] == w[0] + 1), "{seconds:?}");
+    assert!(paced.firings.iter().all(|f| f.at.nanosecond() < 500_000_000), "late by half a second or more");
+    assert_eq!(paced.written("changes"), 3);
 }
 
 #[tokio::test]

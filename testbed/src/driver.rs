@@ -21,15 +21,28 @@
 //! - manual runs ([`HostDriver::run_manual`]: portal Test/Run, `POST /admin/functions/{name}`): the same retry
 //!   loop through `JobHost.CallAsync`, but outside the timer's lock, so a test runs them concurrently with a
 //!   firing, at any moment, including during its retry delays.
+//! - the timer's pacing ([`HostDriver::run_schedule`], `driver::schedule`): firings on the NCRONTAB schedule as
+//!   the timer listener makes them, on a simulated clock (hours of cadence in the time the invocations take) or
+//!   on real seconds ([`HostDriver::run_schedule_real`]), never overlapping, a late firing followed at once, and
+//!   `ScheduleStatus` null where the host keeps no schedule monitor (sub-minute schedules, `useMonitor: false`).
 //!
-//! Simplifications, on purpose: the NCRONTAB schedule is not evaluated (tests fire timers explicitly); output
+//! Simplifications, on purpose: tests may also fire timers explicitly ([`HostDriver::run_timer`]); output
 //! bindings are in-memory sinks, one per binding name; the answer is applied as the handler wrote it, not as the
 //! host's Newtonsoft re-serialization would change it. Real sinks (queues, SQL) are the engine tests' business.
 
 mod app;
+mod schedule;
 mod wire;
 
 pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy, RetryStrategy};
+pub use schedule::{Firing, Paced};
+
+/// Whether a firing's retry delays are slept (a real host) or only counted (a simulated clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Time {
+    Real,
+    Simulated,
+}
 
 use crate::embedded::{self, ScratchDir, Signal};
 use serde_json::Value;
@@ -197,6 +210,8 @@ pub struct TimerRun {
     pub succeeded: bool,
     /// What that attempt wrote, by binding name (one value per message or row).
     pub applied: BTreeMap<String, Vec<Value>>,
+    /// The retry delays of the loop: slept for real, or only counted when the firing runs on simulated time.
+    pub waited: Duration,
 }
 
 impl TimerRun {
@@ -420,7 +435,7 @@ impl HostDriver {
     pub async fn invoke(&self, function: &str, retry: Option<RetryContext>) -> Result<Invocation, DriverError> {
         let spec = self.app.function(function)?;
         let retry = retry.or_else(|| spec.retry.as_ref().map(|p| RetryContext::first(p.max_retry_count)));
-        let data = self.next_timer_data(spec);
+        let data = self.next_timer_data(spec, OffsetDateTime::now_utc());
         self.post(spec, &data, retry.as_ref()).await
     }
 
@@ -442,8 +457,8 @@ impl HostDriver {
         if !self.is_running() {
             return Err(DriverError::NotRunning);
         }
-        let data = self.next_timer_data(spec);
-        self.run_chain(spec, &data).await
+        let data = self.next_timer_data(spec, OffsetDateTime::now_utc());
+        self.run_chain(spec, &data, Time::Real).await
     }
 
     /// A manual run (portal Test/Run or `POST /admin/functions/{name}`): the host invokes the function through
@@ -455,16 +470,18 @@ impl HostDriver {
             return Err(DriverError::NotRunning);
         }
         let data = wire::manual_timer_data(spec.trigger().map_or("timer", |t| t.name.as_str()));
-        self.run_chain(spec, &data).await
+        self.run_chain(spec, &data, Time::Real).await
     }
 
-    /// One retry loop over `data` (FunctionExecutorExtensions.TryExecuteAsync).
-    async fn run_chain(&self, spec: &FunctionSpec, data: &Value) -> Result<TimerRun, DriverError> {
+    /// One retry loop over `data` (FunctionExecutorExtensions.TryExecuteAsync). On simulated time the retry
+    /// delays are counted in [`TimerRun::waited`] instead of slept.
+    async fn run_chain(&self, spec: &FunctionSpec, data: &Value, time: Time) -> Result<TimerRun, DriverError> {
         let max_retry_count = spec.retry.as_ref().map_or(0, |p| p.max_retry_count);
         let retries = u32::try_from(max_retry_count).unwrap_or(UNLIMITED_RETRY_CAP);
         let mut backoff = Backoff::default();
         let mut attempts = Vec::new();
         let mut failed: Option<String> = None;
+        let mut waited = Duration::ZERO;
         for retry_count in 0..=retries {
             let retry = spec.retry.as_ref().map(|policy| RetryContext {
                 retry_count: i64::from(retry_count),
@@ -477,7 +494,10 @@ impl HostDriver {
                     (None, Some(policy)) => backoff.next(policy),
                     (None, None) => Duration::ZERO,
                 };
-                tokio::time::sleep(delay).await;
+                waited += delay;
+                if time == Time::Real {
+                    tokio::time::sleep(delay).await;
+                }
             }
             let (invocation, outcome, id) = match self.post(spec, data, retry.as_ref()).await {
                 Ok(invocation) if invocation.succeeded() => {
@@ -507,11 +527,11 @@ impl HostDriver {
                     .and_then(|a| a.invocation.as_ref())
                     .map(|invocation| writes(spec, invocation))
                     .unwrap_or_default();
-                return Ok(TimerRun { attempts, succeeded: true, applied });
+                return Ok(TimerRun { attempts, succeeded: true, applied, waited });
             }
             failed = Some(id);
         }
-        Ok(TimerRun { attempts, succeeded: false, applied: BTreeMap::new() })
+        Ok(TimerRun { attempts, succeeded: false, applied: BTreeMap::new(), waited })
     }
 
     /// Fault injection: the next `times` writes to output binding `binding` fail, as during a queue outage.
@@ -599,10 +619,18 @@ impl HostDriver {
     }
 
     /// The timer trigger's value for a new firing of `spec`, keyed by the trigger binding's name.
-    fn next_timer_data(&self, spec: &FunctionSpec) -> Value {
-        let now = OffsetDateTime::now_utc();
+    /// The timer's value for a firing at `now`: `ScheduleStatus` from the schedule when the host keeps one (a
+    /// schedule monitor), null when it does not (`useMonitor` false, or turned off for a sub-minute schedule).
+    fn next_timer_data(&self, spec: &FunctionSpec, now: OffsetDateTime) -> Value {
         let last = self.sinks().last_fired.insert(spec.name.clone(), now);
-        wire::timer_data(spec.trigger().map_or("timer", |t| t.name.as_str()), last, now)
+        let status = match self.schedule(spec) {
+            Ok(schedule) if schedule::monitored(spec, &schedule) => {
+                let at = time::PrimitiveDateTime::new(now.date(), now.time());
+                Some((last, schedule.next_after(at).assume_utc()))
+            }
+            _ => None,
+        };
+        wire::timer_data(spec.trigger().map_or("timer", |t| t.name.as_str()), status)
     }
 
     async fn post(
@@ -630,7 +658,7 @@ impl HostDriver {
     /// check, so that the driver's own JSON work is not counted as the handler's.
     pub async fn invoke_raw(&self, function: &str) -> Result<Invocation, DriverError> {
         let spec = self.app.function(function)?;
-        let data = self.next_timer_data(spec);
+        let data = self.next_timer_data(spec, OffsetDateTime::now_utc());
         let retry = spec.retry.as_ref().map(|p| RetryContext::first(p.max_retry_count));
         self.send(spec, &data, retry.as_ref()).await
     }

@@ -4,24 +4,22 @@
 use serde_json::{json, Map, Value};
 use sql_pseudo_trigger::protocol::RetryContext;
 use std::collections::BTreeMap;
-use std::time::Duration;
 use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::OffsetDateTime;
 
-/// The timer trigger's value for one firing, keyed by the trigger binding's name.
-pub(super) fn timer_data(binding: &str, last_fired: Option<OffsetDateTime>, now: OffsetDateTime) -> Value {
-    // On the very first firing the host reports DateTime.MinValue without an offset.
-    let last = last_fired.map_or_else(|| "0001-01-01T00:00:00".to_string(), |t| format_time(t, WITH_OFFSET));
-    let next = format_time(now + Duration::from_secs(5 * 60), WHOLE_SECONDS);
+/// The timer trigger's value for one firing, keyed by the trigger binding's name. `status` is the schedule
+/// monitor's (last firing, next occurrence); `None` without a monitor, which the host sends as null.
+pub(super) fn timer_data(binding: &str, status: Option<(Option<OffsetDateTime>, OffsetDateTime)>) -> Value {
+    let status = status.map_or(Value::Null, |(last_fired, next)| {
+        // On the very first firing the host reports DateTime.MinValue without an offset.
+        let last = last_fired.map_or_else(|| "0001-01-01T00:00:00".to_string(), |t| format_time(t, WITH_OFFSET));
+        json!({ "Last": last, "Next": format_time(next, WHOLE_SECONDS), "LastUpdated": last })
+    });
     let mut data = Map::new();
     data.insert(
         binding.to_string(),
-        json!({
-            "Schedule": { "AdjustForDST": true },
-            "ScheduleStatus": { "Last": last, "Next": next, "LastUpdated": last },
-            "IsPastDue": false
-        }),
+        json!({ "Schedule": { "AdjustForDST": true }, "ScheduleStatus": status, "IsPastDue": false }),
     );
     Value::Object(data)
 }

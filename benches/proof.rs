@@ -9,17 +9,15 @@
 //! 100 ms so the run takes seconds; the window is this repository's host.json's (`functionTimeout` 5 min):
 //! 5 min 30.1 s. `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
 
-use serde_json::{json, Value};
+#[path = "shared/host_app.rs"]
+mod host_app;
+
+use host_app::{insert, Result, Servers, FUNCTION};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use testbed::driver::{AttemptOutcome, DriverOptions, HostDriver, TimerRun};
-use testbed::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
+use testbed::driver::{AttemptOutcome, HostDriver, TimerRun};
 
-const FUNCTION: &str = "PgOrdersChanged";
 const BATCH: i64 = 100;
-
-type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     if !std::env::args().any(|a| a == "--bench") {
@@ -44,65 +42,18 @@ fn main() -> ExitCode {
     }
 }
 
-struct Servers {
-    postgres: EmbeddedPostgres,
-    azurite: Azurite,
-}
-
-/// The app folder: this repository's host.json, the template's function.json with a 100 ms retry delay.
-fn app(dir: &ScratchDir) -> Result<()> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let host = std::fs::read_to_string(root.join("host.json")).map_err(|e| e.to_string())?;
-    std::fs::write(dir.path().join("host.json"), host).map_err(|e| e.to_string())?;
-    let template = root.join("function-templates").join(FUNCTION).join("function.json");
-    let mut function: Value =
-        serde_json::from_slice(&std::fs::read(template).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    function["retry"]["delayInterval"] = json!("00:00:00.100");
-    let folder = dir.path().join(FUNCTION);
-    std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
-    std::fs::write(folder.join("function.json"), function.to_string()).map_err(|e| e.to_string())?;
-    let trigger: Value = serde_json::from_str(testbed::demo::ORDERS_TRIGGER).map_err(|e| e.to_string())?;
-    std::fs::write(folder.join("sqltrigger.json"), trigger.to_string()).map_err(|e| e.to_string())
-}
-
+/// The template function with a 100 ms retry delay, every 5 s; `window` sets the proof window. A restarted
+/// process waits out the dead one's lease before it takes its batches over: one second here instead of 60.
 async fn start(
     servers: &Servers,
     name: &str,
     window: Option<&str>,
-) -> Result<(HostDriver, tokio_postgres::Client, ScratchDir)> {
-    let url = embedded::create_database(&servers.postgres.url(), name).await.map_err(|e| e.to_string())?;
-    let db = embedded::connect(&url).await.map_err(|e| e.to_string())?;
-    db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
-    let dir = ScratchDir::new("proof-bench").map_err(|e| e.to_string())?;
-    app(&dir)?;
-    let handler = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler");
-    let mut options = DriverOptions::new(dir.path(), handler);
-    options.env = vec![
-        ("PostgresConnectionString".into(), url),
-        ("AzureWebJobsStorage".into(), servers.azurite.connection_string()),
-        ("Sql_Trigger_AppName".into(), name.replace('_', "-")),
-        ("PgOrdersChanged_Schedule".into(), "*/5 * * * * *".into()),
-        ("Sql_Trigger_LogLevel".into(), "warn".into()),
-    ];
+) -> Result<(HostDriver, tokio_postgres::Client, testbed::embedded::ScratchDir)> {
+    let mut settings = vec![("PgOrdersChanged_Schedule", "*/5 * * * * *"), ("Sql_Trigger_LeaseDurationMs", "1000")];
     if let Some(window) = window {
-        options.env.push(("Sql_Trigger_ProofWindowMs".into(), window.into()));
+        settings.push(("Sql_Trigger_ProofWindowMs", window));
     }
-    // A restarted process waits out the dead one's lease before it takes its batches over: one second here
-    // instead of 60, so the run takes seconds.
-    options.env.push(("Sql_Trigger_LeaseDurationMs".into(), "1000".into()));
-    let host = HostDriver::start(options).await.map_err(|e| e.to_string())?;
-    Ok((host, db, dir))
-}
-
-async fn insert(db: &tokio_postgres::Client, ids: std::ops::RangeInclusive<i64>) -> Result<()> {
-    let ids: Vec<i64> = ids.collect();
-    db.execute(
-        "INSERT INTO orders (id, customer, amount) SELECT i, 'c' || i, i FROM unnest($1::bigint[]) AS i",
-        &[&ids],
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| e.to_string())
+    host_app::start(servers, name, "00:00:00.100", &settings).await
 }
 
 /// Times each id reached the queue.
@@ -125,14 +76,7 @@ fn written(run: &TimerRun) -> usize {
 }
 
 async fn run() -> Result<String> {
-    let servers = tokio::task::spawn_blocking(|| -> Result<Servers> {
-        Ok(Servers {
-            postgres: EmbeddedPostgres::start().map_err(|e| e.to_string())?,
-            azurite: Azurite::start().map_err(|e| e.to_string())?,
-        })
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+    let servers = Servers::start().await?;
     let mut rows = Vec::new();
 
     // 1. Pace and steady-state duplicates: a backlog of 3,000 drained by firings, a fifth of whose first writes

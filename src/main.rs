@@ -107,6 +107,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to stderr for the commands (their stdout is their answer). Serving the host, warnings and errors go to
+/// stderr and the rest to stdout, because that is how the host assigns levels to a custom handler's output:
+/// every stdout line is Information, every stderr line an Error unless it contains "warn", then a Warning
+/// (azure-functions-host `WorkerProcess.ParseErrorMessageAndLog`, with `UseStdErrorStreamForErrorsOnly` true in
+/// `HttpWorkerDescription`). A WARN line on stdout would be filed as Information, an INFO line on stderr as
+/// an Error.
 fn init_logging(env: &Env, to_stderr: bool) {
     let filter = env.get("RUST_LOG").or_else(|| env.get(settings::LOG_LEVEL.name)).unwrap_or("info").to_string();
     let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
@@ -117,7 +123,9 @@ fn init_logging(env: &Env, to_stderr: bool) {
     if to_stderr {
         builder.with_writer(std::io::stderr).init();
     } else {
-        builder.init();
+        use tracing_subscriber::fmt::writer::MakeWriterExt;
+        let writer = std::io::stderr.with_max_level(tracing::Level::WARN).or_else(std::io::stdout);
+        builder.with_writer(writer).init();
     }
 }
 
@@ -135,8 +143,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     let app = match AppConfig::load(env).and_then(App::build) {
         Ok(app) => Arc::new(app),
         Err(errors) => {
-            // One message listing every problem; stderr lines with "error" become errors in the host's log.
-            eprintln!("error: {errors}");
+            // One message listing every problem, on stderr: the host files it as an error.
             tracing::error!("{errors}");
             return ExitCode::FAILURE;
         }

@@ -560,7 +560,8 @@ impl HostDriver {
         self.sinks().delivered.get(binding).cloned().unwrap_or_default()
     }
 
-    /// SIGKILLs the handler, as a crash or an OOM kill would, and reaps it.
+    /// SIGKILLs the handler and reaps it: what the Functions host does on shutdown, restart and scale-in
+    /// (azure-functions-host `WorkerProcess.Dispose`: `Process.Kill()`), and what a crash or an OOM kill does.
     pub fn kill(&self) {
         let mut process = self.process();
         if let Some(mut child) = process.child.take() {
@@ -570,8 +571,9 @@ impl HostDriver {
         }
     }
 
-    /// Sends SIGTERM, as the host does on shutdown or scale-in, and waits for the exit up to
-    /// `shutdown_timeout`; past it the handler is killed and [`DriverError::ShutdownTimeout`] returned.
+    /// Sends SIGTERM and waits for the exit up to `shutdown_timeout`; past it the handler is killed and
+    /// [`DriverError::ShutdownTimeout`] returned. The Functions host never sends SIGTERM (it kills: [`kill`](Self::kill));
+    /// this is what a container supervisor or a developer's Ctrl-C sends, for the handler's graceful path.
     pub async fn terminate(&self) -> Result<ExitStatus, DriverError> {
         let io = |action: &str| {
             let action = action.to_string();
@@ -606,7 +608,8 @@ impl HostDriver {
         }
     }
 
-    /// Starts the handler again (killing it first if it still runs), with the same environment and worker id
+    /// Starts the handler again (SIGKILLing it first if it still runs, as the host restarts a worker), with the
+    /// same environment and worker id
     /// on a new port, and waits until it is ready. Sinks and fault injections are kept.
     pub async fn restart(&self) -> Result<(), DriverError> {
         self.kill();

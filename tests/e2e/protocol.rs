@@ -126,7 +126,8 @@ async fn sigterm_lets_the_invocation_in_flight_finish_before_exiting() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 
-    // WHEN the host sends SIGTERM while that invocation is in flight, and the lock is released afterwards
+    // WHEN SIGTERM arrives while that invocation is in flight (a supervisor or Ctrl-C: the Functions host itself
+    // only ever kills, which tests/e2e/crashes.rs covers), and the lock is released afterwards
     let terminating = {
         let host = host.clone();
         tokio::spawn(async move { host.terminate().await })

@@ -359,8 +359,8 @@ async fn sslmode_require_against_a_server_without_tls_says_so() {
         result,
         Err(ConnectFailure::Misconfigured(
             "cannot connect to PostgreSQL (app setting Pg): the server does not support TLS, but the connection \
-             string requires it (sslmode=require); turn TLS on at the server (ssl = on, with a certificate), or \
-             lower sslmode to prefer where a plaintext connection is acceptable"
+             string requires it (sslmode=require, verify-ca or verify-full); turn TLS on at the server (ssl = on, \
+             with a certificate), or lower sslmode to prefer where a plaintext connection is acceptable"
                 .into()
         ))
     );
@@ -413,11 +413,13 @@ fn delivered_ids(messages: &[Value]) -> Vec<i64> {
 
 #[tokio::test]
 async fn the_handler_delivers_from_a_tls_server_whose_ca_is_given_as_pem_text() {
-    // GIVEN a TLS server, and the CA's PEM text itself in Sql_Trigger_PostgresRootCertificate
+    // GIVEN a TLS server, the CA's PEM text itself in Sql_Trigger_PostgresRootCertificate, and libpq's
+    // sslmode=verify-full as psql users write it
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require&hostaddr=127.0.0.1", server.port());
+    let connection =
+        format!("postgres://postgres@localhost:{}/{db}?sslmode=verify-full&hostaddr=127.0.0.1", server.port());
     let app = orders_app(&pki, &connection, &[("Sql_Trigger_PostgresRootCertificate", &pki.read("ca.pem"))]);
     let host = app.start_handler(&[]).await;
 

@@ -9,7 +9,9 @@
 //!   plaintext. That is stricter than libpq, whose `prefer` and `require` encrypt without verifying anything.
 //!   We verify because the password and every row cross this connection, and an unverified TLS session hands
 //!   both to whoever can intercept it.
-//! - `require`: TLS or no connection, verified as above (what libpq calls `verify-full`).
+//! - `require`: TLS or no connection, verified as above (what libpq calls `verify-full`). libpq's `verify-full`
+//!   and `verify-ca` are read as `require` (`connection_string`); for `verify-ca` that is stricter than libpq,
+//!   which does not check the host name there.
 //!
 //! What is trusted: the platform's roots (so Azure Database for PostgreSQL, whose certificates chain to public
 //! roots, needs nothing), plus the CA certificates in `Sql_Trigger_PostgresRootCertificate` (a self-hosted

@@ -1,6 +1,7 @@
 //! PostgreSQL over TLS, against a real server: a throwaway CA and a server certificate for `localhost` and
-//! 127.0.0.1 made with the openssl CLI at test time, a PostgreSQL of the test's own with `ssl=on`, and the
-//! cursor source built from an app folder exactly as the handler builds it (app settings, sqltrigger.json).
+//! 127.0.0.1 (or a self-signed one as Debian's ssl-cert makes it) made with the openssl CLI at test time, a
+//! PostgreSQL of the test's own with `ssl=on`, and the cursor source built from an app folder exactly as the
+//! handler builds it (app settings, sqltrigger.json).
 //! The last tests run the real `handler` binary the same way.
 //!
 //! What each sslmode means with the verifying connector is in `src/db/postgres/tls.rs`; these tests pin
@@ -25,10 +26,17 @@ use support::{timer_function_json, AppBuilder, AppFolder};
 use testbed::embedded::{self, EmbeddedPostgres, PostgresOptions, ScratchDir};
 
 const FUNCTION: &str = "Orders";
+/// What every refused certificate's message ends with, after the way out that fixes the certificate or the trust.
+const OTHER_WAYS_OUT: &str = "(2) sslmode=disable in the connection string, where plaintext is acceptable (a local \
+    server, a trusted network); (3) app setting Sql_Trigger_PostgresTrustServerCertificate=true, which encrypts \
+    without verifying the certificate (for development only)";
 const UNTRUSTED: &str = "the certificate of PostgreSQL server localhost is not signed by a certificate authority \
-    this handler trusts; if the server has its own CA, set app setting Sql_Trigger_PostgresRootCertificate to that \
-    CA's certificate (a PEM file or the PEM text). Certificates are verified whenever TLS is used, with the default \
-    sslmode=prefer too";
+    this handler trusts; certificates are verified whenever TLS is used, with the default sslmode=prefer too. Ways \
+    out: (1) set app setting Sql_Trigger_PostgresRootCertificate to the certificate of the CA that signed it, a PEM \
+    file or the PEM text (for a self-signed certificate, the certificate itself; Debian's and Ubuntu's is \
+    /etc/ssl/certs/ssl-cert-snakeoil.pem); (2) sslmode=disable in the connection string, where plaintext is \
+    acceptable (a local server, a trusted network); (3) app setting Sql_Trigger_PostgresTrustServerCertificate=true, \
+    which encrypts without verifying the certificate (for development only)";
 
 // ---------------------------------------------------------------------------------------------------------------
 // Fixtures: certificates, a TLS server, an app folder
@@ -70,16 +78,34 @@ impl Pki {
         Self { dir }
     }
 
+    /// A self-signed certificate for `name` made as Debian's and Ubuntu's ssl-cert makes the "snakeoil" one their
+    /// PostgreSQL packages serve (its template and command: CN and subjectAltName DNS:`name`, no address,
+    /// CA:FALSE, RSA 2048), as server.pem and server.key.
+    fn snakeoil(name: &str) -> Self {
+        let dir = ScratchDir::new("pki").expect("the temp directory is writable");
+        let template = format!(
+            "[ req ]\ndefault_bits = 2048\ndistinguished_name = req_distinguished_name\nprompt = no\n\
+             x509_extensions = v3_req\n[ req_distinguished_name ]\ncommonName = {name}\n[ v3_req ]\n\
+             basicConstraints = CA:FALSE\nsubjectAltName = DNS:{name}\n"
+        );
+        std::fs::write(dir.path().join("snakeoil.cnf"), template).expect("write snakeoil.cnf");
+        let req = ["req", "-config", "snakeoil.cnf", "-new", "-x509", "-days", "2", "-nodes", "-sha256"];
+        openssl(dir.path(), &[&req[..], &["-out", "server.pem", "-keyout", "server.key"]].concat());
+        Self { dir }
+    }
+
     fn read(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).expect("a generated file")
     }
 }
 
-/// Runs the openssl CLI in `dir`. `req` gets the CA's subject and extensions, or the server's subject.
+/// Runs the openssl CLI in `dir`. `req` gets the CA's subject and extensions, or the server's subject, unless
+/// it names a configuration file that says everything itself.
 fn openssl(dir: &Path, args: &[&str]) {
     let mut command = Command::new("openssl");
     command.args(args).current_dir(dir);
     match args {
+        ["req", "-config", ..] => &mut command,
         ["req", "-x509", ..] => command.args(["-days", "2", "-subj", "/CN=sql-pseudo-trigger test CA"]).args([
             "-addext",
             "basicConstraints=critical,CA:TRUE",
@@ -284,13 +310,12 @@ async fn a_host_name_the_certificate_does_not_list_is_refused_with_the_names_it_
     // THEN the mismatch is named, with the names the certificate is for
     assert_eq!(
         result,
-        Err(ConnectFailure::Misconfigured(
+        Err(ConnectFailure::Misconfigured(format!(
             "cannot connect to PostgreSQL (app setting Pg): the certificate of PostgreSQL server db.example.test is \
-             not valid for the name db.example.test (it is for localhost, 127.0.0.1): connect with a host name the \
-             certificate lists (hostaddr= can give the address to dial), or reissue it with db.example.test in its \
-             subjectAltName"
-                .into()
-        ))
+             not valid for the name db.example.test (it is for localhost, 127.0.0.1). Ways out: (1) connect with a \
+             host name the certificate lists (hostaddr= can give the address to dial), or reissue it with \
+             db.example.test in its subjectAltName; {OTHER_WAYS_OUT}"
+        )))
     );
     // AND the same server verifies by the address the certificate lists
     let by_address = format!("host=127.0.0.1 port={} user=postgres sslmode=require", server.port());
@@ -318,6 +343,51 @@ async fn an_address_without_a_host_name_cannot_be_verified_and_says_to_add_one()
                 .into()
         ))
     );
+}
+
+/// Issue 18's case: a stock Debian or Ubuntu PostgreSQL (ssl = on, ssl-cert's self-signed certificate for the
+/// machine's name), reached at 127.0.0.1 with no sslmode, which psql accepts because its prefer verifies nothing.
+#[tokio::test]
+async fn a_self_signed_certificate_reached_by_address_names_every_way_out_and_each_one_connects() {
+    // GIVEN a server whose certificate is self-signed for pg.example.test and lists no address
+    let pki = Pki::snakeoil("pg.example.test");
+    let server = tls_server(&pki, None);
+    let by_address = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port());
+
+    // WHEN the handler connects by address, with the default sslmode and the platform's roots only
+    let refused = session_is_encrypted(&by_address, &PostgresTls::default()).await;
+
+    // THEN it is refused, and the message names every way out, with the name the certificate lists
+    assert_eq!(
+        refused,
+        Err(ConnectFailure::Misconfigured(format!(
+            "cannot connect to PostgreSQL (app setting Pg): the certificate of PostgreSQL server 127.0.0.1 is not \
+             signed by a certificate authority this handler trusts; certificates are verified whenever TLS is used, \
+             with the default sslmode=prefer too. Ways out: (1) set app setting Sql_Trigger_PostgresRootCertificate \
+             to the certificate of the CA that signed it, a PEM file or the PEM text (for a self-signed certificate, \
+             the certificate itself; Debian's and Ubuntu's is /etc/ssl/certs/ssl-cert-snakeoil.pem), and connect \
+             with a host name it lists (pg.example.test) rather than 127.0.0.1 (hostaddr=127.0.0.1 keeps dialling \
+             that address); {OTHER_WAYS_OUT}"
+        )))
+    );
+
+    // AND way (1): the certificate trusted, by a name it lists, dialling the same address, connects encrypted
+    let trusted = tls_from(&[("Sql_Trigger_PostgresRootCertificate", "server.pem")], pki.dir.path());
+    let by_name =
+        format!("host=pg.example.test hostaddr=127.0.0.1 port={} user=postgres dbname=postgres", server.port());
+    assert_eq!(session_is_encrypted(&by_name, &trusted).await, Ok(true));
+    // AND trusted but still by address, the certificate's name is what is missing, and the message says so
+    let still_by_address = session_is_encrypted(&by_address, &trusted).await.expect_err("127.0.0.1 is not listed");
+    assert!(
+        still_by_address.message().contains("not valid for the name 127.0.0.1 (it is for pg.example.test)"),
+        "{still_by_address:?}"
+    );
+    // AND way (2): sslmode=disable connects in plaintext
+    let plaintext = format!("{by_address}?sslmode=disable");
+    assert_eq!(session_is_encrypted(&plaintext, &PostgresTls::default()).await, Ok(false));
+    // AND way (3): trusting any certificate connects encrypted, by address
+    let any = tls_from(&[("Sql_Trigger_PostgresTrustServerCertificate", "true")], pki.dir.path());
+    assert_eq!(session_is_encrypted(&by_address, &any).await, Ok(true));
 }
 
 #[tokio::test]
@@ -359,8 +429,8 @@ async fn sslmode_require_against_a_server_without_tls_says_so() {
         result,
         Err(ConnectFailure::Misconfigured(
             "cannot connect to PostgreSQL (app setting Pg): the server does not support TLS, but the connection \
-             string requires it (sslmode=require); turn TLS on at the server (ssl = on, with a certificate), or \
-             lower sslmode to prefer where a plaintext connection is acceptable"
+             string requires it (sslmode=require, verify-ca or verify-full); turn TLS on at the server (ssl = on, \
+             with a certificate), or lower sslmode to prefer where a plaintext connection is acceptable"
                 .into()
         ))
     );
@@ -413,11 +483,13 @@ fn delivered_ids(messages: &[Value]) -> Vec<i64> {
 
 #[tokio::test]
 async fn the_handler_delivers_from_a_tls_server_whose_ca_is_given_as_pem_text() {
-    // GIVEN a TLS server, and the CA's PEM text itself in Sql_Trigger_PostgresRootCertificate
+    // GIVEN a TLS server, the CA's PEM text itself in Sql_Trigger_PostgresRootCertificate, and libpq's
+    // sslmode=verify-full as psql users write it
     let pki = Pki::new("sha256");
     let server = tls_server(&pki, None);
     let db = orders_database(&server.url()).await;
-    let connection = format!("postgres://postgres@localhost:{}/{db}?sslmode=require&hostaddr=127.0.0.1", server.port());
+    let connection =
+        format!("postgres://postgres@localhost:{}/{db}?sslmode=verify-full&hostaddr=127.0.0.1", server.port());
     let app = orders_app(&pki, &connection, &[("Sql_Trigger_PostgresRootCertificate", &pki.read("ca.pem"))]);
     let host = app.start_handler(&[]).await;
 

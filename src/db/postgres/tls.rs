@@ -9,7 +9,9 @@
 //!   plaintext. That is stricter than libpq, whose `prefer` and `require` encrypt without verifying anything.
 //!   We verify because the password and every row cross this connection, and an unverified TLS session hands
 //!   both to whoever can intercept it.
-//! - `require`: TLS or no connection, verified as above (what libpq calls `verify-full`).
+//! - `require`: TLS or no connection, verified as above (what libpq calls `verify-full`). libpq's `verify-full`
+//!   and `verify-ca` are read as `require` (`connection_string`); for `verify-ca` that is stricter than libpq,
+//!   which does not check the host name there.
 //!
 //! What is trusted: the platform's roots (so Azure Database for PostgreSQL, whose certificates chain to public
 //! roots, needs nothing), plus the CA certificates in `Sql_Trigger_PostgresRootCertificate` (a self-hosted
@@ -20,16 +22,18 @@
 //! tokio-rustls and rustls-platform-verifier (through reqwest and tiberius), the connector is small, and here
 //! its errors can name the setting that fixes them.
 
-use crate::config::settings::POSTGRES_ROOT_CERTIFICATE;
+use crate::config::settings::{POSTGRES_ROOT_CERTIFICATE, POSTGRES_TRUST_SERVER_CERTIFICATE};
 use crate::config::PostgresTrust;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::server::ParsedCertificate;
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -50,7 +54,14 @@ struct Inner {
     /// milliseconds and may fail (a container without CA certificates), which must not break plaintext
     /// connections (`sslmode=disable`, or `prefer` against a server without TLS). Built once per process, a
     /// failure included: roots installed later take effect at the next start.
-    config: OnceLock<Result<Arc<ClientConfig>, Problem>>,
+    config: OnceLock<Result<Built, Problem>>,
+}
+
+/// The rustls configuration, and the verifier in it, which each handshake wraps in its own `Witness`.
+#[derive(Clone)]
+struct Built {
+    config: Arc<ClientConfig>,
+    verifier: Arc<dyn ServerCertVerifier>,
 }
 
 impl fmt::Debug for PostgresTls {
@@ -74,8 +85,14 @@ impl PostgresTls {
         matches!(self.inner.trust, PostgresTrust::AnyCertificate)
     }
 
-    fn client_config(&self) -> Result<Arc<ClientConfig>, Problem> {
-        self.inner.config.get_or_init(|| build_config(&self.inner.trust).map(Arc::new)).clone()
+    fn built(&self) -> Result<Built, Problem> {
+        self.inner.config.get_or_init(|| build_config(&self.inner.trust)).clone()
+    }
+
+    /// True when `Sql_Trigger_PostgresRootCertificate` gave roots: an untrusted certificate then says that
+    /// none of them signed it.
+    fn roots_given(&self) -> bool {
+        matches!(self.inner.trust, PostgresTrust::PlatformAnd(_))
     }
 }
 
@@ -84,7 +101,7 @@ impl PostgresTls {
 /// verifies with webpki, exactly as `rustls-native-certs` would; on Windows and macOS it asks the operating
 /// system, which also knows roots an administrator installed and checks revocation. Extra roots are added to
 /// the platform's, not substituted for them.
-fn build_config(trust: &PostgresTrust) -> Result<ClientConfig, Problem> {
+fn build_config(trust: &PostgresTrust) -> Result<Built, Problem> {
     // Explicitly ring, the provider main.rs installs: the tree also carries aws-lc-rs, so the process default
     // would be ambiguous wherever nobody installed one (library users, tests).
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -102,11 +119,11 @@ fn build_config(trust: &PostgresTrust) -> Result<ClientConfig, Problem> {
         .with_safe_default_protocol_versions()
         .map_err(|e| Problem::Failed(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
+        .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
     // What libpq 17 sends: PostgreSQL 17 requires it for `sslnegotiation=direct`; older servers ignore it.
     config.alpn_protocols = vec![b"postgresql".to_vec()];
-    Ok(config)
+    Ok(Built { config: Arc::new(config), verifier })
 }
 
 impl<S> MakeTlsConnect<S> for PostgresTls
@@ -142,13 +159,24 @@ where
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
             let fail = |problem| HandshakeError { host: self.host.clone(), problem };
-            let config = self.tls.client_config().map_err(fail)?;
+            let built = self.tls.built().map_err(fail)?;
             let name = ServerName::try_from(self.host.clone())
                 .map_err(|e| fail(Problem::Failed(format!("{:?} is not a host name ({e})", self.host))))?;
-            let stream = tokio_rustls::TlsConnector::from(config)
-                .connect(name, stream)
-                .await
-                .map_err(|e| fail(Problem::from_io(e)))?;
+            // A configuration of this handshake's own (a clone shares everything but the verifier), so the
+            // witness notes this server's certificate and no other.
+            let witness = Arc::new(Witness { verifier: built.verifier, listed: OnceLock::new() });
+            let mut config = ClientConfig::clone(&built.config);
+            config.dangerous().set_certificate_verifier(witness.clone());
+            let stream =
+                tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, stream).await.map_err(|e| {
+                    fail(match Problem::from_io(e) {
+                        Problem::Untrusted { .. } => Problem::Untrusted {
+                            listed: witness.listed.get().cloned().unwrap_or(Listed::Unknown),
+                            roots_given: self.tls.roots_given(),
+                        },
+                        other => other,
+                    })
+                })?;
             Ok(TlsStream(stream))
         })
     }
@@ -236,6 +264,90 @@ fn der(bytes: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
 }
 
+/// The verifier of one handshake: the shared one, noting what an untrusted certificate lists. rustls reports an
+/// unknown issuer without the certificate, and the way out depends on its names: trusting the CA of a
+/// certificate that does not list the host name only trades one refusal for another.
+#[derive(Debug)]
+struct Witness {
+    verifier: Arc<dyn ServerCertVerifier>,
+    listed: OnceLock<Listed>,
+}
+
+impl ServerCertVerifier for Witness {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verdict = self.verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now);
+        if let Err(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)) = &verdict {
+            // Set once: a handshake verifies one certificate.
+            let _ = self.listed.set(Listed::of(end_entity, server_name));
+        }
+        verdict
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.verifier.requires_raw_public_keys()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[DistinguishedName]> {
+        self.verifier.root_hint_subjects()
+    }
+}
+
+/// Whether a certificate lists the host name of the connection string, in its subjectAltName (the only place
+/// a verifier looks; the common name is not used).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listed {
+    /// It lists the host name: trusting its CA is all it takes.
+    Host,
+    /// It lists these names and addresses instead; none when it has no subjectAltName.
+    Others(Vec<String>),
+    /// The certificate could not be read.
+    Unknown,
+}
+
+impl Listed {
+    /// Asks webpki, through rustls, whether `cert` is valid for `name`: its refusal lists the names there are.
+    fn of(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> Self {
+        let Ok(parsed) = ParsedCertificate::try_from(cert) else { return Self::Unknown };
+        match rustls::client::verify_server_name(&parsed, name) {
+            Ok(()) => Self::Host,
+            Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. })) => {
+                Self::Others(presented.iter().map(|name| bare_name(name)).collect())
+            }
+            Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForName)) => Self::Others(Vec::new()),
+            Err(_) => Self::Unknown,
+        }
+    }
+}
+
 /// `Sql_Trigger_PostgresTrustServerCertificate=true`: any certificate for any name, but the handshake's
 /// signatures are still checked (the session is still encrypted to whoever presented that certificate).
 #[derive(Debug)]
@@ -286,8 +398,12 @@ pub struct HandshakeError {
 
 #[derive(Debug, Clone)]
 enum Problem {
-    /// The chain ends at no trusted root.
-    Untrusted,
+    /// The chain ends at no trusted root. `listed`: whether the certificate lists the host name;
+    /// `roots_given`: whether `Sql_Trigger_PostgresRootCertificate` holds roots (none of which signed it).
+    Untrusted {
+        listed: Listed,
+        roots_given: bool,
+    },
     /// The certificate does not name the host; the names it does list.
     WrongName(Vec<String>),
     Expired,
@@ -308,7 +424,7 @@ impl Problem {
         };
         let rustls::Error::InvalidCertificate(cert) = tls else { return Self::Failed(tls.to_string()) };
         match cert {
-            CertificateError::UnknownIssuer => Self::Untrusted,
+            CertificateError::UnknownIssuer => Self::Untrusted { listed: Listed::Unknown, roots_given: false },
             CertificateError::NotValidForName => Self::WrongName(Vec::new()),
             CertificateError::NotValidForNameContext { presented, .. } => {
                 Self::WrongName(presented.iter().map(|name| bare_name(name)).collect())
@@ -337,28 +453,83 @@ impl HandshakeError {
     }
 }
 
+/// Where a self-signed certificate is on Debian and Ubuntu: the one `ssl-cert` makes at install, which their
+/// PostgreSQL packages serve with `ssl = on` ("snakeoil": trusted by nobody, issued for the machine's name).
+const DEBIAN_SNAKEOIL: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+
+/// How to keep dialling the same server under another name: `hostaddr=` with the address.
+fn dial(host: &str) -> String {
+    if host.parse::<IpAddr>().is_ok() {
+        format!("hostaddr={host} keeps dialling that address")
+    } else {
+        "hostaddr= can give the address to dial".to_string()
+    }
+}
+
+/// The ways out every refused certificate shares, after the first, which fixes the certificate or the trust.
+fn other_ways_out() -> String {
+    format!(
+        "(2) sslmode=disable in the connection string, where plaintext is acceptable (a local server, a trusted \
+         network); (3) app setting {}=true, which encrypts without verifying the certificate (for development \
+         only)",
+        POSTGRES_TRUST_SERVER_CERTIFICATE.name
+    )
+}
+
 impl fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let host = &self.host;
         let root = POSTGRES_ROOT_CERTIFICATE.name;
+        let others = other_ways_out();
         match &self.problem {
-            Problem::Untrusted => write!(
-                f,
-                "the certificate of PostgreSQL server {host} is not signed by a certificate authority this handler \
-                 trusts; if the server has its own CA, set app setting {root} to that CA's certificate (a PEM file \
-                 or the PEM text). Certificates are verified whenever TLS is used, with the default sslmode=prefer too"
-            ),
+            Problem::Untrusted { listed, roots_given } => {
+                let trust = if *roots_given {
+                    format!(
+                        "add the certificate of the CA that signed it to app setting {root}, which holds no CA \
+                         that did"
+                    )
+                } else {
+                    format!(
+                        "set app setting {root} to the certificate of the CA that signed it, a PEM file or the \
+                         PEM text"
+                    )
+                };
+                let name = match listed {
+                    Listed::Host => String::new(),
+                    Listed::Others(names) if names.is_empty() => format!(
+                        ", and reissue it with {host} in its subjectAltName (it lists no name there; the common name \
+                         is not used)"
+                    ),
+                    Listed::Others(names) => format!(
+                        ", and connect with a host name it lists ({}) rather than {host} ({})",
+                        names.join(", "),
+                        dial(host)
+                    ),
+                    Listed::Unknown => {
+                        format!(", and connect with a host name its subjectAltName lists ({})", dial(host))
+                    }
+                };
+                write!(
+                    f,
+                    "the certificate of PostgreSQL server {host} is not signed by a certificate authority this \
+                     handler trusts; certificates are verified whenever TLS is used, with the default sslmode=prefer \
+                     too. Ways out: (1) {trust} (for a self-signed certificate, the certificate itself; Debian's and \
+                     Ubuntu's is {DEBIAN_SNAKEOIL}){name}; {others}"
+                )
+            }
             Problem::WrongName(presented) if presented.is_empty() => write!(
                 f,
                 "the certificate of PostgreSQL server {host} is not valid for the name {host}: it lists no name in \
-                 its subjectAltName (the common name is not used); reissue it with {host} in its subjectAltName"
+                 its subjectAltName (the common name is not used). Ways out: (1) reissue it with {host} in its \
+                 subjectAltName; {others}"
             ),
             Problem::WrongName(presented) => write!(
                 f,
-                "the certificate of PostgreSQL server {host} is not valid for the name {host} (it is for {}): \
-                 connect with a host name the certificate lists (hostaddr= can give the address to dial), or \
-                 reissue it with {host} in its subjectAltName",
-                presented.join(", ")
+                "the certificate of PostgreSQL server {host} is not valid for the name {host} (it is for {}). Ways \
+                 out: (1) connect with a host name the certificate lists ({}), or reissue it with {host} in its \
+                 subjectAltName; {others}",
+                presented.join(", "),
+                dial(host)
             ),
             Problem::Expired => write!(
                 f,

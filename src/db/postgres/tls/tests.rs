@@ -21,6 +21,21 @@ x/O97tjRqoDhDY6kofTmHp/C22Cg/omB5JnsAAIhAN8S5KOos1c4qFpGtlXXst/o
 -----END CERTIFICATE-----
 ";
 
+/// A self-signed certificate made as Debian's ssl-cert makes its "snakeoil" one (CN and subjectAltName
+/// DNS:pg.example.test, CA:FALSE; ECDSA P-256 here, RSA there), valid until 2126; its key was thrown away.
+const SNAKEOIL_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBgDCCASagAwIBAgIUOO1ANYxn/v1Awqq8gsUvpUoYCGAwCgYIKoZIzj0EAwIw
+GjEYMBYGA1UEAwwPcGcuZXhhbXBsZS50ZXN0MCAXDTI2MTEyNTExNTMyN1oYDzIx
+MjYxMTAxMTE1MzI3WjAaMRgwFgYDVQQDDA9wZy5leGFtcGxlLnRlc3QwWTATBgcq
+hkjOPQIBBggqhkjOPQMBBwNCAASngj1GmHEd1AO6SH7o6EgHRppni9ekv8w90ltu
+2VL7pPAgzzz/HMPAmfcO5sXjXrY1/DcR/wDxtu2+H0JdduwIo0gwRjAJBgNVHRME
+AjAAMBoGA1UdEQQTMBGCD3BnLmV4YW1wbGUudGVzdDAdBgNVHQ4EFgQUTvpwb7Uu
+scg8y/iWjaWRvAIvMVYwCgYIKoZIzj0EAwIDSAAwRQIgPze7X2U1mR6GgB1Wwm4e
+d3/WeBlMVborE0JExHHdcYkCIQDXE6gqLuK/zYSQN2EAOTue4G8RX5nTDeMETRNM
+GCwguw==
+-----END CERTIFICATE-----
+";
+
 fn env(pairs: &[(&str, &str)]) -> Env {
     Env::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
 }
@@ -146,8 +161,8 @@ fn every_trust_builds_a_client_config_that_offers_the_postgresql_alpn() {
         &[("Sql_Trigger_PostgresTrustServerCertificate", "true")][..],
     ] {
         let tls = load(pairs, Path::new("/app")).expect("valid");
-        match tls.client_config() {
-            Ok(config) => assert_eq!(config.alpn_protocols, [b"postgresql".to_vec()]),
+        match tls.built() {
+            Ok(built) => assert_eq!(built.config.alpn_protocols, [b"postgresql".to_vec()]),
             // A machine without any CA certificate: the platform-only trust cannot be built, and says why.
             Err(Problem::NoRoots(_)) if pairs.is_empty() => {}
             Err(other) => panic!("{pairs:?}: {other:?}"),
@@ -229,21 +244,96 @@ fn from_rustls(e: CertificateError) -> Problem {
     Problem::from_io(io::Error::new(io::ErrorKind::InvalidData, rustls::Error::InvalidCertificate(e)))
 }
 
+/// What every refused certificate's message ends with.
+const OTHER_WAYS_OUT: &str = "(2) sslmode=disable in the connection string, where plaintext is acceptable (a local \
+    server, a trusted network); (3) app setting Sql_Trigger_PostgresTrustServerCertificate=true, which encrypts \
+    without verifying the certificate (for development only)";
+
+fn snakeoil() -> CertificateDer<'static> {
+    CertificateDer::from_pem_slice(SNAKEOIL_PEM.as_bytes()).expect("PEM")
+}
+
+fn server_name(name: &str) -> ServerName<'static> {
+    ServerName::try_from(name.to_string()).expect("a server name")
+}
+
 #[test]
-fn an_untrusted_certificate_names_the_setting_that_adds_a_ca() {
-    let e = error(from_rustls(CertificateError::UnknownIssuer));
+fn a_certificate_is_asked_whether_it_lists_the_host_name_and_which_names_it_lists() {
+    assert_eq!(Listed::of(&snakeoil(), &server_name("pg.example.test")), Listed::Host);
+    assert_eq!(Listed::of(&snakeoil(), &server_name("127.0.0.1")), Listed::Others(vec!["pg.example.test".into()]));
+    let ca = CertificateDer::from_pem_slice(CA_PEM.as_bytes()).expect("PEM");
+    assert_eq!(Listed::of(&ca, &server_name("db.example.com")), Listed::Others(vec![]), "no subjectAltName");
+    assert_eq!(Listed::of(&CertificateDer::from(vec![0x30, 0x00]), &server_name("db")), Listed::Unknown);
+}
+
+#[test]
+fn a_self_signed_certificate_reached_by_address_names_every_way_out() {
+    // GIVEN Debian's snakeoil case: a certificate nobody trusts, for a name, reached at 127.0.0.1
+    let e = HandshakeError {
+        host: "127.0.0.1".into(),
+        problem: Problem::Untrusted { listed: Listed::Others(vec!["pg.example.test".into()]), roots_given: false },
+    };
+    // THEN trusting it is not enough without a name it lists, and the other ways out are named too
     assert!(e.needs_operator());
     assert_eq!(
         e.to_string(),
-        "the certificate of PostgreSQL server db.example.com is not signed by a certificate authority this handler \
-         trusts; if the server has its own CA, set app setting Sql_Trigger_PostgresRootCertificate to that CA's \
-         certificate (a PEM file or the PEM text). Certificates are verified whenever TLS is used, with the default \
-         sslmode=prefer too"
+        format!(
+            "the certificate of PostgreSQL server 127.0.0.1 is not signed by a certificate authority this handler \
+             trusts; certificates are verified whenever TLS is used, with the default sslmode=prefer too. Ways out: \
+             (1) set app setting Sql_Trigger_PostgresRootCertificate to the certificate of the CA that signed it, a \
+             PEM file or the PEM text (for a self-signed certificate, the certificate itself; Debian's and Ubuntu's \
+             is /etc/ssl/certs/ssl-cert-snakeoil.pem), and connect with a host name it lists (pg.example.test) \
+             rather than 127.0.0.1 (hostaddr=127.0.0.1 keeps dialling that address); {OTHER_WAYS_OUT}"
+        )
     );
 }
 
 #[test]
-fn a_host_name_mismatch_lists_the_names_the_certificate_has() {
+fn an_untrusted_certificate_for_the_host_name_needs_only_its_ca() {
+    let e = error(Problem::Untrusted { listed: Listed::Host, roots_given: false });
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the certificate of PostgreSQL server db.example.com is not signed by a certificate authority this \
+             handler trusts; certificates are verified whenever TLS is used, with the default sslmode=prefer too. \
+             Ways out: (1) set app setting Sql_Trigger_PostgresRootCertificate to the certificate of the CA that \
+             signed it, a PEM file or the PEM text (for a self-signed certificate, the certificate itself; Debian's \
+             and Ubuntu's is /etc/ssl/certs/ssl-cert-snakeoil.pem); {OTHER_WAYS_OUT}"
+        )
+    );
+}
+
+#[test]
+fn an_untrusted_certificate_says_when_the_given_roots_did_not_sign_it_and_what_it_lacks() {
+    let e = error(Problem::Untrusted { listed: Listed::Others(vec![]), roots_given: true });
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the certificate of PostgreSQL server db.example.com is not signed by a certificate authority this \
+             handler trusts; certificates are verified whenever TLS is used, with the default sslmode=prefer too. \
+             Ways out: (1) add the certificate of the CA that signed it to app setting \
+             Sql_Trigger_PostgresRootCertificate, which holds no CA that did (for a self-signed certificate, the \
+             certificate itself; Debian's and Ubuntu's is /etc/ssl/certs/ssl-cert-snakeoil.pem), and reissue it \
+             with db.example.com in its subjectAltName (it lists no name there; the common name is not used); \
+             {OTHER_WAYS_OUT}"
+        )
+    );
+    // rustls's own error carries no certificate: the handshake fills in what it lists.
+    assert!(matches!(
+        from_rustls(CertificateError::UnknownIssuer),
+        Problem::Untrusted { listed: Listed::Unknown, roots_given: false }
+    ));
+    let unknown = error(Problem::Untrusted { listed: Listed::Unknown, roots_given: false }).to_string();
+    assert!(
+        unknown.contains(
+            "and connect with a host name its subjectAltName lists (hostaddr= can give the address to dial); (2)"
+        ),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn a_host_name_mismatch_lists_the_names_the_certificate_has_and_every_way_out() {
     let e = error(from_rustls(CertificateError::NotValidForNameContext {
         expected: ServerName::try_from("db.example.com").expect("name").to_owned(),
         presented: vec!["DnsName(\"localhost\")".into(), "IpAddress(127.0.0.1)".into()],
@@ -251,16 +341,20 @@ fn a_host_name_mismatch_lists_the_names_the_certificate_has() {
     assert!(e.needs_operator());
     assert_eq!(
         e.to_string(),
-        "the certificate of PostgreSQL server db.example.com is not valid for the name db.example.com (it is for \
-         localhost, 127.0.0.1): connect with a host name the certificate lists (hostaddr= \
-         can give the address to dial), or reissue it with db.example.com in its subjectAltName"
+        format!(
+            "the certificate of PostgreSQL server db.example.com is not valid for the name db.example.com (it is \
+             for localhost, 127.0.0.1). Ways out: (1) connect with a host name the certificate lists (hostaddr= can \
+             give the address to dial), or reissue it with db.example.com in its subjectAltName; {OTHER_WAYS_OUT}"
+        )
     );
     let e = error(from_rustls(CertificateError::NotValidForName));
     assert_eq!(
         e.to_string(),
-        "the certificate of PostgreSQL server db.example.com is not valid for the name db.example.com: it lists no \
-         name in its subjectAltName (the common name is not used); reissue it with db.example.com in its \
-         subjectAltName"
+        format!(
+            "the certificate of PostgreSQL server db.example.com is not valid for the name db.example.com: it lists \
+             no name in its subjectAltName (the common name is not used). Ways out: (1) reissue it with \
+             db.example.com in its subjectAltName; {OTHER_WAYS_OUT}"
+        )
     );
 }
 

@@ -269,11 +269,14 @@ mod tests {
 
     /// [`app`] with extra app settings.
     fn app_with(settings: &[(&str, &str)]) -> Arc<App> {
-        let root = std::env::temp_dir().join(format!("spt-server-test-{}", std::process::id()));
+        // A folder per call: tests run in parallel, and one writing the app while another reads it would read
+        // half a file.
+        let root = std::env::temp_dir().join(format!("spt-server-test-{}", uuid::Uuid::new_v4().simple()));
         crate::config::write_test_app(&root, "Orders");
         let mut pairs = vec![("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())];
         pairs.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let config = AppConfig::load_from(&root, Env::from_pairs(pairs)).expect("valid config");
+        let _ = std::fs::remove_dir_all(&root);
         Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds"))
     }
 

@@ -278,3 +278,29 @@ async fn post(host: &HostDriver, id: Option<&str>, body: Vec<u8>) -> (u16, Strin
     let response = request.send().await.expect("the handler answers");
     (response.status().as_u16(), response.text().await.unwrap_or_default())
 }
+
+#[tokio::test]
+async fn on_the_hosts_schedule_each_firing_delivers_one_batch_and_a_backlog_drains_at_the_schedules_pace() {
+    // GIVEN 1,050 orders and the templates' function: batch 100, fired every five seconds
+    let orders = Orders::new("schedule").await;
+    orders.insert(1..=1050).await;
+    let app = orders_app(&orders, &unique_app_name("schedule"), json!({}), &[]);
+    let host = start(&app).await;
+    let start_at = time::macros::datetime!(2026-11-25 10:00:00 UTC);
+
+    // WHEN the host's timer fires it for two simulated minutes
+    let paced = host.run_schedule(FUNCTION, start_at, Duration::from_secs(120), |_| false).await.expect("runs");
+
+    // THEN it fired every five seconds, the first eleven firings delivered the backlog in batches of 100 (the last
+    // one the remaining 50) and the rest found nothing: 1,050 changes in 55 seconds of host time, the pace the
+    // schedule allows (20 per second), every order exactly once
+    let expected_at: Vec<_> = (1..=24).map(|k| start_at + Duration::from_secs(5 * k)).collect();
+    assert_eq!(paced.firings.iter().map(|f| f.at).collect::<Vec<_>>(), expected_at);
+    let per_firing: Vec<usize> =
+        paced.firings.iter().map(|f| f.run.applied.get("changes").map_or(0, Vec::len)).collect();
+    assert_eq!(per_firing[..11], [100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 50]);
+    assert!(per_firing[11..].iter().all(|n| *n == 0), "{per_firing:?}");
+    let (delivered, counts) = tally(&host.delivered("changes"));
+    assert_eq!(delivered, ids(1..=1050));
+    assert!(counts.values().all(|n| *n == 1), "no duplicate without a failure");
+}

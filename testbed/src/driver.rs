@@ -558,6 +558,16 @@ impl HostDriver {
         self.received(binding).iter().map(Received::to_value).collect()
     }
 
+    /// What the host would write to each output binding of `function` for `invocation`'s answer, as a consumer
+    /// parses it: for tests that play the host by hand and decide that a write happened (or half happened).
+    pub fn writes_for(
+        &self,
+        function: &str,
+        invocation: &Invocation,
+    ) -> Result<BTreeMap<String, Vec<Value>>, DriverError> {
+        Ok(writes(self.app.function(function)?, invocation))
+    }
+
     /// Every message body, row or blob `binding`'s destination received so far, exactly, in order.
     pub fn received(&self, binding: &str) -> Vec<Received> {
         self.sinks().delivered.get(binding).cloned().unwrap_or_default()
@@ -791,13 +801,12 @@ impl Drop for HostDriver {
     }
 }
 
-/// Each output binding of `spec` (function.json order) with what the host writes to it for `invocation`'s
-/// answer: nothing (no value), the items its destination receives, or why the write fails. `Err` when the host
-/// cannot read the answer at all (the invocation fails).
-fn host_writes<'a>(
-    spec: &'a FunctionSpec,
-    invocation: &Invocation,
-) -> Result<Vec<(&'a Binding, Result<Vec<Received>, String>)>, String> {
+/// One output binding and what its destination receives, or why the write fails.
+type BindingWrite<'a> = (&'a Binding, Result<Vec<Received>, String>);
+
+/// Each output binding of `spec` (function.json order) the host writes to for `invocation`'s answer (bindings
+/// without a value are left out). `Err` when the host cannot read the answer at all (the invocation fails).
+fn host_writes<'a>(spec: &'a FunctionSpec, invocation: &Invocation) -> Result<Vec<BindingWrite<'a>>, String> {
     let model = HostModel::default();
     let answer = newtonsoft::read_answer(&invocation.body, model.zone)
         .map_err(|err| format!("the host cannot read the answer: {err}"))?;

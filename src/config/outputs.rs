@@ -12,7 +12,9 @@
 //!   array element (queue, serviceBus, eventHub, ...) it is wrapped in a one-element array; for the others
 //!   (blob, ...) it is the object itself.
 //!
-//! Values are always objects or arrays, never bare strings: the host base64-decodes strings for some bindings.
+//! With `messageFormat` `json` values are always objects or arrays, never bare strings: the host base64-decodes
+//! strings for some bindings. (`text` sends strings on purpose, safe from that step: see `engine::outputs`.)
+//! A blob output gets each batch as one blob at its `path`, so [`check_blob_paths`] requires `{rand-guid}`.
 //! The mapping is derived from the configuration each time it is needed (it is a few entries), so the
 //! typed `FunctionConfig` keeps the shape other modules construct.
 

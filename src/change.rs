@@ -2,7 +2,8 @@
 //! `[{"Operation":0,"Item":{...}}]` with Insert = 0, Update = 1, Delete = 2.
 //!
 //! `Item` is kept as the JSON text the database produced (`RawValue`): sources build row JSON server-side,
-//! with exact numerics and ISO 8601 dates, and the engine never re-parses it on the hot path.
+//! with exact numerics and ISO 8601 dates, and the engine never re-parses it on the hot path. (The Functions
+//! host does re-parse it before its output bindings write it, unless `messageFormat` is `text`: docs/values.md.)
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;

@@ -5,7 +5,7 @@
 
 use super::host_policy::{proof_window, FunctionTimeout, RetryPolicy, UNBOUNDED_TIMEOUT_ASSUMED};
 use super::ncrontab::Schedule;
-use super::settings::{DeliveryMode, Resolver, TriggerSettings};
+use super::settings::{DeliveryMode, MessageFormat, Resolver, TriggerSettings};
 use super::source_spec::{resolve_references, resolve_text, source_spec, SourceSpec};
 use super::{read_json, valid_path_part, ConfigError, Env};
 use serde_json::{Map, Value};
@@ -34,6 +34,7 @@ const KNOWN_KEYS: &[&str] = &[
     "poisonAction",
     "proofWindowMs",
     "deliveryMode",
+    "messageFormat",
     "leaseDurationMs",
     "tickTimeoutMs",
     "changeTrackingContext",
@@ -309,6 +310,24 @@ pub(super) fn load(
         }
         (_, false) => None,
     };
+    if host && settings.delivery_mode != DeliveryMode::Sink {
+        let (blob_errors, blob_warnings) = super::outputs::check_blob_paths(&bindings, env, &fn_file);
+        errors.extend(blob_errors);
+        warnings.extend(blob_warnings);
+        // The host's sql binding upserts JSON objects only and drops strings silently
+        // (FunctionBinding.BindAsyncCollectorAsync<JObject>, SqlAsyncCollector.AddAsync): text would write nothing.
+        if settings.message_format == MessageFormat::Text {
+            if let Some(sql) = outputs.iter().find(|b| b.kind.eq_ignore_ascii_case("sql")) {
+                errors.push(ConfigError::new(
+                    format!("messageFormat for {name}"),
+                    format!(
+                        "is text, but output binding {:?} is sql, which takes each row as a JSON object and silently drops strings, so it would write nothing; use messageFormat json for it (values then pass through Newtonsoft, see docs/values.md), or deliveryMode sink with an mssql or postgres sink for exact rows",
+                        sql.name
+                    ),
+                ));
+            }
+        }
+    }
     if host && settings.delivery_mode != DeliveryMode::Sink && outputs.is_empty() {
         errors.push(ConfigError::new(
             fn_file.clone(),

@@ -20,7 +20,7 @@ pub use host_policy::{
 pub use outputs::{OutputRoute, OutputShape};
 pub use postgres_trust::PostgresTrust;
 pub use secret::Secret;
-pub use settings::{DeliveryMode, PoisonAction, TriggerSettings};
+pub use settings::{DeliveryMode, MessageFormat, PoisonAction, TriggerSettings};
 pub use source_spec::{SourceKind, SourceSpec, StartFrom};
 
 use std::collections::BTreeMap;
@@ -451,5 +451,67 @@ mod retry_tests {
         // AND the shipped defaults warn about nothing
         let default = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
         assert!(load(fixed(5, "00:00:05"), default, &[]).expect("valid").warnings.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod output_tests {
+    //! What start-up refuses about output bindings the host would feed wrongly.
+    use super::*;
+
+    /// Loads an app with one PostgreSQL function whose function.json also has `extra` output bindings and
+    /// whose sqltrigger.json has `options` merged in.
+    fn load(extra: serde_json::Value, options: serde_json::Value) -> Result<AppConfig, String> {
+        let root = std::env::temp_dir().join(format!("spt-outputs-{}", uuid::Uuid::new_v4().simple()));
+        write_test_app(&root, "Orders");
+        let edit = |file: &str, change: &dyn Fn(&mut serde_json::Value)| {
+            let path = root.join("Orders").join(file);
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+            change(&mut json);
+            std::fs::write(&path, json.to_string()).expect("write");
+        };
+        edit("function.json", &|f| {
+            let bindings = f["bindings"].as_array_mut().expect("bindings");
+            bindings.extend(extra.as_array().cloned().unwrap_or_default());
+        });
+        edit("sqltrigger.json", &|t| {
+            let object = t.as_object_mut().expect("object");
+            object.extend(options.as_object().cloned().unwrap_or_default());
+        });
+        std::fs::write(root.join("host.json"), r#"{"version":"2.0","functionTimeout":"00:05:00"}"#).expect("host.json");
+        let env = Env::from_pairs([("Pg".to_string(), "postgres://nobody@127.0.0.1:1/none".to_string())]);
+        let loaded = AppConfig::load_from(&root, env).map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(&root);
+        loaded
+    }
+
+    #[test]
+    fn a_blob_output_without_a_unique_name_is_refused_and_a_timed_one_warned_about() {
+        let blob =
+            |path: &str| serde_json::json!([{"type": "blob", "direction": "out", "name": "archive", "path": path}]);
+        let err = load(blob("archive/batch.json"), serde_json::json!({})).expect_err("refused");
+        assert!(err.contains("bindings.archive.path in Orders/function.json") && err.contains("{rand-guid}"), "{err}");
+        let app = load(blob("archive/{DateTime}.json"), serde_json::json!({})).expect("valid");
+        assert!(app.warnings.iter().any(|w| w.to_string().contains("once a second")), "{:?}", app.warnings);
+        let app = load(blob("archive/{rand-guid}.json"), serde_json::json!({})).expect("valid");
+        assert!(app.warnings.is_empty(), "{:?}", app.warnings);
+        // AND in sink mode the blob binding receives nothing from the handler, so its path does not matter
+        let sink =
+            serde_json::json!({"deliveryMode": "sink", "sink": {"type": "webhook", "url": "http://127.0.0.1:1/"}});
+        load(blob("archive/batch.json"), sink).expect("valid");
+    }
+
+    #[test]
+    fn text_messages_are_refused_for_a_sql_output_which_would_drop_them() {
+        let sql = serde_json::json!([{"type": "sql", "direction": "out", "name": "copy", "commandText": "dbo.Copy",
+            "connectionStringSetting": "Sql"}]);
+        let err = load(sql.clone(), serde_json::json!({"messageFormat": "text"})).expect_err("refused");
+        assert!(err.contains("messageFormat for Orders: is text, but output binding \"copy\" is sql"), "{err}");
+        assert!(err.contains("deliveryMode sink"), "{err}");
+        let app = load(sql, serde_json::json!({})).expect("json is the default and fine");
+        assert_eq!(app.functions[0].settings.message_format, MessageFormat::Json);
+        let app = load(serde_json::json!([]), serde_json::json!({"messageFormat": "TEXT"})).expect("valid");
+        assert_eq!(app.functions[0].settings.message_format, MessageFormat::Text);
     }
 }

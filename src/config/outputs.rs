@@ -12,11 +12,13 @@
 //!   array element (queue, serviceBus, eventHub, ...) it is wrapped in a one-element array; for the others
 //!   (blob, ...) it is the object itself.
 //!
-//! Values are always objects or arrays, never bare strings: the host base64-decodes strings for some bindings.
+//! With `messageFormat` `json` values are always objects or arrays, never bare strings: the host base64-decodes
+//! strings for some bindings. (`text` sends strings on purpose, safe from that step: see `engine::outputs`.)
+//! A blob output gets each batch as one blob at its `path`, so [`check_blob_paths`] requires `{rand-guid}`.
 //! The mapping is derived from the configuration each time it is needed (it is a few entries), so the
 //! typed `FunctionConfig` keeps the shape other modules construct.
 
-use super::{ConfigError, OutputBinding};
+use super::{ConfigError, Env, OutputBinding};
 use serde_json::{Map, Value};
 
 /// What one output binding receives.
@@ -116,6 +118,57 @@ pub fn routes(
     }
 }
 
+/// A blob output binding writes the whole batch as one blob at its `path`, which the host resolves on every
+/// write (Azure/azure-functions-host `FunctionBinding.BindStreamAsync`). Only `{rand-guid}` (or
+/// `{sys.randguid}`) makes that name new each time (azure-webjobs-sdk `BindingParameterResolver`,
+/// `SystemBindingData.RandGuid`); `{DateTime}` and `{sys.utcnow}` change once a second
+/// (`BindingDataPathHelper.ConvertParameterValueToString`: `yyyy-MM-ddTHH-mm-ssK`). Without either, every batch
+/// overwrites the last, lost to a consumer that had not read it yet: an error. With the time alone, two
+/// invocations within a second (a retry, a manual run) overwrite each other: a warning. `%Setting%` references
+/// are resolved from the app settings first; a path whose setting is missing is left to the host to refuse.
+pub fn check_blob_paths(bindings: &[Value], env: &Env, file: &str) -> (Vec<ConfigError>, Vec<ConfigError>) {
+    let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+    let text = |b: &Value, key: &str| b.get(key).and_then(Value::as_str).map(str::to_string);
+    for binding in bindings {
+        let is_blob_output = text(binding, "type").is_some_and(|t| t.eq_ignore_ascii_case("blob"))
+            && text(binding, "direction").is_some_and(|d| d.eq_ignore_ascii_case("out"));
+        let (true, Some(path)) = (is_blob_output, text(binding, "path")) else { continue };
+        let Some(resolved) = resolve_settings(&path, env) else { continue };
+        let name = text(binding, "name").unwrap_or_default();
+        let lower = resolved.to_ascii_lowercase();
+        let setting = format!("bindings.{name}.path in {file}");
+        if lower.contains("{rand-guid") || lower.contains("{sys.randguid}") {
+            continue;
+        }
+        if lower.contains("{datetime") || lower.contains("{sys.utcnow}") {
+            warnings.push(ConfigError::new(
+                setting,
+                format!("is {path:?}: blob names change once a second, so two invocations within a second (a host retry, a manual run) write the same blob and the later batch overwrites the earlier; add {{rand-guid}}, for example \"changes/{{DateTime}}-{{rand-guid}}.json\""),
+            ));
+        } else {
+            errors.push(ConfigError::new(
+                setting,
+                format!("is {path:?}, the same blob for every invocation: each batch would overwrite the last before a consumer read it; add {{rand-guid}} to the path, for example \"changes/{{rand-guid}}.json\""),
+            ));
+        }
+    }
+    (errors, warnings)
+}
+
+/// `%Name%` replaced by app settings, as the host does for function.json values; `None` when one is missing.
+fn resolve_settings(text: &str, env: &Env) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find('%') {
+        let end = rest[start + 1..].find('%')? + start + 1;
+        out.push_str(&rest[..start]);
+        out.push_str(env.get(&rest[start + 1..end])?);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 fn parse_entry(entry: &Value) -> Result<OutputShape, String> {
     let names = || OutputShape::NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
     let Some(map) = entry.as_object() else {
@@ -171,6 +224,40 @@ mod tests {
         let r = routes(&bindings(), &o, "f/sqltrigger.json").expect("valid");
         assert_eq!(r[0].shape, OutputShape::Batch);
         assert_eq!(r[2].shape, OutputShape::Rows);
+    }
+
+    #[test]
+    fn a_blob_path_that_names_the_same_blob_every_time_is_refused_naming_the_fix() {
+        let env = Env::from_pairs([("ArchivePath".to_string(), "archive/latest.json".to_string())]);
+        let blob = |name: &str, path: &str| json!({"type": "blob", "direction": "out", "name": name, "path": path});
+        let bindings = vec![
+            blob("fixed", "archive/batch.json"),
+            blob("setting", "%ArchivePath%"),
+            blob("timed", "archive/{DateTime}.json"),
+            blob("unique", "archive/{rand-guid}.json"),
+            blob("unique_sys", "archive/{sys.randguid}.json"),
+            blob("unresolved", "%Missing%"),
+            json!({"type": "queue", "direction": "out", "name": "q", "queueName": "q"}),
+        ];
+        let (errors, warnings) = check_blob_paths(&bindings, &env, "f/function.json");
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        let warnings: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert!(
+            errors[0].starts_with(
+                "bindings.fixed.path in f/function.json: is \"archive/batch.json\", the same blob for every invocation"
+            ),
+            "{}",
+            errors[0]
+        );
+        assert!(errors[0].contains("add {rand-guid} to the path"), "{}", errors[0]);
+        assert!(errors[1].starts_with("bindings.setting.path"), "{}", errors[1]);
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert!(
+            warnings[0].starts_with("bindings.timed.path") && warnings[0].contains("once a second"),
+            "{}",
+            warnings[0]
+        );
     }
 
     #[test]

@@ -79,6 +79,13 @@ pub const DELIVERY_MODE: SettingDef = SettingDef {
     default: "deferred",
     doc: "`deferred`: a batch is acknowledged only when a retry naming its invocation could no longer come (at-least-once through the host's output bindings; needs a retry policy in function.json; docs/architecture.md). `immediate`: committed before answering (at-most-once if the host's output write fails). `sink`: delivered by the handler itself, committed after the sink acknowledges (at-least-once).",
 };
+pub const MESSAGE_FORMAT: SettingDef = SettingDef {
+    name: "Sql_Trigger_MessageFormat",
+    function_key: Some("messageFormat"),
+    host_json_key: None,
+    default: "json",
+    doc: "How each message (or blob) is handed to the host's output bindings. `json`: the official payload as JSON values, which the host re-reads with Newtonsoft: decimals become doubles (at most 17 digits, 120.00 arrives as 120.0), date-time strings with an offset are moved to the host's zone, messages are re-indented (docs/values.md). `text`: each message is the JSON text the handler built, sent as a string the host passes through untouched: the same payload shape, compact, every value exact. Not for sql output bindings, which take objects only; for exact rows use deliveryMode sink.",
+};
 pub const LEASE_DURATION_MS: SettingDef = SettingDef {
     name: "Sql_Trigger_LeaseDurationMs",
     function_key: Some("leaseDurationMs"),
@@ -191,6 +198,7 @@ pub const ALL: &[SettingDef] = &[
     POISON_ACTION,
     PROOF_WINDOW_MS,
     DELIVERY_MODE,
+    MESSAGE_FORMAT,
     LEASE_DURATION_MS,
     TICK_TIMEOUT_MS,
     STATE_STORE,
@@ -216,6 +224,16 @@ pub enum DeliveryMode {
     Sink,
 }
 
+/// How a batch is handed to the host's output bindings (see [`MESSAGE_FORMAT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageFormat {
+    /// JSON values, re-read and re-written by the host (the official trigger's payload, as it arrives).
+    Json,
+    /// Each message as a JSON string holding the message's text, which the host passes through as is.
+    Text,
+}
+
 /// What happens to a batch that failed `MaxAttempts` times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -235,6 +253,8 @@ pub struct TriggerSettings {
     pub poison_after: Duration,
     pub poison_action: PoisonAction,
     pub delivery_mode: DeliveryMode,
+    /// Deferred and immediate delivery: how the batch is handed to the host's output bindings.
+    pub message_format: MessageFormat,
     pub lease_duration: Duration,
     pub tick_timeout: Duration,
 }
@@ -348,6 +368,11 @@ impl Resolver<'_> {
                 ],
                 errors,
             ),
+            message_format: self.choice(
+                &MESSAGE_FORMAT,
+                &[("json", MessageFormat::Json), ("text", MessageFormat::Text)],
+                errors,
+            ),
             lease_duration: Duration::from_millis(self.positive(&LEASE_DURATION_MS, 3_600_000, errors).max(1000)),
             tick_timeout: Duration::from_millis(self.positive(&TICK_TIMEOUT_MS, 86_400_000, errors)),
         }
@@ -398,6 +423,7 @@ mod tests {
         assert_eq!(s.max_changes_per_worker, 1000);
         assert_eq!(s.max_attempts, 5);
         assert_eq!(s.delivery_mode, DeliveryMode::Deferred);
+        assert_eq!(s.message_format, MessageFormat::Json, "the official payload shape, as JSON values");
     }
 
     #[test]

@@ -244,7 +244,7 @@ impl Trigger {
 
     /// Maps a batch onto this function's output bindings, counting the deletes a binding could not receive.
     pub fn outputs(&self, changes: &[Change]) -> MappedOutputs {
-        let mapped = outputs::map(&self.config.output_routes(), changes);
+        let mapped = outputs::map(&self.config.output_routes(), changes, self.config.settings.message_format);
         self.stats.lock().expect("stats lock").deletes_not_sent += mapped.deletes_not_sent();
         mapped
     }

@@ -3,11 +3,18 @@
 //!
 //! Deletes sent to a binding that receives rows cannot be expressed (a row has no operation; the host's SQL
 //! binding upserts and cannot delete): they are left out, counted per binding, and reported once per batch,
-//! never dropped silently. Values are always arrays or objects, never bare strings (the host base64-decodes
-//! those for some bindings).
+//! never dropped silently.
+//!
+//! With `messageFormat` `json` (the default) values are arrays or objects, never bare strings: the host
+//! base64-decodes a top-level string when it can. With `text` each message travels as a JSON string holding
+//! its text: an array of strings for bindings that send one message per element (the host writes each
+//! element's bare text, untouched), one string for the others (a blob gets its UTF-8). Such a string always
+//! starts with `{` or `[`, which base64 does not allow, so the host's base64 step leaves it alone. Why it
+//! matters: the host re-reads JSON values with Newtonsoft, which turns decimals into doubles and moves
+//! date-times to its own zone (docs/values.md).
 
 use crate::change::{encode_batch, Change, Operation};
-use crate::config::{OutputRoute, OutputShape};
+use crate::config::{MessageFormat, OutputRoute, OutputShape};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
@@ -38,7 +45,7 @@ impl MappedOutputs {
     }
 }
 
-pub fn map(routes: &[OutputRoute], changes: &[Change]) -> MappedOutputs {
+pub fn map(routes: &[OutputRoute], changes: &[Change], format: MessageFormat) -> MappedOutputs {
     let mut mapped = MappedOutputs::default();
     if changes.is_empty() {
         return mapped;
@@ -68,9 +75,26 @@ pub fn map(routes: &[OutputRoute], changes: &[Change]) -> MappedOutputs {
                 RawValue::from_string(text).expect("an object around a JSON array is JSON")
             }
         };
+        let value = match format {
+            MessageFormat::Json => value,
+            MessageFormat::Text => as_text(&value, route.collector),
+        };
         mapped.outputs.insert(route.binding.clone(), value);
     }
     mapped
+}
+
+/// The value as JSON text in strings: each element's text for a collector (whose values are arrays), the
+/// whole text otherwise.
+fn as_text(value: &RawValue, collector: bool) -> Box<RawValue> {
+    let text = if collector {
+        let items: Vec<&RawValue> = serde_json::from_str(value.get()).expect("a collector's value is an array");
+        let texts: Vec<&str> = items.iter().map(|item| item.get()).collect();
+        serde_json::to_string(&texts)
+    } else {
+        serde_json::to_string(value.get())
+    };
+    RawValue::from_string(text.expect("strings always serialize")).expect("serialized strings are JSON")
 }
 
 /// The items of the non-delete changes as a JSON array, and how many deletes were left out.
@@ -108,8 +132,11 @@ mod tests {
 
     #[test]
     fn message_bindings_get_changes_and_rows_bindings_get_rows_without_deletes_reported_once() {
-        let m =
-            map(&[route("changes", OutputShape::Changes, true), route("rows", OutputShape::Rows, true)], &changes());
+        let m = map(
+            &[route("changes", OutputShape::Changes, true), route("rows", OutputShape::Rows, true)],
+            &changes(),
+            MessageFormat::Json,
+        );
         assert_eq!(
             m.outputs["changes"].get(),
             r#"[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]"#
@@ -124,7 +151,8 @@ mod tests {
 
     #[test]
     fn a_batch_is_one_message_wrapped_for_collectors_and_bare_for_single_item_bindings() {
-        let m = map(&[route("q", OutputShape::Batch, true), route("blob", OutputShape::Batch, false)], &changes());
+        let routes = [route("q", OutputShape::Batch, true), route("blob", OutputShape::Batch, false)];
+        let m = map(&routes, &changes(), MessageFormat::Json);
         let inner = r#"{"changes":[{"Operation":0,"Item":{"Id":1,"Name":"a"}},{"Operation":2,"Item":{"Id":2}}]}"#;
         assert_eq!(m.outputs["q"].get(), format!("[{inner}]"));
         assert_eq!(m.outputs["blob"].get(), inner);
@@ -133,6 +161,30 @@ mod tests {
 
     #[test]
     fn an_empty_batch_writes_nothing() {
-        assert!(map(&[route("changes", OutputShape::Changes, true)], &[]).outputs.is_empty());
+        assert!(map(&[route("changes", OutputShape::Changes, true)], &[], MessageFormat::Json).outputs.is_empty());
+    }
+
+    #[test]
+    fn text_sends_each_message_as_a_string_of_its_exact_json() {
+        let changes = vec![
+            Change::from_json(Operation::Insert, r#"{"Id":1,"Price":12345678901234567.89}"#.into()).expect("json"),
+            Change::from_json(Operation::Update, r#"{"Id":2,"At":"2024-07-02T03:04:05.12+02:00"}"#.into())
+                .expect("json"),
+        ];
+        let routes = [
+            route("changes", OutputShape::Changes, true),
+            route("audit", OutputShape::Batch, true),
+            route("archive", OutputShape::Changes, false),
+        ];
+        let m = map(&routes, &changes, MessageFormat::Text);
+        let one = r#"{"Operation":0,"Item":{"Id":1,"Price":12345678901234567.89}}"#;
+        let two = r#"{"Operation":1,"Item":{"Id":2,"At":"2024-07-02T03:04:05.12+02:00"}}"#;
+        let as_string = |text: &str| serde_json::to_string(text).expect("a string");
+        assert_eq!(m.outputs["changes"].get(), format!("[{},{}]", as_string(one), as_string(two)));
+        assert_eq!(m.outputs["audit"].get(), format!("[{}]", as_string(&format!(r#"{{"changes":[{one},{two}]}}"#))));
+        assert_eq!(m.outputs["archive"].get(), as_string(&format!("[{one},{two}]")));
+        // each string is the message's text exactly
+        let decoded: Vec<String> = serde_json::from_str(m.outputs["changes"].get()).expect("strings");
+        assert_eq!(decoded, [one, two]);
     }
 }

@@ -1,6 +1,8 @@
 //! Configurations for tests that build an engine by hand over in-memory parts.
 
-use sql_pseudo_trigger::config::{DeliveryMode, Env, FunctionConfig, PoisonAction, SourceSpec, TriggerSettings};
+use sql_pseudo_trigger::config::{
+    DeliveryMode, Env, FunctionConfig, MessageFormat, PoisonAction, SourceSpec, TriggerSettings,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ pub fn settings() -> TriggerSettings {
         poison_after: Duration::ZERO,
         poison_action: PoisonAction::Quarantine,
         delivery_mode: DeliveryMode::Deferred,
+        message_format: MessageFormat::Json,
         lease_duration: Duration::from_secs(3600),
         tick_timeout: Duration::from_secs(30),
     }

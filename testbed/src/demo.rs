@@ -4,9 +4,11 @@
 //! `orders` table watched by the PostgreSQL cursor source, writes a function app folder with the file state
 //! store, starts the real `handler` process the way the Functions host does, and plays the host: it fires the
 //! timer, applies the outputs, and prints what a queue output binding would receive while it inserts, updates
-//! and deletes rows, including one failed output write that the host retries.
+//! and deletes rows, including one failed output write that the host retries. Messages are printed as the host
+//! writes them: re-serialized by Newtonsoft, indented, decimals as doubles (the amount 120.00 arrives as 120.0;
+//! docs/values.md).
 
-use crate::driver::{AttemptOutcome, DriverOptions, HostDriver, TimerRun};
+use crate::driver::{AttemptOutcome, DriverOptions, HostDriver, Received, TimerRun};
 use crate::embedded::{self, EmbeddedPostgres, ScratchDir};
 use std::path::{Path, PathBuf};
 
@@ -104,20 +106,20 @@ pub async fn run(handler_exe: PathBuf) -> Result<(), DemoError> {
         "INSERT INTO orders (id, customer, amount) VALUES (1, 'ada', 12.50), (2, 'grace', 99.99), (3, 'linus', 0.01)",
     )
     .await?;
-    show(&host.run_timer(FUNCTION).await?);
+    fire(&host).await?;
 
     println!("== order 2 is amended and order 3 is cancelled (soft delete)");
     db.batch_execute("UPDATE orders SET amount = 120.00 WHERE id = 2; UPDATE orders SET deleted = true WHERE id = 3")
         .await?;
-    show(&host.run_timer(FUNCTION).await?);
+    fire(&host).await?;
 
     println!("== order 4 is placed, and the queue is down for the first write");
     db.batch_execute("INSERT INTO orders (id, customer, amount) VALUES (4, 'barbara', 7.25)").await?;
     host.fail_output_writes("changes", 1);
-    show(&host.run_timer(FUNCTION).await?);
+    fire(&host).await?;
 
     println!("== nothing changed");
-    show(&host.run_timer(FUNCTION).await?);
+    fire(&host).await?;
 
     let state = std::fs::read_to_string(app.path().join("state/local").join(format!("{FUNCTION}.json")))?;
     let state: serde_json::Value = serde_json::from_str(&state).map_err(|e| DemoError::Unexpected(e.to_string()))?;
@@ -133,7 +135,15 @@ pub async fn run(handler_exe: PathBuf) -> Result<(), DemoError> {
     Ok(())
 }
 
-fn show(run: &TimerRun) {
+/// Fires the timer once and prints what happened and what the queue received from that firing.
+async fn fire(host: &HostDriver) -> Result<(), DemoError> {
+    let before = host.received("changes").len();
+    let run = host.run_timer(FUNCTION).await?;
+    show(&run, &host.received("changes")[before..]);
+    Ok(())
+}
+
+fn show(run: &TimerRun, received: &[Received]) {
     for (i, attempt) in run.attempts.iter().enumerate() {
         let label = if i == 0 { "invocation".to_string() } else { format!("host retry {i}") };
         match &attempt.outcome {
@@ -144,14 +154,15 @@ fn show(run: &TimerRun) {
             }
         }
     }
-    match run.applied.get("changes") {
-        Some(messages) if !messages.is_empty() => {
-            println!("  the queue receives {} message(s):", messages.len());
-            for m in messages {
-                println!("    {m}");
+    if received.is_empty() {
+        println!("  nothing new: the queue receives no message");
+    } else {
+        println!("  the queue receives {} message(s), as the host writes them:", received.len());
+        for message in received {
+            for line in message.text().lines() {
+                println!("    {line}");
             }
         }
-        _ => println!("  nothing new: the queue receives no message"),
     }
     println!();
 }

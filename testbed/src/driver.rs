@@ -26,15 +26,29 @@
 //!   on real seconds ([`HostDriver::run_schedule_real`]), never overlapping, a late firing followed at once, and
 //!   `ScheduleStatus` null where the host keeps no schedule monitor (sub-minute schedules, `useMonitor: false`).
 //!
+//! - what each output binding receives ([`receive`]): the host reads the answer with Newtonsoft at default
+//!   settings ([`newtonsoft`]: non-integer numbers become doubles, ISO date strings `DateTime`s in the host's
+//!   zone, duplicate keys collapse; an answer Newtonsoft cannot read fails the invocation), base64-decodes a
+//!   top-level string, and each binding type converts the value its own way: a queue, Service Bus or Event Hubs
+//!   message is an element's `ToString()` (indented JSON), a sql binding upserts only the objects and drops the
+//!   rest silently, a blob is the whole value as one compact document at a path resolved per write.
+//!   [`HostDriver::received`] gives the bodies as the destination got them, [`HostDriver::delivered`] the same
+//!   parsed as JSON by a consumer. The host model is a Linux host in UTC ([`HostModel::default`]).
+//!
 //! Simplifications, on purpose: tests may also fire timers explicitly ([`HostDriver::run_timer`]); output
-//! bindings are in-memory sinks, one per binding name; the answer is applied as the handler wrote it, not as the
-//! host's Newtonsoft re-serialization would change it. Real sinks (queues, SQL) are the engine tests' business.
+//! bindings are in-memory sinks, one per binding name, for the five types above only (another type fails its
+//! write, naming itself); what SQL Server's `OPENJSON` makes of a row's JSON is not modelled, nor size limits
+//! (inject them with [`HostDriver::refuse_messages`]). Real sinks (queues, SQL) are the engine tests' business.
 
 mod app;
+pub mod dotnet;
+pub mod newtonsoft;
+pub mod receive;
 mod schedule;
 mod wire;
 
 pub use app::{App, Binding, Direction, FunctionSpec, RetryPolicy, RetryStrategy};
+pub use receive::{HostModel, Received};
 pub use schedule::{Firing, Paced};
 
 /// Whether a firing's retry delays are slept (a real host) or only counted (a simulated clock).
@@ -208,7 +222,8 @@ pub struct TimerRun {
     pub attempts: Vec<Attempt>,
     /// True when an attempt ended in [`AttemptOutcome::Applied`].
     pub succeeded: bool,
-    /// What that attempt wrote, by binding name (one value per message or row).
+    /// What that attempt wrote, by binding name: one value per message, row or blob, as a consumer parses what
+    /// the binding received (see [`HostDriver::received`] for the bodies themselves).
     pub applied: BTreeMap<String, Vec<Value>>,
     /// The retry delays of the loop: slept for real, or only counted when the firing runs on simulated time.
     pub waited: Duration,
@@ -258,7 +273,8 @@ type Poison = Box<dyn Fn(&Value) -> bool + Send + Sync>;
 
 #[derive(Default)]
 struct Sinks {
-    delivered: BTreeMap<String, Vec<Value>>,
+    /// What each binding's destination received, in order.
+    delivered: BTreeMap<String, Vec<Received>>,
     /// Injected write failures by binding: each writes this many messages, then fails.
     failures_left: BTreeMap<String, std::collections::VecDeque<usize>>,
     /// Messages each binding's destination refuses, whenever they come.
@@ -555,8 +571,25 @@ impl HostDriver {
         self.sinks().poison.insert(binding.to_string(), Box::new(refuses));
     }
 
-    /// Every message written to `binding` so far, in order, across timer runs and handler restarts.
+    /// Every message, row or blob written to `binding` so far, in order, across timer runs and handler restarts,
+    /// as a consumer parses it as JSON (a body that is not JSON is a string). The host changed it on the way
+    /// (see [`receive`]); [`received`](Self::received) has the exact bodies.
     pub fn delivered(&self, binding: &str) -> Vec<Value> {
+        self.received(binding).iter().map(Received::to_value).collect()
+    }
+
+    /// What the host would write to each output binding of `function` for `invocation`'s answer, as a consumer
+    /// parses it: for tests that play the host by hand and decide that a write happened (or half happened).
+    pub fn writes_for(
+        &self,
+        function: &str,
+        invocation: &Invocation,
+    ) -> Result<BTreeMap<String, Vec<Value>>, DriverError> {
+        Ok(writes(self.app.function(function)?, invocation))
+    }
+
+    /// Every message body, row or blob `binding`'s destination received so far, exactly, in order.
+    pub fn received(&self, binding: &str) -> Vec<Received> {
         self.sinks().delivered.get(binding).cloned().unwrap_or_default()
     }
 
@@ -718,33 +751,37 @@ impl HostDriver {
         })
     }
 
-    /// Writes an attempt's outputs: every binding (the host awaits them together), each message by message; an
-    /// injected failure writes its prefix of the messages and fails that binding, and so the attempt.
+    /// Writes an attempt's outputs: every binding (the host awaits them together), each receiving what the host
+    /// makes of the answer ([`receive`]). Messages go one by one, so an injected failure writes its prefix of
+    /// them and fails that binding, and so the attempt; a sql batch (one transaction) or a blob (one upload)
+    /// that fails writes nothing. A value the binding cannot take fails its write the same way.
     fn apply(&self, spec: &FunctionSpec, invocation: &Invocation) -> AttemptOutcome {
+        let outputs = match host_writes(spec, invocation) {
+            Ok(outputs) => outputs,
+            Err(reason) => return AttemptOutcome::HandlerFailed { reason },
+        };
         let mut sinks = self.sinks();
         let mut failure = None;
-        for binding in spec.outputs() {
-            let Some(value) = output_value(binding, invocation) else {
-                continue;
+        for (binding, writes) in outputs {
+            let received = match writes {
+                Ok(received) if received.is_empty() => continue,
+                Ok(received) => received,
+                Err(reason) => {
+                    failure.get_or_insert(AttemptOutcome::OutputWriteFailed { binding: binding.name.clone(), reason });
+                    continue;
+                }
             };
-            if value.is_string() {
-                failure.get_or_insert(AttemptOutcome::OutputWriteFailed {
-                    binding: binding.name.clone(),
-                    reason: "the output is a bare string, which the host tries to base64-decode; send an object \
-                             or an array"
-                        .into(),
-                });
-                continue;
-            }
-            let values = messages(value);
-            if values.is_empty() {
-                continue;
-            }
+            let values: Vec<Value> = received.iter().map(Received::to_value).collect();
             let refused = sinks.poison.get(&binding.name).and_then(|refuses| values.iter().position(refuses));
             let fails_after = refused
                 .or_else(|| sinks.failures_left.get_mut(&binding.name).and_then(std::collections::VecDeque::pop_front));
-            let written = fails_after.map_or(values.len(), |n| n.min(values.len()));
-            sinks.delivered.entry(binding.name.clone()).or_default().extend(values.into_iter().take(written));
+            let partial = receive::BindingKind::of(&binding.kind).is_some_and(|kind| kind.writes_partially());
+            let written = match fails_after {
+                None => received.len(),
+                Some(n) if partial => n.min(received.len()),
+                Some(_) => 0,
+            };
+            sinks.delivered.entry(binding.name.clone()).or_default().extend(received.into_iter().take(written));
             if fails_after.is_some() {
                 failure.get_or_insert(AttemptOutcome::OutputWriteFailed {
                     binding: binding.name.clone(),
@@ -795,29 +832,31 @@ impl Drop for HostDriver {
     }
 }
 
-/// The value the host hands to `binding`: `ReturnValue` for `$return`, else `Outputs[name]`.
-fn output_value<'a>(binding: &Binding, invocation: &'a Invocation) -> Option<&'a Value> {
-    if binding.name == "$return" {
-        invocation.return_value.as_ref()
-    } else {
-        invocation.outputs.get(&binding.name)
-    }
+/// One output binding and what its destination receives, or why the write fails.
+type BindingWrite<'a> = (&'a Binding, Result<Vec<Received>, String>);
+
+/// Each output binding of `spec` (function.json order) the host writes to for `invocation`'s answer (bindings
+/// without a value are left out). `Err` when the host cannot read the answer at all (the invocation fails).
+fn host_writes<'a>(spec: &'a FunctionSpec, invocation: &Invocation) -> Result<Vec<BindingWrite<'a>>, String> {
+    let model = HostModel::default();
+    let answer = newtonsoft::read_answer(&invocation.body, model.zone)
+        .map_err(|err| format!("the host cannot read the answer: {err}"))?;
+    let outputs: Vec<Binding> = spec.outputs().cloned().collect();
+    Ok(spec
+        .outputs()
+        .filter_map(|binding| {
+            let value = receive::binding_value(&outputs, binding, &answer)?;
+            Some((binding, receive::receive(binding, &value, &model)))
+        })
+        .collect())
 }
 
-/// An array is several messages or rows; null is none; anything else is one.
-fn messages(value: &Value) -> Vec<Value> {
-    match value {
-        Value::Null => Vec::new(),
-        Value::Array(items) => items.clone(),
-        other => vec![other.clone()],
-    }
-}
-
+/// What an applied attempt wrote, as a consumer parses it (the bodies of [`host_writes`]).
 fn writes(spec: &FunctionSpec, invocation: &Invocation) -> BTreeMap<String, Vec<Value>> {
     let mut out = BTreeMap::new();
-    for binding in spec.outputs() {
-        if let Some(values) = output_value(binding, invocation).map(messages).filter(|v| !v.is_empty()) {
-            out.insert(binding.name.clone(), values);
+    for (binding, received) in host_writes(spec, invocation).unwrap_or_default() {
+        if let Some(values) = received.ok().filter(|r| !r.is_empty()) {
+            out.insert(binding.name.clone(), values.iter().map(Received::to_value).collect());
         }
     }
     out

@@ -3,7 +3,8 @@
 //!
 //! - [`embedded`]: a real PostgreSQL and a real Azurite, started on loopback from the machine's binaries;
 //! - [`driver`]: a strict model of the Azure Functions host for one app folder (readiness, the timer body,
-//!   `RetryContext` on every attempt naming the failed one, retry delays, manual runs, output writes);
+//!   `RetryContext` on every attempt naming the failed one, retry delays, manual runs, output writes, and what
+//!   each output binding receives after the host's Newtonsoft re-serialization);
 //! - [`demo`]: the whole product end to end (`cargo demo`);
 //! - [`faulty`]: a state store that injects faults between the engine and a real store;
 //! - [`memory_source`]: an in-memory change source with transactions and a late-commit guard;

@@ -217,6 +217,13 @@ pub fn answered_changes(invocation: &testbed::driver::Invocation) -> Vec<Value> 
     }
 }
 
+/// The change messages the host writes to the `changes` binding for an invocation's answer (what its queue
+/// receives, parsed), for tests that play the host by hand and decide the write happened.
+pub fn written_by_host(host: &HostDriver, invocation: &testbed::driver::Invocation) -> Vec<Value> {
+    let mut writes = host.writes_for(FUNCTION, invocation).expect("the function exists");
+    writes.remove("changes").unwrap_or_default()
+}
+
 /// The ids of change messages, in order.
 pub fn ids_of(messages: &[Value]) -> Vec<i64> {
     ops(messages).into_iter().map(|(_, id)| id).collect()

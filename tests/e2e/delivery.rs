@@ -14,9 +14,12 @@ async fn delivers_inserts_updates_and_soft_deletes_in_the_official_payload_shape
     // WHEN the timer fires
     let first = fire_until_delivered(&host, FUNCTION).await;
 
-    // THEN the queue binding gets three inserts with every column, numerics exact
+    // THEN the queue binding gets three inserts with every column, numerics as the host re-serializes them: the
+    // handler sends numeric(12, 2) exactly ("2.50"), the host's Newtonsoft writes the double 2.5 (docs/values.md)
     assert_eq!(ops(&first), vec![(0, 1), (0, 2), (0, 3)]);
     assert_eq!(first[0]["Item"]["amount"].to_string(), "1.25");
+    let received = host.received("changes");
+    assert!(received[1].text().contains("\n    \"amount\": 2.5,\n"), "{}", received[1].text());
     let item = &first[0]["Item"];
     for column in ["id", "customer", "amount", "placed_at", "deleted", "created_version", "version"] {
         assert!(item.get(column).is_some(), "column {column} missing from {item}");
@@ -30,6 +33,10 @@ async fn delivers_inserts_updates_and_soft_deletes_in_the_official_payload_shape
     // THEN one update and one delete carrying only the key arrive
     assert_eq!(ops(&changes), vec![(1, 2), (2, 3)]);
     assert_eq!(changes[0]["Item"]["amount"].to_string(), "1234567890.12");
+    assert!(
+        host.received("changes")[3].text().contains("\n    \"amount\": 1234567890.12,\n"),
+        "12 digits survive a double"
+    );
     assert_eq!(changes[1]["Item"], json!({"id": 3}));
 
     // AND a tick with nothing new sends no output at all

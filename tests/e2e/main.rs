@@ -19,3 +19,4 @@ mod outputs;
 mod protocol;
 mod runner;
 mod sinks;
+mod values;

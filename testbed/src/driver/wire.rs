@@ -89,11 +89,15 @@ pub(super) fn request(function: &str, data: &Value, retry: Option<&RetryContext>
 
 pub(super) type Answer = (BTreeMap<String, Value>, Vec<String>, Option<Value>);
 
-/// Decodes `{"Outputs":{...},"Logs":[...],"ReturnValue":...}`. Keys match case-insensitively, as the host's
-/// JSON reader does; every part may be missing or null.
+/// Decodes `{"Outputs":{...},"Logs":[...],"ReturnValue":...}` as the handler wrote it. Keys match
+/// case-insensitively, as the host's JSON reader does; every part may be missing or null. An answer the host's
+/// Newtonsoft reader refuses (too deep, an integer past 380 digits, a date past `DateTime.MaxValue`) fails
+/// too, as the host fails such an invocation.
 pub(super) fn decode_answer(body: &str) -> Result<Answer, String> {
     let value: Value = serde_json::from_str(body)
         .map_err(|err| format!("the handler's 2xx answer is not JSON ({err}); the host fails such an invocation"))?;
+    super::newtonsoft::read_answer(body, super::dotnet::HostZone::UTC)
+        .map_err(|err| format!("the host cannot read the answer ({err}); it fails such an invocation"))?;
     let Value::Object(fields) = value else {
         return Err("the handler's 2xx answer is not a JSON object; the host fails such an invocation".into());
     };

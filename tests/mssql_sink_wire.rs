@@ -274,6 +274,43 @@ async fn an_identity_table_gets_plain_inserts_and_identity_insert_merges_in_one_
 }
 
 #[tokio::test]
+async fn a_temporal_tables_period_columns_are_left_to_the_server_and_a_clr_column_is_named_when_carried() {
+    // GIVEN a system-versioned table as the golden catalog read describes it: NOT NULL period columns
+    // without defaults, flagged generated (GENERATED ALWAYS), and a geography column (a CLR type the
+    // catalog now keeps in the shape instead of dropping)
+    let server = Server::start().await;
+    server
+        .answer(
+            CATALOG,
+            catalog(&[
+                ("id", "int", 4, 10, 0, false, false, false, false, Some(1)),
+                ("name", "nvarchar", 100, 0, 0, true, false, false, false, None),
+                ("ValidFrom", "datetime2", 8, 27, 7, false, false, false, true, None),
+                ("ValidTo", "datetime2", 8, 27, 7, false, false, false, true, None),
+                ("place", "geography", -1, 0, 0, true, false, false, false, None),
+            ]),
+        )
+        .await;
+    accept_bookkeeping(&server, "[dbo]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let sink = sink(&server, "dbo.accounts", json!({}));
+
+    // WHEN items that leave the period columns out are delivered, then an item that carries the geography
+    deliver(sink.as_ref(), 1, 1, &[change(Operation::Insert, r#"{"id":1,"name":"a"}"#)], None).await.expect("written");
+    let e = deliver(sink.as_ref(), 2, 1, &[change(Operation::Insert, r#"{"id":2,"place":"POINT(1 2)"}"#)], None)
+        .await
+        .unwrap_err();
+
+    // THEN the first was written without naming the period columns (SQL Server fills them in), and the
+    // second is refused before anything is sent, naming the column and its type
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    assert_eq!(deliveries.len(), 1);
+    assert!(!deliveries[0].statement().contains("Valid"), "{}", deliveries[0].statement());
+    assert!(e.to_string().contains(r#"property "place" of change 0 is column "place" of dbo.accounts"#), "{e}");
+    assert!(e.to_string().contains("(geography)"), "{e}");
+}
+
+#[tokio::test]
 async fn bookkeeping_tables_another_instance_just_created_are_fine_and_a_refused_create_says_what_to_run() {
     // GIVEN a server on which creating the fence table fails because it now exists (2714), then a server
     // on which the login may not create tables (262)

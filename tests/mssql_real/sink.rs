@@ -13,13 +13,27 @@ use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
 
+/// Runs each scenario in turn, and prints the name of each one that passed.
+macro_rules! run {
+    ($ctx:expr, $($scenario:ident),+ $(,)?) => {
+        $(
+            $scenario($ctx).await;
+            println!("real-server suite: sink scenario passed: {}", stringify!($scenario));
+        )+
+    };
+}
+
 /// Runs every sink scenario.
 pub async fn scenarios(ctx: &mut Ctx) {
-    upserts_and_deletes_by_key_with_odd_names_binary_and_defaults(ctx).await;
-    an_identity_key_absent_is_a_plain_insert_and_present_is_an_upsert(ctx).await;
-    a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_quoted(ctx).await;
-    a_deposed_owners_late_write_is_refused_by_the_fence(ctx).await;
-    exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from(ctx).await;
+    run!(
+        ctx,
+        upserts_and_deletes_by_key_with_odd_names_binary_and_defaults,
+        an_identity_key_absent_is_a_plain_insert_and_present_is_an_upsert,
+        a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_quoted,
+        a_deposed_owners_late_write_is_refused_by_the_fence,
+        exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from,
+        a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named,
+    );
 }
 
 /// A sink on `dbo.{table}`, with its fence (and checkpoint) table named for this run after `name`.
@@ -241,4 +255,40 @@ async fn exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_fr
     once(8, to.clone(), json!(["101", "1"]), 2).await.expect("next");
     once(7, from, json!(["99", "1"]), 2).await.expect("a reset's batch 7");
     assert_eq!(json_rows(ctx, &applied).await, json!([{"id": 1, "n": 3}, {"id": 2, "n": 3}]));
+}
+
+async fn a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named(ctx: &mut Ctx) {
+    // GIVEN a system-versioned table: NOT NULL period columns the server fills in, and a geography column
+    let t = ctx.table("sink_temporal");
+    let history = ctx.table("sink_temporal_history");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int NOT NULL PRIMARY KEY, [name] nvarchar(20) NOT NULL, [place] geography NULL, \
+         [ValidFrom] datetime2 GENERATED ALWAYS AS ROW START NOT NULL, [ValidTo] datetime2 GENERATED ALWAYS AS ROW END NOT NULL, \
+         PERIOD FOR SYSTEM_TIME ([ValidFrom], [ValidTo])) WITH (SYSTEM_VERSIONING = ON (HISTORY_TABLE = [dbo].[{history}]))"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "temporal", json!({}));
+
+    // WHEN items that leave the period columns out insert a row, then update it
+    deliver(sink.as_ref(), 1, 1, &[upsert(json!({"id": 1, "name": "a"}))]).await.expect("insert");
+    deliver(sink.as_ref(), 2, 1, &[upsert(json!({"id": 1, "name": "b"}))]).await.expect("update");
+
+    // THEN the table holds the update and its history the row it replaced (the server set both periods)
+    let got = json_rows(ctx, &format!("SELECT [id], [name] FROM [dbo].[{t}] FOR JSON PATH")).await;
+    assert_eq!(got, json!([{"id": 1, "name": "b"}]));
+    let old = json_rows(ctx, &format!("SELECT [name] FROM [dbo].[{history}] FOR JSON PATH")).await;
+    assert_eq!(old, json!([{"name": "a"}]));
+
+    // AND an item carrying a period column, or the geography column, is refused naming it
+    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"id": 2, "name": "c", "ValidFrom": "2026-01-01T00:00:00"}))])
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("which is computed or generated"), "{e}");
+    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"id": 2, "name": "c", "place": "POINT(1 2)"}))])
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains(r#"column "place""#) && e.to_string().contains("(geography)"), "{e}");
+
+    // A system-versioned table cannot be dropped: versioning goes off first (the suite then drops both)
+    ctx.exec(&format!("ALTER TABLE [dbo].[{t}] SET (SYSTEM_VERSIONING = OFF)")).await;
 }

@@ -200,14 +200,22 @@ pub fn resume(fence_table: &TableName, checkpoint: Option<&TableName>) -> String
 }
 
 /// Columns in table order: name, type, max length in bytes (-1 = max), precision, scale, nullable, has a
-/// default, identity, computed or rowversion, position in the primary key (NULL outside it). Numbers and
-/// flags are read as `int`. `@P1` = the table's quoted name.
-pub const COLUMNS: &str = "SELECT c.name, t.name AS [type_name], CAST(c.max_length AS int) AS [max_length], \
+/// default, identity, never written (computed, rowversion, or `GENERATED ALWAYS`: a temporal table's period
+/// columns and a ledger table's columns, which SQL Server fills in itself when an INSERT's column list
+/// leaves them out), position in the primary key (NULL outside it). Numbers and flags are read as `int`.
+/// `@P1` = the table's quoted name.
+///
+/// The type is the column's own (`sys.types` by `user_type_id`, which every column has) or, for an alias
+/// type, the system type it is made from: joining on `system_type_id` alone would drop CLR-typed columns
+/// (geography, geometry, hierarchyid share system type 240, which names no row of `sys.types`) from the
+/// shape, so an item carrying one would be refused as "not a column" instead of naming its type.
+pub const COLUMNS: &str = "SELECT c.name, COALESCE(b.name, u.name) AS [type_name], CAST(c.max_length AS int) AS [max_length], \
 CAST(c.precision AS int) AS [precision], CAST(c.scale AS int) AS [scale], CAST(c.is_nullable AS int) AS [is_nullable], \
 CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS [has_default], CAST(c.is_identity AS int) AS [is_identity], \
-CASE WHEN c.is_computed = 1 OR t.name IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
+CASE WHEN c.is_computed = 1 OR c.generated_always_type <> 0 OR COALESCE(b.name, u.name) IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
 CAST(ic.key_ordinal AS int) AS [key_ordinal] \
-FROM sys.columns AS c JOIN sys.types AS t ON t.user_type_id = c.system_type_id AND t.system_type_id = c.system_type_id \
+FROM sys.columns AS c JOIN sys.types AS u ON u.user_type_id = c.user_type_id \
+LEFT JOIN sys.types AS b ON b.user_type_id = c.system_type_id AND u.is_assembly_type = 0 \
 LEFT JOIN sys.indexes AS i ON i.object_id = c.object_id AND i.is_primary_key = 1 \
 LEFT JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.column_id = c.column_id \
 WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";

@@ -73,16 +73,27 @@ fn accept_bookkeeping(server: &Server, schema: &str, exactly_once: bool) {
 /// One catalog row: name, type, max length, precision, scale, nullable, default, identity, generated, key.
 type CatalogRow = (&'static str, &'static str, i32, i32, i32, bool, bool, bool, bool, Option<i32>);
 
+/// The catalog read's answer, with SQL Server's default collation on character columns.
 fn catalog(rows: &[CatalogRow]) -> QueryResponse {
+    catalog_collated(rows, &[])
+}
+
+/// The catalog read's answer as SQL Server gives it (sysname and int columns; the collation empty outside
+/// character columns), with `collations` naming a column's collation where it is not the default.
+fn catalog_collated(rows: &[CatalogRow], collations: &[(&str, &str)]) -> QueryResponse {
     let names = ["name", "type_name", "max_length", "precision", "scale", "is_nullable"];
     let flags = ["has_default", "is_identity", "is_generated", "key_ordinal"];
     let mut columns: Vec<Col> =
         names.iter().enumerate().map(|(i, n)| Col::new(*n, if i < 2 { T::NVarChar } else { T::Int })).collect();
     columns.extend(flags.iter().map(|n| Col::new(*n, T::Int)));
+    columns.push(Col::new("collation", T::NVarChar));
     let rows = rows
         .iter()
         .map(|(n, t, len, p, s, null, def, id, generated, key)| {
             let flag = |b: bool| V::Int(i32::from(b));
+            let character = matches!(*t, "char" | "varchar" | "nchar" | "nvarchar");
+            let collation = collations.iter().find(|(c, _)| c == n).map(|(_, c)| *c);
+            let collation = collation.unwrap_or(if character { "SQL_Latin1_General_CP1_CI_AS" } else { "" });
             Row::new(vec![
                 V::NVarChar((*n).into()),
                 V::NVarChar((*t).into()),
@@ -94,6 +105,7 @@ fn catalog(rows: &[CatalogRow]) -> QueryResponse {
                 flag(*id),
                 flag(*generated),
                 key.map(V::Int).unwrap_or(V::Null),
+                V::NVarChar(collation.into()),
             ])
         })
         .collect();
@@ -308,6 +320,42 @@ async fn a_temporal_tables_period_columns_are_left_to_the_server_and_a_clr_colum
     assert!(!deliveries[0].statement().contains("Valid"), "{}", deliveries[0].statement());
     assert!(e.to_string().contains(r#"property "place" of change 0 is column "place" of dbo.accounts"#), "{e}");
     assert!(e.to_string().contains("(geography)"), "{e}");
+}
+
+#[tokio::test]
+async fn character_columns_are_read_as_unicode_and_keys_compared_under_their_own_collation() {
+    // GIVEN a table keyed on a varchar column in Greek_CI_AS and an nchar one, with a Cyrillic varchar column
+    let server = Server::start().await;
+    let columns = [
+        ("code", "varchar", 10, 0, 0, false, false, false, false, Some(1)),
+        ("region", "nchar", 4, 0, 0, false, false, false, false, Some(2)),
+        ("label", "varchar", 50, 0, 0, true, false, false, false, None),
+        ("note", "nvarchar", -1, 0, 0, true, false, false, false, None),
+    ];
+    let collations =
+        [("code", "Greek_CI_AS"), ("region", "Latin1_General_100_CI_AS_SC"), ("label", "Cyrillic_General_CI_AS")];
+    server.answer(CATALOG, catalog_collated(&columns, &collations)).await;
+    accept_bookkeeping(&server, "[dbo]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let sink = sink(&server, "dbo.codes", json!({}));
+
+    // WHEN a delete and an upsert are delivered
+    let changes = [
+        change(Operation::Delete, r#"{"code":"α","region":"EU"}"#),
+        change(Operation::Update, r#"{"code":"β","region":"EU","label":"л","note":"n"}"#),
+    ];
+    deliver(sink.as_ref(), 1, 1, &changes, None).await.expect("written");
+
+    // THEN the delivery holds the golden statements: every character column read as nvarchar(max), the
+    // keys compared under their collations (the varchar one cast back to varchar), the values sent as is
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    let lines: Vec<&str> = deliveries[0].statement().lines().collect();
+    assert!(lines.contains(&golden("delete_character_keys.sql").as_str()), "{lines:#?}");
+    assert!(lines.contains(&golden("merge_character_keys.sql").as_str()), "{lines:#?}");
+    assert_eq!(
+        deliveries[0].values()[6..],
+        [text(r#"[{"code":"α","region":"EU"}]"#), text(r#"[{"code":"β","region":"EU","label":"л","note":"n"}]"#)]
+    );
 }
 
 #[tokio::test]

@@ -39,6 +39,9 @@ pub struct Column {
     pub generated: bool,
     /// Binary: items carry it as base64 text (as every source here sends it), decoded by the statement.
     pub binary: bool,
+    /// The column's collation, where the dialect names it in statements (SQL Server's character columns:
+    /// a key is compared under its own collation); `None` elsewhere.
+    pub collation: Option<String>,
 }
 
 /// The target table: its columns in table order and its primary key.
@@ -252,6 +255,7 @@ impl Column {
             identity: false,
             generated: false,
             binary: false,
+            collation: None,
         }
     }
 }

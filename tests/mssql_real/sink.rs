@@ -33,6 +33,7 @@ pub async fn scenarios(ctx: &mut Ctx) {
         a_deposed_owners_late_write_is_refused_by_the_fence,
         exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from,
         a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named,
+        varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation,
     );
 }
 
@@ -291,4 +292,31 @@ async fn a_temporal_table_is_written_without_its_period_columns_and_a_clr_column
 
     // A system-versioned table cannot be dropped: versioning goes off first (the suite then drops both)
     ctx.exec(&format!("ALTER TABLE [dbo].[{t}] SET (SYSTEM_VERSIONING = OFF)")).await;
+}
+
+async fn varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation(ctx: &mut Ctx) {
+    // GIVEN varchar columns in code pages other than the database's (Greek, Cyrillic), keyed on the Greek
+    // one and on an nvarchar column in a case-sensitive collation
+    let t = ctx.table("sink_collations");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([code] varchar(10) COLLATE Greek_CI_AS NOT NULL, \
+         [region] nvarchar(4) COLLATE Latin1_General_100_CS_AS NOT NULL, [label] varchar(20) COLLATE Cyrillic_General_CI_AS NULL, \
+         PRIMARY KEY ([code], [region]))"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "collations", json!({}));
+
+    // WHEN rows are inserted, one updated by its key, one deleted by its key
+    let first = [
+        upsert(json!({"code": "αβ", "region": "EU", "label": "привет"})),
+        upsert(json!({"code": "γ", "region": "eu", "label": "мир"})),
+    ];
+    deliver(sink.as_ref(), 1, 1, &first).await.expect("insert");
+    let second =
+        [upsert(json!({"code": "αβ", "region": "EU", "label": "пока"})), delete(json!({"code": "γ", "region": "eu"}))];
+    deliver(sink.as_ref(), 2, 1, &second).await.expect("update and delete");
+
+    // THEN the characters arrived whole (not '?'), and the keys matched the rows they name
+    let got = json_rows(ctx, &format!("SELECT [code], [region], [label] FROM [dbo].[{t}] FOR JSON PATH")).await;
+    assert_eq!(got, json!([{"code": "αβ", "region": "EU", "label": "пока"}]));
 }

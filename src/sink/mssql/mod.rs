@@ -158,6 +158,12 @@ impl Dialect for Mssql {
                     (type_name.clone(), false)
                 }
             };
+            // A collation is named in statements as it is spelled (COLLATE takes no quoting): only a name
+            // of letters, digits and underscores, as every SQL Server collation is, reaches one.
+            let collation = text(10)?;
+            if !collation.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(unexpected("a collation name of letters, digits and underscores"));
+            }
             columns.push(Column {
                 name: Ident::new(&name).map_err(SinkError::Rejected)?,
                 sql_type,
@@ -166,6 +172,7 @@ impl Dialect for Mssql {
                 identity: flag(7)?,
                 generated: flag(8)? || !writable,
                 binary: matches!(type_name.to_ascii_lowercase().as_str(), "binary" | "varbinary"),
+                collation: Some(collation).filter(|c| !c.is_empty()),
             });
             if let Some(position) = int(9)? {
                 key.push((position, i));

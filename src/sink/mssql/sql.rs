@@ -16,7 +16,7 @@
 //! otherwise compare equal.
 
 use crate::ident::{Ident, TableName};
-use crate::sink::upsert::{RowGroup, TableShape, WritePlan};
+use crate::sink::upsert::{Column, RowGroup, TableShape, WritePlan};
 
 /// Rows per statement, as the official output binding batches its MERGE.
 pub const ROWS_PER_STATEMENT: usize = 1000;
@@ -33,22 +33,50 @@ fn path(name: &Ident) -> String {
     literal(&format!("$.\"{}\"", name.as_str().replace('\\', "\\\\").replace('"', "\\\"")))
 }
 
+/// The type a column is read as from JSON. Character columns are read as `nvarchar(max)`, whatever their
+/// own type: OPENJSON's conversion to `varchar` uses the database's default code page, so a value for a
+/// `varchar` column with another collation would lose its characters to `?`. Read as Unicode, the value
+/// is converted by the assignment to the column, in the column's own code page.
+fn read_as(c: &Column) -> &str {
+    if c.sql_type == "varchar(max)" {
+        "nvarchar(max)"
+    } else {
+        &c.sql_type
+    }
+}
+
 /// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`.
 fn openjson(shape: &TableShape, param: usize, columns: &[usize]) -> String {
     let cols: Vec<String> = columns
         .iter()
         .map(|&i| {
             let c = &shape.columns[i];
-            format!("{} {} {}", c.name.mssql(), c.sql_type, path(&c.name))
+            format!("{} {} {}", c.name.mssql(), read_as(c), path(&c.name))
         })
         .collect();
     format!("OPENJSON(@P{param}) WITH ({})", cols.join(", "))
 }
 
+/// `t.[k] = s.[k] AND ...`. A character key is compared under its column's collation: OPENJSON's columns
+/// carry the database's default collation, which would conflict with another (error 468) or compare by
+/// other rules; a `varchar` key is also cast back to `varchar` in that collation's code page, so the column
+/// is not converted to `nvarchar` for the comparison (which would cost the index seek under a SQL
+/// collation, and take range locks over the whole table under HOLDLOCK). Cast to `varchar(max)`, not the
+/// column's length: a longer value must not match a key it was cut down to.
 fn key_match(shape: &TableShape, left: &str, right: &str) -> String {
     shape
         .key_columns()
-        .map(|c| format!("{left}.{n} = {right}.{n}", n = c.name.mssql()))
+        .map(|c| {
+            let n = c.name.mssql();
+            let value = match &c.collation {
+                None => format!("{right}.{n}"),
+                Some(collation) if c.sql_type == "varchar(max)" => {
+                    format!("CAST({right}.{n} COLLATE {collation} AS varchar(max))")
+                }
+                Some(collation) => format!("{right}.{n} COLLATE {collation}"),
+            };
+            format!("{left}.{n} = {value}")
+        })
         .collect::<Vec<_>>()
         .join(" AND ")
 }
@@ -202,8 +230,8 @@ pub fn resume(fence_table: &TableName, checkpoint: Option<&TableName>) -> String
 /// Columns in table order: name, type, max length in bytes (-1 = max), precision, scale, nullable, has a
 /// default, identity, never written (computed, rowversion, or `GENERATED ALWAYS`: a temporal table's period
 /// columns and a ledger table's columns, which SQL Server fills in itself when an INSERT's column list
-/// leaves them out), position in the primary key (NULL outside it). Numbers and flags are read as `int`.
-/// `@P1` = the table's quoted name.
+/// leaves them out), position in the primary key (NULL outside it), collation (empty for a column that has
+/// none). Numbers and flags are read as `int`. `@P1` = the table's quoted name.
 ///
 /// The type is the column's own (`sys.types` by `user_type_id`, which every column has) or, for an alias
 /// type, the system type it is made from: joining on `system_type_id` alone would drop CLR-typed columns
@@ -213,15 +241,16 @@ pub const COLUMNS: &str = "SELECT c.name, COALESCE(b.name, u.name) AS [type_name
 CAST(c.precision AS int) AS [precision], CAST(c.scale AS int) AS [scale], CAST(c.is_nullable AS int) AS [is_nullable], \
 CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS [has_default], CAST(c.is_identity AS int) AS [is_identity], \
 CASE WHEN c.is_computed = 1 OR c.generated_always_type <> 0 OR COALESCE(b.name, u.name) IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
-CAST(ic.key_ordinal AS int) AS [key_ordinal] \
+CAST(ic.key_ordinal AS int) AS [key_ordinal], COALESCE(c.collation_name, N'') AS [collation] \
 FROM sys.columns AS c JOIN sys.types AS u ON u.user_type_id = c.user_type_id \
 LEFT JOIN sys.types AS b ON b.user_type_id = c.system_type_id AND u.is_assembly_type = 0 \
 LEFT JOIN sys.indexes AS i ON i.object_id = c.object_id AND i.is_primary_key = 1 \
 LEFT JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.column_id = c.column_id \
 WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";
 
-/// The type to read a column as in `OPENJSON ... WITH`, from its catalog type. Only known type names reach a
-/// statement; `Err` says why a column cannot be written.
+/// The type of a column's family at its widest, from its catalog type: what it is read as in `OPENJSON ...
+/// WITH` (but see `read_as`: `varchar` is read as `nvarchar`). Only known type names reach a statement;
+/// `Err` says why a column cannot be written.
 ///
 /// Strings and binary are read at their `(max)` width, not the column's: OPENJSON converts as `CONVERT` does,
 /// and a conversion to a shorter string type cuts the value off instead of failing. Read whole, an over-long
@@ -342,6 +371,33 @@ mod tests {
         golden("catalog_columns.sql", COLUMNS);
         golden("resume_exactly_once.sql", &resume(&fence, Some(&beside(&s.table, "sql_pseudo_trigger_checkpoint"))));
         golden("resume_fence.sql", &resume(&fence, None));
+    }
+
+    /// `[dbo].[codes]`: key (code varchar, Greek_CI_AS; region nchar, a UTF-16 collation), and a varchar and
+    /// an nvarchar column outside the key.
+    fn coded() -> TableShape {
+        let collated = |name: &str, ty: &str, collation: &str| Column {
+            collation: Some(collation.into()),
+            ..Column::plain(name, ty)
+        };
+        TableShape {
+            table: TableName::parse("dbo.codes").expect("valid"),
+            columns: vec![
+                collated("code", "varchar(max)", "Greek_CI_AS"),
+                collated("region", "nvarchar(max)", "Latin1_General_100_CI_AS_SC"),
+                collated("label", "varchar(max)", "Cyrillic_General_CI_AS"),
+                collated("note", "nvarchar(max)", "SQL_Latin1_General_CP1_CI_AS"),
+            ],
+            key: vec![0, 1],
+        }
+    }
+
+    #[test]
+    fn golden_character_columns_are_read_as_unicode_and_keys_compared_under_their_collation() {
+        let s = coded();
+        let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![] };
+        golden("merge_character_keys.sql", &write(&s, &group, 8));
+        golden("delete_character_keys.sql", &delete(&s, 7));
     }
 
     #[test]

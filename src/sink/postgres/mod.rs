@@ -119,6 +119,7 @@ impl Dialect for Postgres {
                 identity: r.get(5),
                 generated: r.get(6),
                 binary: typname == "bytea",
+                collation: None,
             });
             if let Some(position) = r.get::<_, Option<i32>>(7) {
                 key.push((position, i));

@@ -359,6 +359,40 @@ async fn character_columns_are_read_as_unicode_and_keys_compared_under_their_own
 }
 
 #[tokio::test]
+async fn nested_json_is_read_as_json_text_for_character_columns_and_refused_for_others() {
+    // GIVEN the golden table and items as a PostgreSQL source sends a jsonb column: an object
+    let server = Server::start().await;
+    server.answer(CATALOG, catalog(ORDER_LINES_COLUMNS)).await;
+    accept_bookkeeping(&server, "[Sales Ünïcode]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let sink = sink(&server, ORDER_LINES, json!({}));
+    let nested = r#"{"Id":1,"Line":1,"order":{"lines":[1,2],"note":"x"}}"#;
+
+    // WHEN it is delivered into the nvarchar column, then into the decimal one
+    deliver(sink.as_ref(), 1, 1, &[change(Operation::Update, nested)], None).await.expect("written");
+    let into_decimal = r#"{"Id":1,"Line":1,"Qty \"x\"":{"amount":1}}"#;
+    let e = deliver(sink.as_ref(), 2, 1, &[change(Operation::Update, into_decimal)], None).await.unwrap_err();
+
+    // THEN the first went as sent, read both as a scalar and AS JSON, and written as whichever is not NULL
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    assert_eq!(deliveries.len(), 1, "the refused batch was never sent");
+    let statement = deliveries[0].statement();
+    assert!(
+        statement.contains(r#"[order] nvarchar(max) N'$."order"', [#json2] nvarchar(max) N'$."order"' AS JSON"#),
+        "{statement}"
+    );
+    assert!(statement.contains("t.[order] = COALESCE(s.[order], s.[#json2])"), "{statement}");
+    assert_eq!(deliveries[0].values()[6], text(&format!("[{nested}]")));
+    // AND the second is refused, naming the column and its type, since OPENJSON would read NULL into it
+    assert!(matches!(e, SinkError::Rejected(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(r#"which column "Qty \"x\"" of Sales Ünïcode.Order] Lines (decimal(12, 2)) cannot hold"#),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn bookkeeping_tables_another_instance_just_created_are_fine_and_a_refused_create_says_what_to_run() {
     // GIVEN a server on which creating the fence table fails because it now exists (2714), then a server
     // on which the login may not create tables (262)

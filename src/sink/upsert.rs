@@ -39,6 +39,11 @@ pub struct Column {
     pub generated: bool,
     /// Binary: items carry it as base64 text (as every source here sends it), decoded by the statement.
     pub binary: bool,
+    /// A JSON object or array in an item can be written to this column: kept as its JSON text, converted by
+    /// the database (PostgreSQL's json, jsonb and array columns), or refused by it with an error. False where
+    /// the dialect's statement would read it as NULL (SQL Server reads one only into a character column),
+    /// so `plan` refuses it, naming the column, instead of a NULL being stored silently.
+    pub holds_json: bool,
     /// The column's collation, where the dialect names it in statements (SQL Server's character columns:
     /// a key is compared under its own collation); `None` elsewhere.
     pub collation: Option<String>,
@@ -120,6 +125,18 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
             if shape.columns[i].generated && change.operation != Operation::Delete {
                 return Err(format!(
                     "property {:?} of change {n} is column {:?} of {}, which is computed or generated or of a type the sink cannot write ({}); leave it out of the items (\"columns\" in the source's sqltrigger.json)",
+                    name.as_ref(),
+                    shape.columns[i].name.as_str(),
+                    shape.table,
+                    shape.columns[i].sql_type
+                ));
+            }
+            if change.operation != Operation::Delete
+                && !shape.columns[i].holds_json
+                && matches!(value.get().as_bytes().first(), Some(b'{' | b'['))
+            {
+                return Err(format!(
+                    "property {:?} of change {n} holds a JSON object or array, which column {:?} of {} ({}) cannot hold; write it to a character column (which keeps its JSON text), or leave the property out of the items (\"columns\" in the source's sqltrigger.json)",
                     name.as_ref(),
                     shape.columns[i].name.as_str(),
                     shape.table,
@@ -255,6 +272,7 @@ impl Column {
             identity: false,
             generated: false,
             binary: false,
+            holds_json: true,
             collation: None,
         }
     }
@@ -365,6 +383,28 @@ mod tests {
         let changes = vec![change(Operation::Insert, r#"{"id":1,"name":"a","order":2,"\u00dcn\u00efcode Col":"x"}"#)];
         let p = plan(&s, &changes).expect("valid");
         assert_eq!(p.groups[0].columns, vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn nested_json_is_refused_for_a_column_that_cannot_hold_it_and_kept_for_one_that_can() {
+        // GIVEN "order" cannot hold nested JSON (SQL Server would read it as NULL), "note" can
+        let mut s = shape();
+        s.columns[2].holds_json = false;
+        // WHEN an object or an array arrives for each
+        for nested in [r#"{"a":1}"#, "[1,2]"] {
+            let e = plan(&s, &[change(Operation::Insert, &format!(r#"{{"id":1,"name":"a","order":{nested}}}"#))])
+                .unwrap_err();
+            // THEN it is refused naming the column and its type, without quoting the value
+            assert!(e.contains(r#"property "order" of change 0 holds a JSON object or array, which column "order" of public.orders (integer) cannot hold"#), "{e}");
+            assert!(!e.contains(nested), "{e}");
+            let kept = format!(r#"{{"id":1,"name":"a","order":null,"note":{nested}}}"#);
+            assert_eq!(
+                plan(&s, &[change(Operation::Insert, &kept)]).expect("valid").groups[0].rows,
+                vec![kept.as_str()]
+            );
+        }
+        // AND a delete, which reads only the key, ignores what else its item carries
+        assert!(plan(&s, &[change(Operation::Delete, r#"{"id":1,"order":{"a":1}}"#)]).is_ok());
     }
 
     #[test]

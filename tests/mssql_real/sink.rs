@@ -34,6 +34,7 @@ pub async fn scenarios(ctx: &mut Ctx) {
         exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from,
         a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named,
         varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation,
+        nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere,
     );
 }
 
@@ -319,4 +320,32 @@ async fn varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_u
     // THEN the characters arrived whole (not '?'), and the keys matched the rows they name
     let got = json_rows(ctx, &format!("SELECT [code], [region], [label] FROM [dbo].[{t}] FOR JSON PATH")).await;
     assert_eq!(got, json!([{"code": "αβ", "region": "EU", "label": "пока"}]));
+}
+
+async fn nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere(ctx: &mut Ctx) {
+    // GIVEN character columns (as a PostgreSQL json, jsonb or array column is copied into) and an int one
+    let t = ctx.table("sink_nested");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [doc] nvarchar(max) NULL, [tags] varchar(100) NULL, [n] int NULL)"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "nested", json!({}));
+
+    // WHEN an object and an array arrive for them, and plain strings for another row
+    let batch = [
+        upsert(json!({"id": 1, "doc": {"a": [1, 2], "b": "x"}, "tags": ["red", "blue"]})),
+        upsert(json!({"id": 2, "doc": "plain", "tags": "t"})),
+    ];
+    deliver(sink.as_ref(), 1, 1, &batch).await.expect("written");
+
+    // THEN the nested values are stored as their JSON text (not NULL), and the strings as they were
+    let got = json_rows(ctx, &format!("SELECT [id], [doc], [tags] FROM [dbo].[{t}] ORDER BY [id] FOR JSON PATH")).await;
+    assert_eq!(
+        got,
+        json!([{"id": 1, "doc": r#"{"a":[1,2],"b":"x"}"#, "tags": r#"["red","blue"]"#}, {"id": 2, "doc": "plain", "tags": "t"}])
+    );
+
+    // AND an object for the int column is refused before anything is sent (OPENJSON would read NULL)
+    let e = deliver(sink.as_ref(), 2, 1, &[upsert(json!({"id": 3, "n": {"x": 1}}))]).await.expect_err("refused");
+    assert!(e.to_string().contains(r#"which column "n""#), "{e}");
 }

@@ -164,7 +164,7 @@ impl Dialect for Mssql {
             if !collation.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(unexpected("a collation name of letters, digits and underscores"));
             }
-            columns.push(Column {
+            let column = Column {
                 name: Ident::new(&name).map_err(SinkError::Rejected)?,
                 sql_type,
                 nullable: flag(5)?,
@@ -172,8 +172,12 @@ impl Dialect for Mssql {
                 identity: flag(7)?,
                 generated: flag(8)? || !writable,
                 binary: matches!(type_name.to_ascii_lowercase().as_str(), "binary" | "varbinary"),
+                holds_json: false,
                 collation: Some(collation).filter(|c| !c.is_empty()),
-            });
+            };
+            // Only a character column is read `AS JSON` too (`sql::character`); OPENJSON reads an object or
+            // array as NULL into any other.
+            columns.push(Column { holds_json: sql::character(&column), ..column });
             if let Some(position) = int(9)? {
                 key.push((position, i));
             }

@@ -45,15 +45,51 @@ fn read_as(c: &Column) -> &str {
     }
 }
 
-/// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`.
-fn openjson(shape: &TableShape, param: usize, columns: &[usize]) -> String {
-    let cols: Vec<String> = columns
-        .iter()
-        .map(|&i| {
-            let c = &shape.columns[i];
-            format!("{} {} {}", c.name.mssql(), read_as(c), path(&c.name))
-        })
-        .collect();
+/// A character column: one that can hold a JSON object or array, as its text.
+pub fn character(c: &Column) -> bool {
+    matches!(c.sql_type.as_str(), "nvarchar(max)" | "varchar(max)")
+}
+
+/// Whether column `i` is read twice: a character column outside the key. OPENJSON reads a property holding
+/// an object or array as NULL unless the column is declared `AS JSON`, and reads a scalar as NULL if it is;
+/// so such a column is read both ways and written as whichever is not NULL (a PostgreSQL json, jsonb or
+/// array column arrives as nested JSON, and must not become NULL). A key holding an object is no key: it
+/// reads as NULL, and the statement fails on it.
+fn twinned(shape: &TableShape, i: usize) -> bool {
+    character(&shape.columns[i]) && !shape.key.contains(&i)
+}
+
+/// The name column `i`'s `AS JSON` reading goes by: `[#json3]` for column 3, with more `#` while a column of
+/// the table has that name (compared as a case-insensitive database would).
+fn json_alias(shape: &TableShape, i: usize) -> String {
+    let mut alias = format!("#json{i}");
+    while shape.columns.iter().any(|c| c.name.as_str().eq_ignore_ascii_case(&alias)) {
+        alias.insert(0, '#');
+    }
+    format!("[{alias}]")
+}
+
+/// What is written to column `i` from the rows read as `rows`.
+fn value(shape: &TableShape, i: usize, rows: &str) -> String {
+    let n = shape.columns[i].name.mssql();
+    if twinned(shape, i) {
+        format!("COALESCE({rows}.{n}, {rows}.{})", json_alias(shape, i))
+    } else {
+        format!("{rows}.{n}")
+    }
+}
+
+/// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`, with the `AS JSON` reading of each twinned column
+/// after it when `nested` (rows that are written, not deletes, which read only the key).
+fn openjson(shape: &TableShape, param: usize, columns: &[usize], nested: bool) -> String {
+    let mut cols = Vec::with_capacity(columns.len());
+    for &i in columns {
+        let c = &shape.columns[i];
+        cols.push(format!("{} {} {}", c.name.mssql(), read_as(c), path(&c.name)));
+        if nested && twinned(shape, i) {
+            cols.push(format!("{} nvarchar(max) {} AS JSON", json_alias(shape, i), path(&c.name)));
+        }
+    }
     format!("OPENJSON(@P{param}) WITH ({})", cols.join(", "))
 }
 
@@ -86,7 +122,7 @@ pub fn delete(shape: &TableShape, param: usize) -> String {
     format!(
         "DELETE t FROM {} AS t INNER JOIN {} AS d ON {};",
         shape.table.mssql(),
-        openjson(shape, param, &shape.key),
+        openjson(shape, param, &shape.key, false),
         key_match(shape, "t", "d")
     )
 }
@@ -94,17 +130,17 @@ pub fn delete(shape: &TableShape, param: usize) -> String {
 /// Upserts (MERGE on the key) or, for a keyless group, inserts the items of `@P{param}`.
 pub fn write(shape: &TableShape, group: &RowGroup<'_>, param: usize) -> String {
     let names: Vec<String> = group.columns.iter().map(|&i| shape.columns[i].name.mssql()).collect();
-    let source = openjson(shape, param, &group.columns);
+    let source = openjson(shape, param, &group.columns, true);
+    let values: Vec<String> = group.columns.iter().map(|&i| value(shape, i, "s")).collect();
     let statement = if group.keyed {
         let set: Vec<String> = group
             .columns
             .iter()
             .filter(|&&i| !shape.key.contains(&i) && !shape.columns[i].identity)
-            .map(|&i| format!("t.{n} = s.{n}", n = shape.columns[i].name.mssql()))
+            .map(|&i| format!("t.{} = {}", shape.columns[i].name.mssql(), value(shape, i, "s")))
             .collect();
         let matched =
             if set.is_empty() { String::new() } else { format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", ")) };
-        let values: Vec<String> = names.iter().map(|n| format!("s.{n}")).collect();
         format!(
             "MERGE INTO {} WITH (HOLDLOCK) AS t USING {source} AS s ON {}{matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({});",
             shape.table.mssql(),
@@ -117,7 +153,7 @@ pub fn write(shape: &TableShape, group: &RowGroup<'_>, param: usize) -> String {
             "INSERT INTO {} ({}) SELECT {} FROM {source} AS s;",
             shape.table.mssql(),
             names.join(", "),
-            names.join(", ")
+            values.join(", ")
         )
     };
     // Explicit values for an identity column need IDENTITY_INSERT, which is per session: set, then reset.

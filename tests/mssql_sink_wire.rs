@@ -393,6 +393,38 @@ async fn nested_json_is_read_as_json_text_for_character_columns_and_refused_for_
 }
 
 #[tokio::test]
+async fn names_that_for_json_escapes_are_sent_spelled_as_the_statement_names_them() {
+    // GIVEN a table with columns named with `/` and `\`, and items as the change-tracking source builds
+    // them with FOR JSON, which writes `/` as `\/` in names and values alike
+    let server = Server::start().await;
+    server
+        .answer(
+            CATALOG,
+            catalog(&[
+                ("id", "int", 4, 10, 0, false, false, false, false, Some(1)),
+                ("Name/Test", "nvarchar", 40, 0, 0, true, false, false, false, None),
+                ("Cost\\Test", "int", 4, 10, 0, true, false, false, false, None),
+            ]),
+        )
+        .await;
+    accept_bookkeeping(&server, "[dbo]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let sink = sink(&server, "dbo.products", json!({}));
+    let for_json = r#"{"id":1,"Name\/Test":"a\/b","Cost\\Test":1}"#;
+
+    // WHEN it is delivered
+    deliver(sink.as_ref(), 1, 1, &[change(Operation::Insert, for_json)], None).await.expect("written");
+
+    // THEN the statement's paths and the item sent spell the names the same way (OPENJSON matches a path
+    // against a name as written): `/` plain, `\` escaped; the values are sent exactly as written
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    let statement = deliveries[0].statement();
+    assert!(statement.contains(r#"[Name/Test] nvarchar(max) N'$."Name/Test"'"#), "{statement}");
+    assert!(statement.contains(r#"[Cost\Test] int N'$."Cost\\Test"'"#), "{statement}");
+    assert_eq!(deliveries[0].values()[6], text(r#"[{"id":1,"Name/Test":"a\/b","Cost\\Test":1}]"#));
+}
+
+#[tokio::test]
 async fn bookkeeping_tables_another_instance_just_created_are_fine_and_a_refused_create_says_what_to_run() {
     // GIVEN a server on which creating the fence table fails because it now exists (2714), then a server
     // on which the login may not create tables (262)

@@ -7,11 +7,12 @@
 //!
 //! Every table, including the fence and checkpoint tables, is named per run and dropped at the end.
 
-use super::Ctx;
+use super::{drain, tracked, Ctx};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::source::{Source, StartFrom};
 
 /// Runs each scenario in turn, and prints the name of each one that passed.
 macro_rules! run {
@@ -35,6 +36,7 @@ pub async fn scenarios(ctx: &mut Ctx) {
         a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named,
         varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation,
         nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere,
+        change_tracking_into_the_sink_copies_columns_named_with_slashes_and_backslashes,
     );
 }
 
@@ -348,4 +350,38 @@ async fn nested_json_is_stored_as_its_text_in_character_columns_and_refused_else
     // AND an object for the int column is refused before anything is sent (OPENJSON would read NULL)
     let e = deliver(sink.as_ref(), 2, 1, &[upsert(json!({"id": 3, "n": {"x": 1}}))]).await.expect_err("refused");
     assert!(e.to_string().contains(r#"which column "n""#), "{e}");
+}
+
+async fn change_tracking_into_the_sink_copies_columns_named_with_slashes_and_backslashes(ctx: &mut Ctx) {
+    // GIVEN a tracked table with columns named with `/` and `\` (FOR JSON writes them `\/` and `\\`, in
+    // names and values), and a copy of it as the sink's target
+    let source_table =
+        tracked(ctx, "slash_source", "[id] int PRIMARY KEY, [Name/Test] nvarchar(20) NULL, [Cost\\Test] int NULL")
+            .await;
+    let t = ctx.table("sink_slash");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [Name/Test] nvarchar(20) NULL, [Cost\\Test] int NULL)"
+    ))
+    .await;
+    let source = ctx.ct(&format!("dbo.{source_table}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    let sink = sink_on(ctx, &t, "slash", json!({}));
+
+    // WHEN rows are inserted, then one updated, and what change tracking reports is delivered to the sink
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{source_table}] VALUES (1, N'a/b', 1), (2, N'c\\d', 2); UPDATE [dbo].[{source_table}] SET [Name/Test] = N'e/f' WHERE [id] = 2"
+    ))
+    .await;
+    let (batches, _) = drain(&source, &start, 100).await;
+    for (n, b) in batches.iter().enumerate() {
+        deliver(sink.as_ref(), n as u64 + 1, 1, &b.changes).await.expect("delivered");
+    }
+
+    // THEN the copy holds every column's value (a path that missed the escaped name would have read NULL)
+    let got =
+        json_rows(ctx, &format!("SELECT * FROM [dbo].[{t}] ORDER BY [id] FOR JSON PATH, INCLUDE_NULL_VALUES")).await;
+    assert_eq!(
+        got,
+        json!([{"id": 1, "Name/Test": "a/b", "Cost\\Test": 1}, {"id": 2, "Name/Test": "e/f", "Cost\\Test": 2}])
+    );
 }

@@ -28,9 +28,11 @@ fn literal(s: &str) -> String {
     format!("N'{}'", s.replace('\'', "''"))
 }
 
-/// The JSON path of a property named exactly `name`: `$."name"` with `\` and `"` escaped.
+/// The JSON path of a property named exactly `name`: `$."name"`, the name spelled as `upsert::plan` spells
+/// it in every item (as serde_json writes a string), since OPENJSON matches a path against a name as written.
 fn path(name: &Ident) -> String {
-    literal(&format!("$.\"{}\"", name.as_str().replace('\\', "\\\\").replace('"', "\\\"")))
+    let spelled = serde_json::to_string(name.as_str()).expect("a string serializes");
+    literal(&format!("$.{spelled}"))
 }
 
 /// The type a column is read as from JSON. Character columns are read as `nvarchar(max)`, whatever their

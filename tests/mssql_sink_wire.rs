@@ -257,6 +257,35 @@ async fn the_golden_delivery_of_2500_rows_and_a_delete_is_one_request_of_four_ro
 }
 
 #[tokio::test]
+async fn a_batch_of_more_statements_than_sql_server_takes_parameters_shares_parameters() {
+    // GIVEN one row per statement, and a batch of 2,200 rows: one parameter each would make 2,208 in the
+    // request, past SQL Server's 2,100 (error 8003, refused on every attempt)
+    let server = Server::start().await;
+    server.answer(CATALOG, catalog(ORDER_LINES_COLUMNS)).await;
+    accept_bookkeeping(&server, "[Sales Ünïcode]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let sink = sink(&server, ORDER_LINES, json!({"maxRowsPerStatement": 1}));
+    let items: Vec<String> = (1..=2200).map(|i| format!(r#"{{"Id":{i},"Line":2}}"#)).collect();
+    let changes: Vec<Change> = items.iter().map(|i| change(Operation::Update, i)).collect();
+
+    // WHEN it is delivered
+    deliver(sink.as_ref(), 1, 1, &changes, None).await.expect("written");
+
+    // THEN the request holds 2,200 statements of one row but 1,108 parameters (sp_executesql's two, the six
+    // fixed ones, 1,100 of rows), each an array of two statements' arrays, read by path
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    let request = &deliveries[0];
+    assert_eq!(request.params.len(), 2 + 6 + 1100);
+    assert_eq!(request.values()[6], text(&format!("[[{}],[{}]]", items[0], items[1])));
+    assert_eq!(request.values()[1105], text(&format!("[[{}],[{}]]", items[2198], items[2199])));
+    let statement = request.statement();
+    assert_eq!(statement.matches("MERGE INTO").count(), 2200);
+    assert!(statement.contains("USING OPENJSON(@P7, N'$[0]') WITH"), "{}", &statement[..2000]);
+    assert!(statement.contains("USING OPENJSON(@P1106, N'$[1]') WITH"));
+    assert!(!statement.contains("@P1107"));
+}
+
+#[tokio::test]
 async fn an_identity_table_gets_plain_inserts_and_identity_insert_merges_in_one_delivery() {
     // GIVEN the golden table whose Id is an identity
     let server = Server::start().await;

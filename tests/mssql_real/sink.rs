@@ -37,6 +37,7 @@ pub async fn scenarios(ctx: &mut Ctx) {
         varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation,
         nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere,
         change_tracking_into_the_sink_copies_columns_named_with_slashes_and_backslashes,
+        more_statements_than_parameters_sql_server_takes_are_written_in_one_request,
     );
 }
 
@@ -384,4 +385,29 @@ async fn change_tracking_into_the_sink_copies_columns_named_with_slashes_and_bac
         got,
         json!([{"id": 1, "Name/Test": "a/b", "Cost\\Test": 1}, {"id": 2, "Name/Test": "e/f", "Cost\\Test": 2}])
     );
+}
+
+async fn more_statements_than_parameters_sql_server_takes_are_written_in_one_request(ctx: &mut Ctx) {
+    // GIVEN one row per statement and a batch of 2,500 rows and 100 deletes: 2,600 statements, which with a
+    // parameter each would pass SQL Server's 2,100 (error 8003)
+    let t = ctx.table("sink_bound");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [v] nvarchar(10) NULL)")).await;
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{t}] SELECT TOP (100) -ROW_NUMBER() OVER (ORDER BY (SELECT NULL)), N'old' FROM sys.all_objects"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "bound", json!({"maxRowsPerStatement": 1}));
+    let mut batch: Vec<Change> = (1..=100).map(|i| delete(json!({"id": -i}))).collect();
+    batch.extend((1..=2500).map(|i| upsert(json!({"id": i, "v": format!("v{i}")}))));
+
+    // WHEN it is delivered
+    deliver(sink.as_ref(), 1, 1, &batch).await.expect("written in one request");
+
+    // THEN every statement read its own rows: the deletes applied, each row written once with its value
+    let got = json_rows(
+        ctx,
+        &format!("SELECT COUNT(*) AS [rows], MIN([id]) AS [min], SUM(CASE WHEN [v] = CONCAT(N'v', [id]) THEN 1 ELSE 0 END) AS [right] FROM [dbo].[{t}] FOR JSON PATH"),
+    )
+    .await;
+    assert_eq!(got, json!([{"rows": 2500, "min": 1, "right": 2500}]));
 }

@@ -200,12 +200,13 @@ impl Dialect for Mssql {
     async fn write(&self, target: &Target, shape: &TableShape, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
         let started = Instant::now();
         let plan = upsert::plan(shape, batch.changes).map_err(SinkError::Rejected)?;
-        let (text, slices) = sql::delivery(
+        let (text, row_params) = sql::delivery(
             shape,
             &plan,
             &target.fence_table,
             target.checkpoint_table.as_ref(),
             target.max_rows_per_statement,
+            sql::MAX_ROW_PARAMS,
         );
         let (from, to) =
             batch.range.map_or_else(|| ("null".into(), "null".into()), |(f, t)| (f.to_string(), t.to_string()));
@@ -218,12 +219,21 @@ impl Dialect for Mssql {
             Param::Text(to),
             int(batch.changes.len() as u64),
         ];
-        for slice in &slices {
-            let rows = match slice.group {
-                None => &plan.deletes[slice.rows.clone()],
-                Some(g) => &plan.groups[g].rows[slice.rows.clone()],
-            };
-            params.push(Param::Text(format!("[{}]", rows.join(","))));
+        let mut statements = 0;
+        for param in &row_params {
+            let arrays: Vec<String> = param
+                .slices
+                .iter()
+                .map(|slice| {
+                    let rows = match slice.group {
+                        None => &plan.deletes[slice.rows.clone()],
+                        Some(g) => &plan.groups[g].rows[slice.rows.clone()],
+                    };
+                    format!("[{}]", rows.join(","))
+                })
+                .collect();
+            statements += arrays.len();
+            params.push(Param::Text(if param.packed { format!("[{}]", arrays.join(",")) } else { arrays.concat() }));
         }
         let answer = self
             .pool
@@ -236,7 +246,7 @@ impl Dialect for Mssql {
         match status {
             0 => {
                 tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
-                    superseded = plan.superseded, deletes = plan.deletes.len(), statements = slices.len(),
+                    superseded = plan.superseded, deletes = plan.deletes.len(), statements,
                     table = %target.table, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
                 Ok(())
             }

@@ -9,7 +9,8 @@
 //! 2. with `exactlyOnce`, the checkpoint row is checked: if it names this very batch (id and range), the
 //!    batch was applied before its acknowledgement was lost, and nothing more is written (status 2);
 //! 3. deletes by primary key, then `MERGE` upserts (or plain inserts), at most `maxRowsPerStatement` rows per
-//!    statement (1000 by default, as the official output binding), each reading one JSON parameter;
+//!    statement (1000 by default, as the official output binding), each reading one JSON parameter (or its
+//!    own array in a shared one, past SQL Server's 2,100 parameters: `sql::MAX_ROW_PARAMS`);
 //! 4. with `exactlyOnce`, the checkpoint row is set to this batch;
 //! 5. commit, then one status row. Any error rolls everything back: no partial upsert.
 //!

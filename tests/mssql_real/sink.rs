@@ -1,9 +1,12 @@
 //! Tier 3 for the SQL Server upsert sink: the scenarios of `tests/e2e/sinks.rs` (which prove the PostgreSQL
 //! sink) against a real SQL Server, run by `real_server_suite` after the source scenarios, with the same
-//! gate and skip line. What only this tier proves: that SQL Server accepts the reviewed batches and does
-//! what they say (MERGE on the key, OPENJSON reading binary from base64 and `Qty "x"`-style names, defaults
-//! left to the server, IDENTITY_INSERT, XACT_ABORT rolling a batch back whole, the fence and the
-//! exactly-once checkpoint row under real locks), and which error numbers real failures carry.
+//! gate and skip line; each prints its name when it passes. What only this tier proves: that SQL Server
+//! accepts the reviewed batches and does what they say (MERGE on the key, OPENJSON reading binary from
+//! base64 and `Qty "x"`-style names, defaults left to the server, IDENTITY_INSERT, XACT_ABORT rolling a
+//! batch back whole, the fence and the exactly-once checkpoint row under real locks; a temporal table's
+//! period columns left to the server; varchar in other code pages and keys under their collations; nested
+//! JSON kept as text; names `FOR JSON` escapes, from change tracking into the sink; more statements than
+//! SQL Server takes parameters), and which error numbers real failures carry.
 //!
 //! Every table, including the fence and checkpoint tables, is named per run and dropped at the end.
 

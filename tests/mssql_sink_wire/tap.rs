@@ -207,7 +207,10 @@ impl Registrations {
                     .iter()
                     .map(String::as_str)
                     .chain(MOCK_DEFAULTS)
-                    .filter(|k| first.windows(k.len() * 2).any(|w| w == utf16(k)))
+                    .filter(|k| {
+                        let needle = utf16(k);
+                        first.windows(needle.len()).any(|w| w == needle)
+                    })
                     .collect();
                 let head = || {
                     let statement = decode_rpc(payload).statement().to_string();

@@ -98,11 +98,12 @@ pub fn beside(table: &TableName, name: &str) -> TableName {
 
 /// Splits rows into statements of at most `max_rows` rows and about `max_bytes` bytes of JSON each, and
 /// renders each as one JSON array.
-pub fn chunks(rows: &[&str], max_rows: usize, max_bytes: usize) -> Vec<String> {
+pub fn chunks<S: AsRef<str>>(rows: &[S], max_rows: usize, max_bytes: usize) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::from("[");
     let mut n = 0;
     for row in rows {
+        let row = row.as_ref();
         if n > 0 && (n >= max_rows || current.len() + row.len() > max_bytes) {
             current.push(']');
             out.push(std::mem::replace(&mut current, String::from("[")));
@@ -168,6 +169,6 @@ mod tests {
         let rows = ["{\"a\":1}", "{\"a\":2}", "{\"a\":3}"];
         assert_eq!(chunks(&rows, 2, 1 << 20), vec!["[{\"a\":1},{\"a\":2}]", "[{\"a\":3}]"]);
         assert_eq!(chunks(&rows, 10, 10), vec!["[{\"a\":1}]", "[{\"a\":2}]", "[{\"a\":3}]"]);
-        assert!(chunks(&[], 10, 10).is_empty());
+        assert!(chunks::<&str>(&[], 10, 10).is_empty());
     }
 }

@@ -15,7 +15,9 @@
 //!
 //! Rows are grouped by the set of columns they carry, so a missing nullable column is left as it is on
 //! update instead of being overwritten with NULL. Items are not re-serialized: the statements read the item
-//! JSON text the source produced, so numerics keep every digit.
+//! JSON text the source produced, so numerics keep every digit. Only an item whose property names are
+//! written with escapes is rewritten, its names spelled plainly and its values left as they were (see
+//! [`plain_names`]).
 
 use crate::change::{Change, Operation};
 use crate::ident::{Ident, TableName};
@@ -39,6 +41,14 @@ pub struct Column {
     pub generated: bool,
     /// Binary: items carry it as base64 text (as every source here sends it), decoded by the statement.
     pub binary: bool,
+    /// A JSON object or array in an item can be written to this column: kept as its JSON text, converted by
+    /// the database (PostgreSQL's json, jsonb and array columns), or refused by it with an error. False where
+    /// the dialect's statement would read it as NULL (SQL Server reads one only into a character column),
+    /// so `plan` refuses it, naming the column, instead of a NULL being stored silently.
+    pub holds_json: bool,
+    /// The column's collation, where the dialect names it in statements (SQL Server's character columns:
+    /// a key is compared under its own collation); `None` elsewhere.
+    pub collation: Option<String>,
 }
 
 /// The target table: its columns in table order and its primary key.
@@ -65,14 +75,14 @@ pub struct RowGroup<'a> {
     /// default-valued key column is absent, so rows are inserted and the database assigns the key.
     pub keyed: bool,
     /// The items' JSON texts, in batch order.
-    pub rows: Vec<&'a str>,
+    pub rows: Vec<Cow<'a, str>>,
 }
 
 /// What one batch does to the table, after the rules above.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WritePlan<'a> {
     /// Items of deletes (only their key columns are read), in batch order.
-    pub deletes: Vec<&'a str>,
+    pub deletes: Vec<Cow<'a, str>>,
     pub groups: Vec<RowGroup<'a>>,
     /// Changes dropped because a later change of the same key in the batch supersedes them.
     pub superseded: usize,
@@ -97,8 +107,8 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
         .collect();
 
     enum Entry<'a> {
-        Delete(&'a str),
-        Write { columns: Vec<usize>, keyed: bool, text: &'a str },
+        Delete(Cow<'a, str>),
+        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str> },
     }
     let mut entries: Vec<Option<Entry<'a>>> = Vec::with_capacity(changes.len());
     let mut last_of_key: HashMap<String, usize> = HashMap::with_capacity(changes.len());
@@ -123,11 +133,24 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                     shape.columns[i].sql_type
                 ));
             }
+            if change.operation != Operation::Delete
+                && !shape.columns[i].holds_json
+                && matches!(value.get().as_bytes().first(), Some(b'{' | b'['))
+            {
+                return Err(format!(
+                    "property {:?} of change {n} holds a JSON object or array, which column {:?} of {} ({}) cannot hold; write it to a character column (which keeps its JSON text), or leave the property out of the items (\"columns\" in the source's sqltrigger.json)",
+                    name.as_ref(),
+                    shape.columns[i].name.as_str(),
+                    shape.table,
+                    shape.columns[i].sql_type
+                ));
+            }
             columns.push(i);
             values[i] = Some(value);
         }
         columns.sort_unstable();
         columns.dedup();
+        let text = plain_names(text, &props);
         let missing_key: Vec<usize> = shape.key.iter().copied().filter(|&k| values[k].is_none()).collect();
 
         let entry = match change.operation {
@@ -191,6 +214,33 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
     Ok(plan)
 }
 
+/// The item's text with its property names spelled plainly, each as [`serde_json`] writes a string (only
+/// `"`, `\` and control characters escaped). Borrowed unchanged when no name carries an escape, as is usual
+/// (a name without escapes is already spelled so); otherwise rebuilt from the names and the values' own text.
+///
+/// Why: a statement names a property in one spelling, and SQL Server's OPENJSON matches a path against a
+/// name as it is written in the text, escapes included. `FOR JSON`, which the SQL Server sources build items
+/// with, writes `/` as `\/` (in names too), so a column `a/b` arrives as `"a\/b"` and a path `$."a/b"` would
+/// find nothing: the official output binding met this for names with `/` (Azure/azure-functions-sql-extension
+/// issue 1026, fixed in PR 1042 by escaping every `/` of its own serializer's rows, which never escapes one).
+fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow<'a, str> {
+    if props.iter().all(|(name, _)| matches!(name, Cow::Borrowed(_))) {
+        return Cow::Borrowed(text);
+    }
+    let mut plain = String::with_capacity(text.len());
+    plain.push('{');
+    for (i, (name, value)) in props.iter().enumerate() {
+        if i > 0 {
+            plain.push(',');
+        }
+        plain.push_str(&serde_json::to_string(name.as_ref()).expect("a string serializes"));
+        plain.push(':');
+        plain.push_str(value.get());
+    }
+    plain.push('}');
+    Cow::Owned(plain)
+}
+
 /// The key's values as one string: the raw JSON of each key column, separated by a byte JSON never holds.
 fn key_text(shape: &TableShape, values: &[Option<&RawValue>]) -> String {
     let mut key = String::new();
@@ -252,6 +302,8 @@ impl Column {
             identity: false,
             generated: false,
             binary: false,
+            holds_json: true,
+            collation: None,
         }
     }
 }
@@ -361,6 +413,50 @@ mod tests {
         let changes = vec![change(Operation::Insert, r#"{"id":1,"name":"a","order":2,"\u00dcn\u00efcode Col":"x"}"#)];
         let p = plan(&s, &changes).expect("valid");
         assert_eq!(p.groups[0].columns, vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn nested_json_is_refused_for_a_column_that_cannot_hold_it_and_kept_for_one_that_can() {
+        // GIVEN "order" cannot hold nested JSON (SQL Server would read it as NULL), "note" can
+        let mut s = shape();
+        s.columns[2].holds_json = false;
+        // WHEN an object or an array arrives for each
+        for nested in [r#"{"a":1}"#, "[1,2]"] {
+            let e = plan(&s, &[change(Operation::Insert, &format!(r#"{{"id":1,"name":"a","order":{nested}}}"#))])
+                .unwrap_err();
+            // THEN it is refused naming the column and its type, without quoting the value
+            assert!(e.contains(r#"property "order" of change 0 holds a JSON object or array, which column "order" of public.orders (integer) cannot hold"#), "{e}");
+            assert!(!e.contains(nested), "{e}");
+            let kept = format!(r#"{{"id":1,"name":"a","order":null,"note":{nested}}}"#);
+            assert_eq!(
+                plan(&s, &[change(Operation::Insert, &kept)]).expect("valid").groups[0].rows,
+                vec![kept.as_str()]
+            );
+        }
+        // AND a delete, which reads only the key, ignores what else its item carries
+        assert!(plan(&s, &[change(Operation::Delete, r#"{"id":1,"order":{"a":1}}"#)]).is_ok());
+    }
+
+    #[test]
+    fn escaped_property_names_are_spelled_plainly_and_values_are_left_as_written() {
+        // GIVEN a column named with a slash, as FOR JSON writes it (`\/`), and a value with escapes and digits
+        let mut s = shape();
+        s.columns.push(Column::plain("a/b", "text"));
+        let item = r#"{"id":1,"name":"x\/y \u00e9","a\/b":1.50000000000000000001}"#;
+        // WHEN planned
+        let changes = [change(Operation::Insert, item)];
+        let p = plan(&s, &changes).expect("valid");
+        // THEN the name is spelled plainly, the values exactly as they came
+        assert_eq!(p.groups[0].rows, vec![r#"{"id":1,"name":"x\/y \u00e9","a/b":1.50000000000000000001}"#]);
+        assert_eq!(p.groups[0].columns, vec![0, 1, 4]);
+        // AND an item whose names carry no escape is passed on as the very same text, as is a delete's
+        let plain = r#"{"id":2, "name" : "q\/r"}"#;
+        let changes = [change(Operation::Insert, plain)];
+        let p = plan(&s, &changes).expect("valid");
+        assert!(matches!(&p.groups[0].rows[0], Cow::Borrowed(t) if *t == plain), "{:?}", p.groups[0].rows[0]);
+        let changes = [change(Operation::Delete, r#"{"\u0069d":3}"#)];
+        let deleted = plan(&s, &changes).expect("valid");
+        assert_eq!(deleted.deletes, vec![r#"{"id":3}"#]);
     }
 
     #[test]

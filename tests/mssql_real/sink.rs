@@ -1,25 +1,47 @@
 //! Tier 3 for the SQL Server upsert sink: the scenarios of `tests/e2e/sinks.rs` (which prove the PostgreSQL
 //! sink) against a real SQL Server, run by `real_server_suite` after the source scenarios, with the same
-//! gate and skip line. What only this tier proves: that SQL Server accepts the reviewed batches and does
-//! what they say (MERGE on the key, OPENJSON reading binary from base64 and `Qty "x"`-style names, defaults
-//! left to the server, IDENTITY_INSERT, XACT_ABORT rolling a batch back whole, the fence and the
-//! exactly-once checkpoint row under real locks), and which error numbers real failures carry.
+//! gate and skip line; each prints its name when it passes. What only this tier proves: that SQL Server
+//! accepts the reviewed batches and does what they say (MERGE on the key, OPENJSON reading binary from
+//! base64 and `Qty "x"`-style names, defaults left to the server, IDENTITY_INSERT, XACT_ABORT rolling a
+//! batch back whole, the fence and the exactly-once checkpoint row under real locks; a temporal table's
+//! period columns left to the server; varchar in other code pages and keys under their collations; nested
+//! JSON kept as text; names `FOR JSON` escapes, from change tracking into the sink; more statements than
+//! SQL Server takes parameters), and which error numbers real failures carry.
 //!
 //! Every table, including the fence and checkpoint tables, is named per run and dropped at the end.
 
-use super::Ctx;
+use super::{drain, tracked, Ctx};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::source::{Source, StartFrom};
+
+/// Runs each scenario in turn, and prints the name of each one that passed.
+macro_rules! run {
+    ($ctx:expr, $($scenario:ident),+ $(,)?) => {
+        $(
+            $scenario($ctx).await;
+            println!("real-server suite: sink scenario passed: {}", stringify!($scenario));
+        )+
+    };
+}
 
 /// Runs every sink scenario.
 pub async fn scenarios(ctx: &mut Ctx) {
-    upserts_and_deletes_by_key_with_odd_names_binary_and_defaults(ctx).await;
-    an_identity_key_absent_is_a_plain_insert_and_present_is_an_upsert(ctx).await;
-    a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_quoted(ctx).await;
-    a_deposed_owners_late_write_is_refused_by_the_fence(ctx).await;
-    exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from(ctx).await;
+    run!(
+        ctx,
+        upserts_and_deletes_by_key_with_odd_names_binary_and_defaults,
+        an_identity_key_absent_is_a_plain_insert_and_present_is_an_upsert,
+        a_failing_last_statement_rolls_the_whole_batch_back_and_values_are_not_quoted,
+        a_deposed_owners_late_write_is_refused_by_the_fence,
+        exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_from,
+        a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named,
+        varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation,
+        nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere,
+        change_tracking_into_the_sink_copies_columns_named_with_slashes_and_backslashes,
+        more_statements_than_parameters_sql_server_takes_are_written_in_one_request,
+    );
 }
 
 /// A sink on `dbo.{table}`, with its fence (and checkpoint) table named for this run after `name`.
@@ -241,4 +263,154 @@ async fn exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_fr
     once(8, to.clone(), json!(["101", "1"]), 2).await.expect("next");
     once(7, from, json!(["99", "1"]), 2).await.expect("a reset's batch 7");
     assert_eq!(json_rows(ctx, &applied).await, json!([{"id": 1, "n": 3}, {"id": 2, "n": 3}]));
+}
+
+async fn a_temporal_table_is_written_without_its_period_columns_and_a_clr_column_is_named(ctx: &mut Ctx) {
+    // GIVEN a system-versioned table: NOT NULL period columns the server fills in, and a geography column
+    let t = ctx.table("sink_temporal");
+    let history = ctx.table("sink_temporal_history");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int NOT NULL PRIMARY KEY, [name] nvarchar(20) NOT NULL, [place] geography NULL, \
+         [ValidFrom] datetime2 GENERATED ALWAYS AS ROW START NOT NULL, [ValidTo] datetime2 GENERATED ALWAYS AS ROW END NOT NULL, \
+         PERIOD FOR SYSTEM_TIME ([ValidFrom], [ValidTo])) WITH (SYSTEM_VERSIONING = ON (HISTORY_TABLE = [dbo].[{history}]))"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "temporal", json!({}));
+
+    // WHEN items that leave the period columns out insert a row, then update it
+    deliver(sink.as_ref(), 1, 1, &[upsert(json!({"id": 1, "name": "a"}))]).await.expect("insert");
+    deliver(sink.as_ref(), 2, 1, &[upsert(json!({"id": 1, "name": "b"}))]).await.expect("update");
+
+    // THEN the table holds the update and its history the row it replaced (the server set both periods)
+    let got = json_rows(ctx, &format!("SELECT [id], [name] FROM [dbo].[{t}] FOR JSON PATH")).await;
+    assert_eq!(got, json!([{"id": 1, "name": "b"}]));
+    let old = json_rows(ctx, &format!("SELECT [name] FROM [dbo].[{history}] FOR JSON PATH")).await;
+    assert_eq!(old, json!([{"name": "a"}]));
+
+    // AND an item carrying a period column, or the geography column, is refused naming it
+    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"id": 2, "name": "c", "ValidFrom": "2026-01-01T00:00:00"}))])
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("which is computed or generated"), "{e}");
+    let e = deliver(sink.as_ref(), 3, 1, &[upsert(json!({"id": 2, "name": "c", "place": "POINT(1 2)"}))])
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains(r#"column "place""#) && e.to_string().contains("(geography)"), "{e}");
+
+    // A system-versioned table cannot be dropped: versioning goes off first (the suite then drops both)
+    ctx.exec(&format!("ALTER TABLE [dbo].[{t}] SET (SYSTEM_VERSIONING = OFF)")).await;
+}
+
+async fn varchar_columns_keep_characters_of_their_own_code_page_and_keys_match_under_their_collation(ctx: &mut Ctx) {
+    // GIVEN varchar columns in code pages other than the database's (Greek, Cyrillic), keyed on the Greek
+    // one and on an nvarchar column in a case-sensitive collation
+    let t = ctx.table("sink_collations");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([code] varchar(10) COLLATE Greek_CI_AS NOT NULL, \
+         [region] nvarchar(4) COLLATE Latin1_General_100_CS_AS NOT NULL, [label] varchar(20) COLLATE Cyrillic_General_CI_AS NULL, \
+         PRIMARY KEY ([code], [region]))"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "collations", json!({}));
+
+    // WHEN rows are inserted, one updated by its key, one deleted by its key
+    let first = [
+        upsert(json!({"code": "αβ", "region": "EU", "label": "привет"})),
+        upsert(json!({"code": "γ", "region": "eu", "label": "мир"})),
+    ];
+    deliver(sink.as_ref(), 1, 1, &first).await.expect("insert");
+    let second =
+        [upsert(json!({"code": "αβ", "region": "EU", "label": "пока"})), delete(json!({"code": "γ", "region": "eu"}))];
+    deliver(sink.as_ref(), 2, 1, &second).await.expect("update and delete");
+
+    // THEN the characters arrived whole (not '?'), and the keys matched the rows they name
+    let got = json_rows(ctx, &format!("SELECT [code], [region], [label] FROM [dbo].[{t}] FOR JSON PATH")).await;
+    assert_eq!(got, json!([{"code": "αβ", "region": "EU", "label": "пока"}]));
+}
+
+async fn nested_json_is_stored_as_its_text_in_character_columns_and_refused_elsewhere(ctx: &mut Ctx) {
+    // GIVEN character columns (as a PostgreSQL json, jsonb or array column is copied into) and an int one
+    let t = ctx.table("sink_nested");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [doc] nvarchar(max) NULL, [tags] varchar(100) NULL, [n] int NULL)"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "nested", json!({}));
+
+    // WHEN an object and an array arrive for them, and plain strings for another row
+    let batch = [
+        upsert(json!({"id": 1, "doc": {"a": [1, 2], "b": "x"}, "tags": ["red", "blue"]})),
+        upsert(json!({"id": 2, "doc": "plain", "tags": "t"})),
+    ];
+    deliver(sink.as_ref(), 1, 1, &batch).await.expect("written");
+
+    // THEN the nested values are stored as their JSON text (not NULL), and the strings as they were
+    let got = json_rows(ctx, &format!("SELECT [id], [doc], [tags] FROM [dbo].[{t}] ORDER BY [id] FOR JSON PATH")).await;
+    assert_eq!(
+        got,
+        json!([{"id": 1, "doc": r#"{"a":[1,2],"b":"x"}"#, "tags": r#"["red","blue"]"#}, {"id": 2, "doc": "plain", "tags": "t"}])
+    );
+
+    // AND an object for the int column is refused before anything is sent (OPENJSON would read NULL)
+    let e = deliver(sink.as_ref(), 2, 1, &[upsert(json!({"id": 3, "n": {"x": 1}}))]).await.expect_err("refused");
+    assert!(e.to_string().contains(r#"which column "n""#), "{e}");
+}
+
+async fn change_tracking_into_the_sink_copies_columns_named_with_slashes_and_backslashes(ctx: &mut Ctx) {
+    // GIVEN a tracked table with columns named with `/` and `\` (FOR JSON writes them `\/` and `\\`, in
+    // names and values), and a copy of it as the sink's target
+    let source_table =
+        tracked(ctx, "slash_source", "[id] int PRIMARY KEY, [Name/Test] nvarchar(20) NULL, [Cost\\Test] int NULL")
+            .await;
+    let t = ctx.table("sink_slash");
+    ctx.exec(&format!(
+        "CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [Name/Test] nvarchar(20) NULL, [Cost\\Test] int NULL)"
+    ))
+    .await;
+    let source = ctx.ct(&format!("dbo.{source_table}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    let sink = sink_on(ctx, &t, "slash", json!({}));
+
+    // WHEN rows are inserted, then one updated, and what change tracking reports is delivered to the sink
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{source_table}] VALUES (1, N'a/b', 1), (2, N'c\\d', 2); UPDATE [dbo].[{source_table}] SET [Name/Test] = N'e/f' WHERE [id] = 2"
+    ))
+    .await;
+    let (batches, _) = drain(&source, &start, 100).await;
+    for (n, b) in batches.iter().enumerate() {
+        deliver(sink.as_ref(), n as u64 + 1, 1, &b.changes).await.expect("delivered");
+    }
+
+    // THEN the copy holds every column's value (a path that missed the escaped name would have read NULL)
+    let got =
+        json_rows(ctx, &format!("SELECT * FROM [dbo].[{t}] ORDER BY [id] FOR JSON PATH, INCLUDE_NULL_VALUES")).await;
+    assert_eq!(
+        got,
+        json!([{"id": 1, "Name/Test": "a/b", "Cost\\Test": 1}, {"id": 2, "Name/Test": "e/f", "Cost\\Test": 2}])
+    );
+}
+
+async fn more_statements_than_parameters_sql_server_takes_are_written_in_one_request(ctx: &mut Ctx) {
+    // GIVEN one row per statement and a batch of 2,500 rows and 100 deletes: 2,600 statements, which with a
+    // parameter each would pass SQL Server's 2,100 (error 8003)
+    let t = ctx.table("sink_bound");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] ([id] int PRIMARY KEY, [v] nvarchar(10) NULL)")).await;
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{t}] SELECT TOP (100) -ROW_NUMBER() OVER (ORDER BY (SELECT NULL)), N'old' FROM sys.all_objects"
+    ))
+    .await;
+    let sink = sink_on(ctx, &t, "bound", json!({"maxRowsPerStatement": 1}));
+    let mut batch: Vec<Change> = (1..=100).map(|i| delete(json!({"id": -i}))).collect();
+    batch.extend((1..=2500).map(|i| upsert(json!({"id": i, "v": format!("v{i}")}))));
+
+    // WHEN it is delivered
+    deliver(sink.as_ref(), 1, 1, &batch).await.expect("written in one request");
+
+    // THEN every statement read its own rows: the deletes applied, each row written once with its value
+    let got = json_rows(
+        ctx,
+        &format!("SELECT COUNT(*) AS [rows], MIN([id]) AS [min], SUM(CASE WHEN [v] = CONCAT(N'v', [id]) THEN 1 ELSE 0 END) AS [right] FROM [dbo].[{t}] FOR JSON PATH"),
+    )
+    .await;
+    assert_eq!(got, json!([{"rows": 2500, "min": 1, "right": 2500}]));
 }

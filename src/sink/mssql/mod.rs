@@ -9,7 +9,8 @@
 //! 2. with `exactlyOnce`, the checkpoint row is checked: if it names this very batch (id and range), the
 //!    batch was applied before its acknowledgement was lost, and nothing more is written (status 2);
 //! 3. deletes by primary key, then `MERGE` upserts (or plain inserts), at most `maxRowsPerStatement` rows per
-//!    statement (1000 by default, as the official output binding), each reading one JSON parameter;
+//!    statement (1000 by default, as the official output binding), each reading one JSON parameter (or its
+//!    own array in a shared one, past SQL Server's 2,100 parameters: `sql::MAX_ROW_PARAMS`);
 //! 4. with `exactlyOnce`, the checkpoint row is set to this batch;
 //! 5. commit, then one status row. Any error rolls everything back: no partial upsert.
 //!
@@ -158,7 +159,13 @@ impl Dialect for Mssql {
                     (type_name.clone(), false)
                 }
             };
-            columns.push(Column {
+            // A collation is named in statements as it is spelled (COLLATE takes no quoting): only a name
+            // of letters, digits and underscores, as every SQL Server collation is, reaches one.
+            let collation = text(10)?;
+            if !collation.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(unexpected("a collation name of letters, digits and underscores"));
+            }
+            let column = Column {
                 name: Ident::new(&name).map_err(SinkError::Rejected)?,
                 sql_type,
                 nullable: flag(5)?,
@@ -166,7 +173,12 @@ impl Dialect for Mssql {
                 identity: flag(7)?,
                 generated: flag(8)? || !writable,
                 binary: matches!(type_name.to_ascii_lowercase().as_str(), "binary" | "varbinary"),
-            });
+                holds_json: false,
+                collation: Some(collation).filter(|c| !c.is_empty()),
+            };
+            // Only a character column is read `AS JSON` too (`sql::character`); OPENJSON reads an object or
+            // array as NULL into any other.
+            columns.push(Column { holds_json: sql::character(&column), ..column });
             if let Some(position) = int(9)? {
                 key.push((position, i));
             }
@@ -189,12 +201,13 @@ impl Dialect for Mssql {
     async fn write(&self, target: &Target, shape: &TableShape, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
         let started = Instant::now();
         let plan = upsert::plan(shape, batch.changes).map_err(SinkError::Rejected)?;
-        let (text, slices) = sql::delivery(
+        let (text, row_params) = sql::delivery(
             shape,
             &plan,
             &target.fence_table,
             target.checkpoint_table.as_ref(),
             target.max_rows_per_statement,
+            sql::MAX_ROW_PARAMS,
         );
         let (from, to) =
             batch.range.map_or_else(|| ("null".into(), "null".into()), |(f, t)| (f.to_string(), t.to_string()));
@@ -207,12 +220,21 @@ impl Dialect for Mssql {
             Param::Text(to),
             int(batch.changes.len() as u64),
         ];
-        for slice in &slices {
-            let rows = match slice.group {
-                None => &plan.deletes[slice.rows.clone()],
-                Some(g) => &plan.groups[g].rows[slice.rows.clone()],
-            };
-            params.push(Param::Text(format!("[{}]", rows.join(","))));
+        let mut statements = 0;
+        for param in &row_params {
+            let arrays: Vec<String> = param
+                .slices
+                .iter()
+                .map(|slice| {
+                    let rows = match slice.group {
+                        None => &plan.deletes[slice.rows.clone()],
+                        Some(g) => &plan.groups[g].rows[slice.rows.clone()],
+                    };
+                    format!("[{}]", rows.join(","))
+                })
+                .collect();
+            statements += arrays.len();
+            params.push(Param::Text(if param.packed { format!("[{}]", arrays.join(",")) } else { arrays.concat() }));
         }
         let answer = self
             .pool
@@ -225,7 +247,7 @@ impl Dialect for Mssql {
         match status {
             0 => {
                 tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
-                    superseded = plan.superseded, deletes = plan.deletes.len(), statements = slices.len(),
+                    superseded = plan.superseded, deletes = plan.deletes.len(), statements,
                     table = %target.table, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
                 Ok(())
             }

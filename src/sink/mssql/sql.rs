@@ -7,8 +7,9 @@
 //! binding, upserted by `MERGE ... WITH (HOLDLOCK)` on the primary key.
 //!
 //! Parameters: `@P1` app/function, `@P2` fencing token, `@P3` batch id, `@P4`/`@P5` the batch's from/to
-//! positions as JSON text, `@P6` rows, then one JSON array per statement from `@P7` on. The batch ends with
-//! one result row: `status` 0 = written, 1 = fenced (`stored` is the newer token), 2 = already applied.
+//! positions as JSON text, `@P6` rows, then one JSON array per statement from `@P7` on, or, past
+//! [`MAX_ROW_PARAMS`] statements, one array of such arrays per few statements. The batch ends with one
+//! result row: `status` 0 = written, 1 = fenced (`stored` is the newer token), 2 = already applied.
 //!
 //! Identifiers of the database are quoted as they are spelled (`[name]`); catalog views are named in lower
 //! case (`sys.columns`), as a case-sensitive database requires. Positions are compared as binary text
@@ -16,67 +17,165 @@
 //! otherwise compare equal.
 
 use crate::ident::{Ident, TableName};
-use crate::sink::upsert::{RowGroup, TableShape, WritePlan};
+use crate::sink::upsert::{Column, RowGroup, TableShape, WritePlan};
+use std::fmt;
+use std::ops::Range;
 
 /// Rows per statement, as the official output binding batches its MERGE.
 pub const ROWS_PER_STATEMENT: usize = 1000;
 /// The first parameter that carries rows.
 pub const FIRST_ROWS_PARAM: usize = 7;
+/// The parameters a delivery's statements may read rows from. SQL Server takes at most 2,100 parameters in
+/// one request (error 8003; "parameters per stored procedure", Maximum capacity specifications), and
+/// `sp_executesql` spends two of them on the statement and its parameter declarations (ADO.NET's batching
+/// stops at 2,098 for that reason); the first six are the delivery's own.
+pub const MAX_ROW_PARAMS: usize = 2100 - 2 - (FIRST_ROWS_PARAM - 1);
 
 /// `N'...'` with quotes doubled.
 fn literal(s: &str) -> String {
     format!("N'{}'", s.replace('\'', "''"))
 }
 
-/// The JSON path of a property named exactly `name`: `$."name"` with `\` and `"` escaped.
+/// The JSON path of a property named exactly `name`: `$."name"`, the name spelled as `upsert::plan` spells
+/// it in every item (as serde_json writes a string), since OPENJSON matches a path against a name as written.
 fn path(name: &Ident) -> String {
-    literal(&format!("$.\"{}\"", name.as_str().replace('\\', "\\\\").replace('"', "\\\"")))
+    let spelled = serde_json::to_string(name.as_str()).expect("a string serializes");
+    literal(&format!("$.{spelled}"))
 }
 
-/// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`.
-fn openjson(shape: &TableShape, param: usize, columns: &[usize]) -> String {
-    let cols: Vec<String> = columns
-        .iter()
-        .map(|&i| {
-            let c = &shape.columns[i];
-            format!("{} {} {}", c.name.mssql(), c.sql_type, path(&c.name))
-        })
-        .collect();
-    format!("OPENJSON(@P{param}) WITH ({})", cols.join(", "))
+/// The type a column is read as from JSON. Character columns are read as `nvarchar(max)`, whatever their
+/// own type: OPENJSON's conversion to `varchar` uses the database's default code page, so a value for a
+/// `varchar` column with another collation would lose its characters to `?`. Read as Unicode, the value
+/// is converted by the assignment to the column, in the column's own code page.
+fn read_as(c: &Column) -> &str {
+    if c.sql_type == "varchar(max)" {
+        "nvarchar(max)"
+    } else {
+        &c.sql_type
+    }
 }
 
+/// Where a statement's rows are: the JSON array `@Pn`, or the `index`-th array inside `@Pn` when statements
+/// share parameters (read with the path `$[index]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub param: usize,
+    pub index: Option<usize>,
+}
+
+#[cfg(test)]
+impl Rows {
+    /// The whole of `@P{param}`.
+    pub fn param(param: usize) -> Self {
+        Self { param, index: None }
+    }
+}
+
+impl fmt::Display for Rows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            None => write!(f, "@P{}", self.param),
+            Some(i) => write!(f, "@P{}, N'$[{i}]'", self.param),
+        }
+    }
+}
+
+/// A character column: one that can hold a JSON object or array, as its text.
+pub fn character(c: &Column) -> bool {
+    matches!(c.sql_type.as_str(), "nvarchar(max)" | "varchar(max)")
+}
+
+/// Whether column `i` is read twice: a character column outside the key. OPENJSON reads a property holding
+/// an object or array as NULL unless the column is declared `AS JSON`, and reads a scalar as NULL if it is;
+/// so such a column is read both ways and written as whichever is not NULL (a PostgreSQL json, jsonb or
+/// array column arrives as nested JSON, and must not become NULL). A key holding an object is no key: it
+/// reads as NULL, and the statement fails on it.
+fn twinned(shape: &TableShape, i: usize) -> bool {
+    character(&shape.columns[i]) && !shape.key.contains(&i)
+}
+
+/// The name column `i`'s `AS JSON` reading goes by: `[#json3]` for column 3, with more `#` while a column of
+/// the table has that name (compared as a case-insensitive database would).
+fn json_alias(shape: &TableShape, i: usize) -> String {
+    let mut alias = format!("#json{i}");
+    while shape.columns.iter().any(|c| c.name.as_str().eq_ignore_ascii_case(&alias)) {
+        alias.insert(0, '#');
+    }
+    format!("[{alias}]")
+}
+
+/// What is written to column `i` from the rows read as `rows`.
+fn value(shape: &TableShape, i: usize, rows: &str) -> String {
+    let n = shape.columns[i].name.mssql();
+    if twinned(shape, i) {
+        format!("COALESCE({rows}.{n}, {rows}.{})", json_alias(shape, i))
+    } else {
+        format!("{rows}.{n}")
+    }
+}
+
+/// `OPENJSON(@Pn) WITH ([col] type N'$."col"', ...)`, with the `AS JSON` reading of each twinned column
+/// after it when `nested` (rows that are written, not deletes, which read only the key).
+fn openjson(shape: &TableShape, rows: Rows, columns: &[usize], nested: bool) -> String {
+    let mut cols = Vec::with_capacity(columns.len());
+    for &i in columns {
+        let c = &shape.columns[i];
+        cols.push(format!("{} {} {}", c.name.mssql(), read_as(c), path(&c.name)));
+        if nested && twinned(shape, i) {
+            cols.push(format!("{} nvarchar(max) {} AS JSON", json_alias(shape, i), path(&c.name)));
+        }
+    }
+    format!("OPENJSON({rows}) WITH ({})", cols.join(", "))
+}
+
+/// `t.[k] = s.[k] AND ...`. A character key is compared under its column's collation: OPENJSON's columns
+/// carry the database's default collation, which would conflict with another (error 468) or compare by
+/// other rules; a `varchar` key is also cast back to `varchar` in that collation's code page, so the column
+/// is not converted to `nvarchar` for the comparison (which would cost the index seek under a SQL
+/// collation, and take range locks over the whole table under HOLDLOCK). Cast to `varchar(max)`, not the
+/// column's length: a longer value must not match a key it was cut down to.
 fn key_match(shape: &TableShape, left: &str, right: &str) -> String {
     shape
         .key_columns()
-        .map(|c| format!("{left}.{n} = {right}.{n}", n = c.name.mssql()))
+        .map(|c| {
+            let n = c.name.mssql();
+            let value = match &c.collation {
+                None => format!("{right}.{n}"),
+                Some(collation) if c.sql_type == "varchar(max)" => {
+                    format!("CAST({right}.{n} COLLATE {collation} AS varchar(max))")
+                }
+                Some(collation) => format!("{right}.{n} COLLATE {collation}"),
+            };
+            format!("{left}.{n} = {value}")
+        })
         .collect::<Vec<_>>()
         .join(" AND ")
 }
 
-/// Deletes by primary key the items of `@P{param}`.
-pub fn delete(shape: &TableShape, param: usize) -> String {
+/// Deletes by primary key the items at `rows`.
+pub fn delete(shape: &TableShape, rows: Rows) -> String {
     format!(
         "DELETE t FROM {} AS t INNER JOIN {} AS d ON {};",
         shape.table.mssql(),
-        openjson(shape, param, &shape.key),
+        openjson(shape, rows, &shape.key, false),
         key_match(shape, "t", "d")
     )
 }
 
-/// Upserts (MERGE on the key) or, for a keyless group, inserts the items of `@P{param}`.
-pub fn write(shape: &TableShape, group: &RowGroup<'_>, param: usize) -> String {
+/// Upserts (MERGE on the key) or, for a keyless group, inserts the items at `rows`.
+pub fn write(shape: &TableShape, group: &RowGroup<'_>, rows: Rows) -> String {
     let names: Vec<String> = group.columns.iter().map(|&i| shape.columns[i].name.mssql()).collect();
-    let source = openjson(shape, param, &group.columns);
+    let source = openjson(shape, rows, &group.columns, true);
+    let values: Vec<String> = group.columns.iter().map(|&i| value(shape, i, "s")).collect();
     let statement = if group.keyed {
         let set: Vec<String> = group
             .columns
             .iter()
             .filter(|&&i| !shape.key.contains(&i) && !shape.columns[i].identity)
-            .map(|&i| format!("t.{n} = s.{n}", n = shape.columns[i].name.mssql()))
+            .map(|&i| format!("t.{} = {}", shape.columns[i].name.mssql(), value(shape, i, "s")))
             .collect();
         let matched =
             if set.is_empty() { String::new() } else { format!(" WHEN MATCHED THEN UPDATE SET {}", set.join(", ")) };
-        let values: Vec<String> = names.iter().map(|n| format!("s.{n}")).collect();
         format!(
             "MERGE INTO {} WITH (HOLDLOCK) AS t USING {source} AS s ON {}{matched} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({});",
             shape.table.mssql(),
@@ -89,7 +188,7 @@ pub fn write(shape: &TableShape, group: &RowGroup<'_>, param: usize) -> String {
             "INSERT INTO {} ({}) SELECT {} FROM {source} AS s;",
             shape.table.mssql(),
             names.join(", "),
-            names.join(", ")
+            values.join(", ")
         )
     };
     // Explicit values for an identity column need IDENTITY_INSERT, which is per session: set, then reset.
@@ -119,37 +218,60 @@ pub fn create_checkpoint(table: &TableName) -> String {
     )
 }
 
-/// The rows one `@Pn` parameter carries: a slice of the deletes (`group: None`) or of a group's rows.
+/// The rows one statement reads: a slice of the deletes (`group: None`) or of a group's rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    pub group: Option<usize>,
+    pub rows: Range<usize>,
+}
+
+/// What one row parameter (`@P7` on) carries: one statement's rows, sent as a JSON array of items; or, when
+/// `packed`, the rows of a few statements, sent as an array of such arrays (see [`Rows`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowsParam {
-    pub group: Option<usize>,
-    pub rows: std::ops::Range<usize>,
+    pub slices: Vec<Slice>,
+    pub packed: bool,
 }
 
 /// The whole delivery: fence, exactly-once check, the writes of `plan` in statements of at most
 /// `rows_per_statement` rows, the checkpoint row, commit, and the status row. Returns the batch's text and
 /// what each row parameter (`@P7` on, in order) carries.
+///
+/// A statement reads its own parameter while there are at most `max_row_params` statements
+/// ([`MAX_ROW_PARAMS`] but in tests); past that, consecutive statements share parameters, as few to one as
+/// keep the request within the bound, each reading its own array inside. A small `maxRowsPerStatement`
+/// with a large batch (or many column sets) would otherwise ask for more parameters than SQL Server takes
+/// (error 8003), and the batch would be refused every time until quarantined.
 pub fn delivery(
     shape: &TableShape,
     plan: &WritePlan<'_>,
     fence_table: &TableName,
     checkpoint: Option<&TableName>,
     rows_per_statement: usize,
+    max_row_params: usize,
 ) -> (String, Vec<RowsParam>) {
     let per = rows_per_statement.max(1);
-    let mut body = String::new();
-    let mut params = Vec::new();
-    let mut slices = |group: Option<usize>, rows: usize, statement: &dyn Fn(usize) -> String| {
-        for start in (0..rows).step_by(per) {
-            body.push_str(&statement(FIRST_ROWS_PARAM + params.len()));
-            body.push('\n');
-            params.push(RowsParam { group, rows: start..(start + per).min(rows) });
-        }
+    let mut statements = Vec::new();
+    let mut slices = |group: Option<usize>, rows: usize| {
+        statements.extend((0..rows).step_by(per).map(|start| Slice { group, rows: start..(start + per).min(rows) }));
     };
-    slices(None, plan.deletes.len(), &|p| delete(shape, p));
+    slices(None, plan.deletes.len());
     for (g, group) in plan.groups.iter().enumerate() {
-        slices(Some(g), group.rows.len(), &|p| write(shape, group, p));
+        slices(Some(g), group.rows.len());
     }
+    // Statements per parameter: 1 unless that would pass the bound.
+    let share = statements.len().div_ceil(max_row_params.max(1)).max(1);
+    let packed = share > 1;
+    let mut body = String::new();
+    for (n, slice) in statements.iter().enumerate() {
+        let rows = Rows { param: FIRST_ROWS_PARAM + n / share, index: packed.then_some(n % share) };
+        body.push_str(&match slice.group {
+            None => delete(shape, rows),
+            Some(g) => write(shape, &plan.groups[g], rows),
+        });
+        body.push('\n');
+    }
+    let params = statements.chunks(share).map(|c| RowsParam { slices: c.to_vec(), packed }).collect();
     let (applied_check, record) = match checkpoint {
         Some(table) => {
             let t = table.mssql();
@@ -200,20 +322,29 @@ pub fn resume(fence_table: &TableName, checkpoint: Option<&TableName>) -> String
 }
 
 /// Columns in table order: name, type, max length in bytes (-1 = max), precision, scale, nullable, has a
-/// default, identity, computed or rowversion, position in the primary key (NULL outside it). Numbers and
-/// flags are read as `int`. `@P1` = the table's quoted name.
-pub const COLUMNS: &str = "SELECT c.name, t.name AS [type_name], CAST(c.max_length AS int) AS [max_length], \
+/// default, identity, never written (computed, rowversion, or `GENERATED ALWAYS`: a temporal table's period
+/// columns and a ledger table's columns, which SQL Server fills in itself when an INSERT's column list
+/// leaves them out), position in the primary key (NULL outside it), collation (empty for a column that has
+/// none). Numbers and flags are read as `int`. `@P1` = the table's quoted name.
+///
+/// The type is the column's own (`sys.types` by `user_type_id`, which every column has) or, for an alias
+/// type, the system type it is made from: joining on `system_type_id` alone would drop CLR-typed columns
+/// (geography, geometry, hierarchyid share system type 240, which names no row of `sys.types`) from the
+/// shape, so an item carrying one would be refused as "not a column" instead of naming its type.
+pub const COLUMNS: &str = "SELECT c.name, COALESCE(b.name, u.name) AS [type_name], CAST(c.max_length AS int) AS [max_length], \
 CAST(c.precision AS int) AS [precision], CAST(c.scale AS int) AS [scale], CAST(c.is_nullable AS int) AS [is_nullable], \
 CASE WHEN c.default_object_id <> 0 THEN 1 ELSE 0 END AS [has_default], CAST(c.is_identity AS int) AS [is_identity], \
-CASE WHEN c.is_computed = 1 OR t.name IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
-CAST(ic.key_ordinal AS int) AS [key_ordinal] \
-FROM sys.columns AS c JOIN sys.types AS t ON t.user_type_id = c.system_type_id AND t.system_type_id = c.system_type_id \
+CASE WHEN c.is_computed = 1 OR c.generated_always_type <> 0 OR COALESCE(b.name, u.name) IN (N'timestamp', N'rowversion') THEN 1 ELSE 0 END AS [is_generated], \
+CAST(ic.key_ordinal AS int) AS [key_ordinal], COALESCE(c.collation_name, N'') AS [collation] \
+FROM sys.columns AS c JOIN sys.types AS u ON u.user_type_id = c.user_type_id \
+LEFT JOIN sys.types AS b ON b.user_type_id = c.system_type_id AND u.is_assembly_type = 0 \
 LEFT JOIN sys.indexes AS i ON i.object_id = c.object_id AND i.is_primary_key = 1 \
 LEFT JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id AND ic.column_id = c.column_id \
 WHERE c.object_id = OBJECT_ID(@P1) ORDER BY c.column_id";
 
-/// The type to read a column as in `OPENJSON ... WITH`, from its catalog type. Only known type names reach a
-/// statement; `Err` says why a column cannot be written.
+/// The type of a column's family at its widest, from its catalog type: what it is read as in `OPENJSON ...
+/// WITH` (but see `read_as`: `varchar` is read as `nvarchar`). Only known type names reach a statement;
+/// `Err` says why a column cannot be written.
 ///
 /// Strings and binary are read at their `(max)` width, not the column's: OPENJSON converts as `CONVERT` does,
 /// and a conversion to a shorter string type cuts the value off instead of failing. Read whole, an over-long
@@ -290,12 +421,13 @@ mod tests {
         let p = plan(&s, &changes).expect("valid");
         let fence = beside(&s.table, "sql_pseudo_trigger_fence");
         let cp = beside(&s.table, "sql_pseudo_trigger_checkpoint");
-        let (text, params) = delivery(&s, &p, &fence, Some(&cp), ROWS_PER_STATEMENT);
+        let (text, params) = delivery(&s, &p, &fence, Some(&cp), ROWS_PER_STATEMENT, MAX_ROW_PARAMS);
         golden("delivery_exactly_once.sql", &text);
         // One parameter of deletes, then 1000 + 1000 + 500 rows.
-        let slices: Vec<(Option<usize>, std::ops::Range<usize>)> =
-            params.into_iter().map(|p| (p.group, p.rows)).collect();
-        assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..1000), (Some(0), 1000..2000), (Some(0), 2000..2500)]);
+        assert_eq!(
+            slices(params),
+            vec![(None, 0..1), (Some(0), 0..1000), (Some(0), 1000..2000), (Some(0), 2000..2500)]
+        );
     }
 
     /// The changes `tests/mssql_sink_wire.rs` delivers with `maxRowsPerStatement: 2`, so the wire test can
@@ -313,11 +445,77 @@ mod tests {
         let p = plan(&s, &changes).expect("valid");
         let fence = beside(&s.table, "sql_pseudo_trigger_fence");
         let cp = beside(&s.table, "sql_pseudo_trigger_checkpoint");
-        let (text, params) = delivery(&s, &p, &fence, Some(&cp), 2);
+        let (text, params) = delivery(&s, &p, &fence, Some(&cp), 2, MAX_ROW_PARAMS);
         golden("delivery_exactly_once_split.sql", &text);
-        let slices: Vec<(Option<usize>, std::ops::Range<usize>)> =
-            params.into_iter().map(|p| (p.group, p.rows)).collect();
-        assert_eq!(slices, vec![(None, 0..1), (Some(0), 0..2), (Some(0), 2..4), (Some(0), 4..5)]);
+        assert_eq!(slices(params), vec![(None, 0..1), (Some(0), 0..2), (Some(0), 2..4), (Some(0), 4..5)]);
+    }
+
+    /// One parameter's statements: `(group, rows)` each, when each statement has its own parameter.
+    fn slices(params: Vec<RowsParam>) -> Vec<(Option<usize>, Range<usize>)> {
+        params
+            .into_iter()
+            .map(|p| {
+                assert!(!p.packed && p.slices.len() == 1, "{p:?}");
+                (p.slices[0].group, p.slices[0].rows.clone())
+            })
+            .collect()
+    }
+
+    /// The same changes as the split delivery, with room for only two row parameters.
+    #[test]
+    fn golden_statements_past_the_parameter_bound_share_parameters_and_read_their_own_array() {
+        let mut changes = vec![change(Operation::Delete, r#"{"Id":-1,"Line":1}"#)];
+        changes.extend((1..=5).map(|i| {
+            change(
+                Operation::Insert,
+                &format!(r#"{{"Id":{i},"Line":1,"order":"o{i}","Qty \"x\"":1.5,"Photo":"AQID"}}"#),
+            )
+        }));
+        let s = shape();
+        let p = plan(&s, &changes).expect("valid");
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        let (text, params) = delivery(&s, &p, &fence, None, 2, 2);
+        golden("delivery_packed.sql", &text);
+        // Four statements in two parameters of two arrays each.
+        let slice = |group, rows| Slice { group, rows };
+        assert_eq!(
+            params,
+            vec![
+                RowsParam { slices: vec![slice(None, 0..1), slice(Some(0), 0..2)], packed: true },
+                RowsParam { slices: vec![slice(Some(0), 2..4), slice(Some(0), 4..5)], packed: true },
+            ]
+        );
+    }
+
+    #[test]
+    fn no_delivery_asks_for_more_parameters_than_sql_server_takes() {
+        // GIVEN 5,000 rows, one per statement (maxRowsPerStatement 1), and exactly the bound's worth
+        let s = shape();
+        let changes: Vec<Change> =
+            (0..5000).map(|i| change(Operation::Update, &format!(r#"{{"Id":{i},"Line":1}}"#))).collect();
+        let p = plan(&s, &changes).expect("valid");
+        let fence = beside(&s.table, "sql_pseudo_trigger_fence");
+        for (rows, want) in
+            [(5000, 1667), (MAX_ROW_PARAMS, MAX_ROW_PARAMS), (MAX_ROW_PARAMS + 1, (MAX_ROW_PARAMS + 2) / 2)]
+        {
+            // WHEN delivered
+            let (text, params) = delivery(&s, &p_of(&p, rows), &fence, None, 1, MAX_ROW_PARAMS);
+            // THEN the request stays within 2,100 parameters (sp_executesql's two, the six fixed ones, the
+            // rows'), and every statement still reads exactly one row
+            assert_eq!(params.len(), want, "{rows} rows");
+            assert!(2 + FIRST_ROWS_PARAM - 1 + params.len() <= 2100);
+            assert_eq!(params.iter().map(|p| p.slices.len()).sum::<usize>(), rows);
+            assert!(params.iter().flat_map(|p| &p.slices).all(|s| s.rows.len() == 1));
+            assert_eq!(text.matches("MERGE INTO").count(), rows);
+            assert_eq!(params[0].packed, rows > MAX_ROW_PARAMS);
+        }
+    }
+
+    /// `plan` with only its first `rows` rows.
+    fn p_of<'a>(p: &WritePlan<'a>, rows: usize) -> WritePlan<'a> {
+        let mut p = p.clone();
+        p.groups[0].rows.truncate(rows);
+        p
     }
 
     #[test]
@@ -326,8 +524,8 @@ mod tests {
         s.columns[0].identity = true;
         let keyless = RowGroup { columns: vec![1, 2], keyed: false, rows: vec![] };
         let keyed = RowGroup { columns: vec![0, 1, 2], keyed: true, rows: vec![] };
-        golden("insert_identity_absent.sql", &write(&s, &keyless, 7));
-        golden("merge_identity_present.sql", &write(&s, &keyed, 8));
+        golden("insert_identity_absent.sql", &write(&s, &keyless, Rows::param(7)));
+        golden("merge_identity_present.sql", &write(&s, &keyed, Rows::param(8)));
         let fence = beside(&s.table, "sql_pseudo_trigger_fence");
         golden("create_fence.sql", &create_fence(&fence));
         golden("create_checkpoint.sql", &create_checkpoint(&beside(&s.table, "sql_pseudo_trigger_checkpoint")));
@@ -336,12 +534,40 @@ mod tests {
         golden("resume_fence.sql", &resume(&fence, None));
     }
 
+    /// `[dbo].[codes]`: key (code varchar, Greek_CI_AS; region nchar, a UTF-16 collation), and a varchar and
+    /// an nvarchar column outside the key.
+    fn coded() -> TableShape {
+        let collated = |name: &str, ty: &str, collation: &str| Column {
+            collation: Some(collation.into()),
+            ..Column::plain(name, ty)
+        };
+        TableShape {
+            table: TableName::parse("dbo.codes").expect("valid"),
+            columns: vec![
+                collated("code", "varchar(max)", "Greek_CI_AS"),
+                collated("region", "nvarchar(max)", "Latin1_General_100_CI_AS_SC"),
+                collated("label", "varchar(max)", "Cyrillic_General_CI_AS"),
+                collated("note", "nvarchar(max)", "SQL_Latin1_General_CP1_CI_AS"),
+            ],
+            key: vec![0, 1],
+        }
+    }
+
+    #[test]
+    fn golden_character_columns_are_read_as_unicode_and_keys_compared_under_their_collation() {
+        let s = coded();
+        let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![] };
+        golden("merge_character_keys.sql", &write(&s, &group, Rows::param(8)));
+        golden("delete_character_keys.sql", &delete(&s, Rows::param(7)));
+    }
+
     #[test]
     fn golden_at_least_once_delivery_has_no_checkpoint() {
         let s = shape();
         let changes = vec![change(Operation::Update, r#"{"Id":1,"Line":2}"#)];
         let p = plan(&s, &changes).expect("valid");
-        let (text, _) = delivery(&s, &p, &beside(&s.table, "sql_pseudo_trigger_fence"), None, ROWS_PER_STATEMENT);
+        let (text, _) =
+            delivery(&s, &p, &beside(&s.table, "sql_pseudo_trigger_fence"), None, ROWS_PER_STATEMENT, MAX_ROW_PARAMS);
         golden("delivery_key_only.sql", &text);
         assert!(!text.contains("sql_pseudo_trigger_checkpoint"));
     }

@@ -119,6 +119,10 @@ impl Dialect for Postgres {
                 identity: r.get(5),
                 generated: r.get(6),
                 binary: typname == "bytea",
+                // PostgreSQL converts nested JSON into json, jsonb, arrays and text, and refuses it loudly
+                // elsewhere: nothing becomes NULL.
+                holds_json: true,
+                collation: None,
             });
             if let Some(position) = r.get::<_, Option<i32>>(7) {
                 key.push((position, i));

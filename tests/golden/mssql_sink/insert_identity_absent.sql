@@ -1,1 +1,1 @@
-INSERT INTO [Sales Ünïcode].[Order]] Lines] ([Line], [order]) SELECT [Line], [order] FROM OPENJSON(@P7) WITH ([Line] int N'$."Line"', [order] nvarchar(max) N'$."order"') AS s;
+INSERT INTO [Sales Ünïcode].[Order]] Lines] ([Line], [order]) SELECT s.[Line], COALESCE(s.[order], s.[#json2]) FROM OPENJSON(@P7) WITH ([Line] int N'$."Line"', [order] nvarchar(max) N'$."order"', [#json2] nvarchar(max) N'$."order"' AS JSON) AS s;

@@ -1,0 +1,1 @@
+DELETE t FROM [dbo].[codes] AS t INNER JOIN OPENJSON(@P7) WITH ([code] nvarchar(max) N'$."code"', [region] nvarchar(max) N'$."region"') AS d ON t.[code] = CAST(d.[code] COLLATE Greek_CI_AS AS varchar(max)) AND t.[region] = d.[region] COLLATE Latin1_General_100_CI_AS_SC;

@@ -22,26 +22,7 @@ use std::time::Duration;
 const SPAN: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
-    if !std::env::args().any(|a| a == "--bench") {
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("pacing: cannot start a runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(table) => {
-            println!("{table}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("pacing: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    host_app::bench_main("pacing", run)
 }
 
 /// One scenario: a schedule, a batch size, and the label of the row.

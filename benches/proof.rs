@@ -20,26 +20,7 @@ use testbed::driver::{AttemptOutcome, HostDriver, TimerRun};
 const BATCH: i64 = 100;
 
 fn main() -> ExitCode {
-    if !std::env::args().any(|a| a == "--bench") {
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("proof: cannot start a runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(table) => {
-            println!("{table}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("proof: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    host_app::bench_main("proof", run)
 }
 
 /// The template function with a 100 ms retry delay, every 5 s; `window` sets the proof window. A restarted

@@ -3,7 +3,9 @@
 //! through the host model (`testbed::driver`).
 
 use serde_json::{json, Value};
+use std::future::Future;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use testbed::driver::{DriverOptions, HostDriver};
 use testbed::embedded::{self, Azurite, EmbeddedPostgres, ScratchDir};
 
@@ -82,4 +84,29 @@ pub async fn insert(db: &tokio_postgres::Client, ids: std::ops::RangeInclusive<i
     .await
     .map(|_| ())
     .map_err(|e| e.to_string())
+}
+
+/// A benchmark's `main`: runs `run` and prints its table when invoked with `--bench`; `cargo test --all-targets`
+/// runs bench binaries without it, and then nothing is done.
+pub fn bench_main<F: Future<Output = Result<String>>>(name: &str, run: impl FnOnce() -> F) -> ExitCode {
+    if !std::env::args().any(|a| a == "--bench") {
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(table) => {
+            println!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -33,7 +33,7 @@ pub const MAX_IDLE: Duration = Duration::from_secs(180);
 /// Fresh connections that may replace a dead pooled one when `ConnectRetryCount` is not set: ADO.NET's
 /// default (`SqlConnectionStringBuilder.ConnectRetryCount`, "Default is 1").
 pub const DEFAULT_RECONNECTS: u32 = 1;
-/// Azure SQL's scope for Entra ID tokens.
+/// Azure SQL's scope for Entra ID tokens in the public cloud (`Settings::token_scope` picks the server's cloud).
 pub const TOKEN_SCOPE: &str = "https://database.windows.net/.default";
 /// Azure SQL redirects a login to the node that hosts the database (the Redirect connection policy).
 const MAX_REDIRECTS: usize = 2;
@@ -173,11 +173,11 @@ impl Pool {
                 }))
                 .map(|c| c as Arc<dyn TokenCredential>)
             };
+            let hosted = std::env::var_os("IDENTITY_ENDPOINT").is_some() || std::env::var_os("MSI_ENDPOINT").is_some();
             match auth {
                 Auth::ManagedIdentity { client_id } => managed(client_id.clone()),
-                _ if std::env::var_os("IDENTITY_ENDPOINT").is_some() || std::env::var_os("MSI_ENDPOINT").is_some() => {
-                    managed(None)
-                }
+                // Hosted in Azure, Default is the managed identity: the user-assigned one named by User ID.
+                Auth::Default { client_id } if hosted => managed(client_id.clone()),
                 _ => DeveloperToolsCredential::new(None).map(|c| c as Arc<dyn TokenCredential>),
             }
         };
@@ -189,7 +189,7 @@ impl Pool {
             .get_or_try_init(|| async { build(&self.settings.auth) })
             .await
             .map_err(|e| Failure::Token(e.to_string()))?;
-        let token = credential.get_token(&[TOKEN_SCOPE], None).await.map_err(|e| Failure::Token(e.to_string()))?;
+        let token = credential.get_token(&[self.settings.token_scope.as_str()], None).await.map_err(|e| Failure::Token(e.to_string()))?;
         Ok(Some(token.token.secret().to_string()))
     }
 

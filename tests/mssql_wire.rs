@@ -1,13 +1,18 @@
-//! Tier 2: the SQL Server sources against a TDS server on the wire (`mssql-mock-tds`).
+//! Tier 2: the SQL Server sources against a TDS server on the wire (`mssql-mock-tds`), through a strict tap.
 //!
 //! What this proves: tiberius connects and logs in, the sources send exactly the reviewed golden statements
-//! (`tests/golden/mssql/*.sql`: the mock answers only a registered text), as parameterized RPCs or plain
-//! batches, and decode realistic result shapes (bigint versions, int codes, NULLs, nvarchar and
-//! nvarchar(max) split across PLP chunks) into the official payload. What it cannot prove: T-SQL semantics
-//! (the mock has no engine); that is tier 3, `tests/mssql_real.rs`.
+//! (`tests/golden/mssql/*.sql`), as parameterized RPCs (`sp_executesql`) with exactly as many values as the
+//! golden file names, or as plain batches, and decode realistic result shapes (bigint versions, int codes,
+//! NULLs, nvarchar and nvarchar(max) split across PLP chunks) into the official payload. What it cannot prove:
+//! T-SQL semantics (the mock has no engine); that is tier 3, `tests/mssql_real.rs`.
 //!
-//! The mock answers an unregistered statement with an empty result, not an error, so every test asserts
-//! data that only its registered response contains, and the sources treat a missing row as an error.
+//! The mock alone answers a statement nobody registered with an empty result, and matches a parameterized
+//! statement by finding a registered upper-case text inside the request. So every connection goes through a
+//! tap that reads each request the client sends, compares its statement with the registered golden texts
+//! exactly (case and all), and hands the mock a one-line batch naming the registered answer instead. A
+//! statement nobody registered is answered with an error and fails the test when the mock is dropped; so
+//! does a registered statement that no request used (the test would not prove what it registers), and an RPC
+//! whose values do not match the golden file's parameter list.
 
 use mssql_mock_tds::{
     ColumnDefinition as Col, ColumnValue as V, MockTdsServer, QueryResponse, Row, SqlDataType as T, TerminalError,
@@ -21,71 +26,336 @@ use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Lag, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::MemoryStore;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+
+fn golden_path(name: &str) -> String {
+    format!("{}/tests/golden/mssql/{name}.sql", env!("CARGO_MANIFEST_DIR"))
+}
 
 /// A golden statement's text (the comment line naming the parameters dropped).
 fn golden(name: &str) -> String {
-    let path = format!("{}/tests/golden/mssql/{name}.sql", env!("CARGO_MANIFEST_DIR"));
+    let path = golden_path(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     text.lines().filter(|l| !l.starts_with("--")).collect::<Vec<_>>().join("\n")
 }
 
-/// A running mock server; dropped, it shuts down.
+/// How many parameters a golden statement binds, from its comment line (`-- @P1 = Table, @P2 = Limit`).
+fn golden_parameters(name: &str) -> usize {
+    let path = golden_path(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines().next().map_or(0, |l| l.matches("@P").count())
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The tap: reads every request, answers only registered golden statements
+// ---------------------------------------------------------------------------------------------------------------
+
+/// TDS message types (MS-TDS 2.2.3.1.1).
+const SQL_BATCH: u8 = 0x01;
+const RPC: u8 = 0x03;
+/// `sp_executesql`'s well-known procedure id (MS-TDS 2.2.6.6).
+const SP_EXECUTESQL: u16 = 10;
+/// The one-line batch the mock answers for a statement nobody registered: an error naming the tap.
+const UNREGISTERED: &str = "-- UNREGISTERED STATEMENT";
+
+/// A value of an RPC parameter, as the tests read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wire {
+    Int(i64),
+    Text(String),
+    Bytes(Vec<u8>),
+    Null,
+}
+
+/// A request the tap saw: which golden statement, and the values bound to `@P1`, `@P2`, ...
+#[derive(Debug, Clone)]
+struct Sent {
+    name: String,
+    values: Vec<Wire>,
+}
+
+/// Reads little-endian fields off a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> &[u8] {
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        head
+    }
+    fn u8(&mut self) -> u8 {
+        self.take(1)[0]
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take(2).try_into().expect("2 bytes"))
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take(4).try_into().expect("4 bytes"))
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take(8).try_into().expect("8 bytes"))
+    }
+    fn utf16(&mut self, bytes: usize) -> String {
+        let units: Vec<u16> = self.take(bytes).chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        String::from_utf16(&units).expect("UTF-16")
+    }
+    /// A PLP value (MS-TDS 2.2.5.2.3): total length (or unknown), then chunks up to a zero terminator.
+    fn plp(&mut self) -> Option<Vec<u8>> {
+        if self.u64() == u64::MAX {
+            return None;
+        }
+        let mut out = Vec::new();
+        while !self.0.is_empty() {
+            let chunk = self.u32() as usize;
+            if chunk == 0 {
+                break;
+            }
+            out.extend_from_slice(self.take(chunk));
+        }
+        Some(out)
+    }
+}
+
+fn utf16(bytes: &[u8]) -> String {
+    Reader(bytes).utf16(bytes.len())
+}
+
+/// The length of the ALL_HEADERS block every request starts with.
+fn all_headers_len(payload: &[u8]) -> usize {
+    u32::from_le_bytes(payload[..4].try_into().expect("ALL_HEADERS length")) as usize
+}
+
+/// Decodes an RPC request as tiberius encodes `sp_executesql`: the procedure id and its parameters in order
+/// (IntN, NVarChar short or PLP, BigVarBinary short or PLP).
+fn decode_rpc(payload: &[u8]) -> Result<(u16, Vec<Wire>), String> {
+    let mut r = Reader(&payload[all_headers_len(payload)..]);
+    if r.u16() != 0xFFFF {
+        return Err("an RPC called by name".into());
+    }
+    let proc_id = r.u16();
+    let _options = r.u16();
+    let mut params = Vec::new();
+    while !r.0.is_empty() {
+        let name_len = r.u8() as usize;
+        let name = r.utf16(name_len * 2);
+        let _status = r.u8();
+        let value = match r.u8() {
+            0x26 => {
+                let _max = r.u8();
+                match r.u8() {
+                    0 => Wire::Null,
+                    4 => Wire::Int(i64::from(i32::from_le_bytes(r.take(4).try_into().expect("4")))),
+                    8 => Wire::Int(i64::from_le_bytes(r.take(8).try_into().expect("8"))),
+                    n => return Err(format!("{name}: IntN of {n} bytes")),
+                }
+            }
+            0xE7 => {
+                let max = r.u16();
+                let _collation = r.take(5);
+                let bytes = if max == 0xFFFF {
+                    r.plp()
+                } else {
+                    match r.u16() {
+                        0xFFFF => None,
+                        n => Some(r.take(n as usize).to_vec()),
+                    }
+                };
+                bytes.map_or(Wire::Null, |b| Wire::Text(utf16(&b)))
+            }
+            0xA5 => {
+                let max = r.u16();
+                let bytes = if max == 0xFFFF {
+                    r.plp()
+                } else {
+                    match r.u16() {
+                        0xFFFF => None,
+                        n => Some(r.take(n as usize).to_vec()),
+                    }
+                };
+                bytes.map_or(Wire::Null, Wire::Bytes)
+            }
+            other => return Err(format!("{name}: parameter type 0x{other:02X}, which the sources never send")),
+        };
+        params.push(value);
+    }
+    Ok((proc_id, params))
+}
+
+/// What the tap knows: the registered statements, what was sent, and what nobody registered.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Exact statement text -> golden name.
+    registered: HashMap<String, String>,
+    /// Golden name -> how many requests used it.
+    served: HashMap<String, usize>,
+    sent: Vec<Sent>,
+    /// Statements nobody registered, and requests that did not fit their golden file.
+    refused: Vec<String>,
+}
+
+impl Ledger {
+    /// The batch the mock is handed for one request (the request's ALL_HEADERS, then a one-line text).
+    fn answer(&mut self, kind: u8, payload: &[u8]) -> String {
+        let (statement, values) = match kind {
+            SQL_BATCH => (utf16(&payload[all_headers_len(payload)..]), Vec::new()),
+            _ => match decode_rpc(payload) {
+                Ok((SP_EXECUTESQL, mut params)) if params.len() >= 2 => {
+                    let values = params.split_off(2);
+                    match &params[0] {
+                        Wire::Text(statement) => (statement.clone(), values),
+                        other => return self.refuse(format!("sp_executesql with a statement of {other:?}")),
+                    }
+                }
+                Ok((proc_id, _)) => return self.refuse(format!("an RPC to procedure {proc_id}, not sp_executesql")),
+                Err(why) => return self.refuse(format!("an RPC the tap cannot read: {why}")),
+            },
+        };
+        let Some(name) = self.registered.get(&statement).cloned() else {
+            return self.refuse(format!("a statement nobody registered: {statement}"));
+        };
+        let expected = golden_parameters(&name);
+        if (kind == RPC && values.len() != expected) || (kind == SQL_BATCH && expected != 0) {
+            return self.refuse(format!("{name} sent with {} values; its golden file names {expected}", values.len()));
+        }
+        *self.served.entry(name.clone()).or_default() += 1;
+        self.sent.push(Sent { name: name.clone(), values });
+        key(&name)
+    }
+
+    fn refuse(&mut self, why: String) -> String {
+        eprintln!("mssql wire tap: {why}");
+        self.refused.push(why);
+        UNREGISTERED.into()
+    }
+}
+
+/// The text under which the mock holds a golden statement's answer.
+fn key(name: &str) -> String {
+    format!("-- GOLDEN {name}")
+}
+
+/// Forwards one client connection to the mock, rewriting each SQL batch and RPC into the batch the ledger
+/// chose. Messages the client splits across packets are joined first (the mock answers every packet).
+async fn pipe(client: TcpStream, upstream: u16, ledger: Arc<Mutex<Ledger>>) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+    });
+    let mut first: Option<[u8; 8]> = None;
+    let mut message = Vec::new();
+    loop {
+        let mut header = [0u8; 8];
+        if from_client.read_exact(&mut header).await.is_err() {
+            return;
+        }
+        let length = usize::from(u16::from_be_bytes([header[2], header[3]]));
+        let mut body = vec![0u8; length - 8];
+        if from_client.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        message.extend_from_slice(&body);
+        let head = *first.get_or_insert(header);
+        if header[1] & 0x01 == 0 {
+            continue;
+        }
+        let (kind, payload) = match head[0] {
+            kind @ (SQL_BATCH | RPC) => {
+                let text = ledger.lock().expect("tap ledger").answer(kind, &message);
+                let mut payload = message[..all_headers_len(&message)].to_vec();
+                payload.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+                (SQL_BATCH, payload)
+            }
+            other => (other, std::mem::take(&mut message)),
+        };
+        let total = u16::try_from(8 + payload.len()).expect("a message the tap forwards fits one packet");
+        let mut packet = vec![kind, head[1] | 0x01];
+        packet.extend_from_slice(&total.to_be_bytes());
+        packet.extend_from_slice(&head[4..8]);
+        packet.extend_from_slice(&payload);
+        if to_server.write_all(&packet).await.is_err() {
+            return;
+        }
+        first = None;
+        message.clear();
+    }
+}
+
+/// A running mock server behind the strict tap; dropped, it shuts down and checks what the tap saw.
 struct Mock {
+    /// The tap's port: what the sources connect to.
     port: u16,
     registry: Arc<tokio::sync::Mutex<mssql_mock_tds::QueryRegistry>>,
-    registered: Vec<String>,
+    ledger: Arc<Mutex<Ledger>>,
     _stop: oneshot::Sender<()>,
 }
 
 impl Mock {
     async fn start() -> Self {
         let server = MockTdsServer::new("127.0.0.1:0").await.expect("mock server binds");
-        let port = server.local_addr().port();
+        let upstream = server.local_addr().port();
         let registry = server.query_registry();
+        registry.lock().await.register(
+            UNREGISTERED,
+            QueryResponse::error_only(TerminalError::new(
+                50000,
+                16,
+                "statement not registered with the wire test's mock (see the test's stderr)",
+            )),
+        );
         let (stop, stopped) = oneshot::channel();
         tokio::spawn(async move {
             let _ = server.run_with_shutdown(stopped).await;
         });
-        Self { port, registry, registered: Vec::new(), _stop: stop }
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("tap binds");
+        let port = listener.local_addr().expect("tap address").port();
+        let ledger: Arc<Mutex<Ledger>> = Arc::default();
+        let shared = ledger.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(pipe(client, upstream, shared.clone()));
+            }
+        });
+        Self { port, registry, ledger, _stop: stop }
     }
 
     fn connection_string(&self, extra: &str) -> String {
         format!("Server=tcp:127.0.0.1,{};Database=appdb;User ID=func;Password=not-a-real-secret;Encrypt=DANGER_PLAINTEXT;Connect Timeout=5;{extra}", self.port)
     }
 
-    /// Registers a golden statement. The mock matches parameterized statements by substring, so no
-    /// registered text may contain another (nor the mock's default `SELECT 1`).
+    /// Registers the answer to a golden statement (again: replaces the answer).
     async fn register(&mut self, name: &str, response: QueryResponse) {
-        let sql = golden(name).to_uppercase();
-        for other in self.registered.iter().chain(std::iter::once(&"SELECT 1".to_string())) {
-            assert!(
-                *other == sql || (!other.contains(&sql) && !sql.contains(other.as_str())),
-                "{name}: registered statements must not contain one another"
-            );
-        }
-        self.registered.push(sql.clone());
-        self.registry.lock().await.register(sql, response);
+        self.ledger.lock().expect("tap ledger").registered.insert(golden(name), name.to_string());
+        self.registry.lock().await.register(key(name), response);
+    }
+
+    /// Every request so far that used golden statement `name`, in order.
+    fn sent(&self, name: &str) -> Vec<Sent> {
+        self.ledger.lock().expect("tap ledger").sent.iter().filter(|s| s.name == name).cloned().collect()
+    }
+
+    /// The values bound to the last request that used golden statement `name`.
+    fn values(&self, name: &str) -> Vec<Wire> {
+        self.sent(name).pop().unwrap_or_else(|| panic!("{name} was never sent")).values
     }
 }
 
-impl Mock {
-    /// Registers the upper-case head of a golden statement that names a system view in lower case (the lag's
-    /// `sys.dm_tran_commit_table`, lower case so case-sensitive databases find it). The mock matches a
-    /// parameterized statement by its upper-cased text, so only the head can match; the head holds every
-    /// parameter and the whole predicate, and the golden test pins the fixed tail.
-    async fn register_head(&mut self, name: &str, response: QueryResponse) {
-        let text = golden(name);
-        let cut = text.find(|c: char| c.is_ascii_lowercase()).unwrap_or(text.len());
-        let (head, tail) = text.split_at(cut);
-        assert!(!tail.contains("@P"), "{name}: a parameter after the first lower-case name: {tail}");
-        let head = head.to_uppercase();
-        for other in self.registered.iter().chain(std::iter::once(&"SELECT 1".to_string())) {
-            assert!(!other.contains(&head) && !head.contains(other.as_str()), "{name}: registered statements overlap");
+impl Drop for Mock {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
         }
-        self.registered.push(head.clone());
-        self.registry.lock().await.register(head, response);
+        let ledger = self.ledger.lock().expect("tap ledger");
+        assert!(ledger.refused.is_empty(), "the tap refused requests:\n{}", ledger.refused.join("\n"));
+        let mut unused: Vec<&String> =
+            ledger.registered.values().filter(|name| !ledger.served.contains_key(*name)).collect();
+        unused.sort();
+        assert!(unused.is_empty(), "registered but never sent (the test does not prove them): {unused:?}");
     }
 }
 
@@ -399,12 +669,30 @@ async fn validation_errors_arrive_over_the_wire_with_the_statement_to_run() {
 }
 
 #[tokio::test]
-async fn an_unanswered_catalog_statement_fails_validation_instead_of_passing_it() {
-    // Nothing registered: the mock answers every statement with an empty result.
-    let mock = Mock::start().await;
-    let err =
-        ct_source(&mock, json!({})).validate().await.expect_err("empty answers are not a valid catalog").to_string();
+async fn an_empty_catalog_answer_fails_validation_instead_of_passing_it() {
+    // GIVEN a server that answers the database read with its columns and no row
+    let mut mock = Mock::start().await;
+    let columns = database(Some(42)).columns;
+    mock.register("catalog_database", QueryResponse::new(columns, Vec::new())).await;
+
+    // WHEN the source validates THEN it refuses the answer rather than reading defaults into it
+    let err = ct_source(&mock, json!({})).validate().await.expect_err("an empty answer is not a catalog").to_string();
     assert_eq!(err, "unexpected answer from SQL Server while reading the database settings: expected one row, got 0");
+}
+
+#[tokio::test]
+async fn a_statement_nobody_registered_is_refused_by_the_tap_and_fails_the_test() {
+    // GIVEN a mock with nothing registered
+    let mock = Mock::start().await;
+
+    // WHEN a source sends its first statement
+    let err = ct_source(&mock, json!({})).validate().await.expect_err("refused").to_string();
+
+    // THEN the tap answered with an error instead of an empty result, and recorded the statement, so dropping
+    // the mock would fail the test
+    assert!(err.starts_with("SQL Server error 50000 while reading the database settings"), "{err}");
+    let refused = std::mem::take(&mut mock.ledger.lock().expect("ledger").refused);
+    assert_eq!(refused, vec![format!("a statement nobody registered: {}", golden("catalog_database"))]);
 }
 
 #[tokio::test]
@@ -558,7 +846,7 @@ async fn the_lag_is_the_age_of_the_first_pending_changes_commit_read_over_the_wi
     // GIVEN a function that delivered up to version 11, key 1, and whose next change committed 90 s ago
     let mut mock = Mock::start().await;
     catalog(&mut mock).await;
-    mock.register_head("ct_oldest_after_key", oldest(12, Some(90))).await;
+    mock.register("ct_oldest_after_key", oldest(12, Some(90))).await;
     let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["1"]}});
 
     // WHEN the lag is read THEN it is those 90 s
@@ -570,7 +858,7 @@ async fn the_lag_is_the_age_of_the_first_pending_changes_commit_read_over_the_wi
 async fn a_pending_change_whose_commit_time_was_cleaned_up_has_an_unknown_lag_that_says_so() {
     let mut mock = Mock::start().await;
     catalog(&mut mock).await;
-    mock.register_head("ct_oldest_start", oldest(12, None)).await;
+    mock.register("ct_oldest_start", oldest(12, None)).await;
 
     let lag = ct_source(&mock, json!({})).oldest_pending_age(&json!({"phase": "changes", "base": 10})).await;
 
@@ -583,7 +871,7 @@ async fn without_view_database_state_the_lag_is_unknown_and_names_the_grant() {
     // GIVEN a login that may read the changes but not the commit table (SQL Server error 300)
     let mut mock = Mock::start().await;
     catalog(&mut mock).await;
-    mock.register_head(
+    mock.register(
         "ct_oldest_start",
         QueryResponse::error_only(TerminalError::new(
             300,

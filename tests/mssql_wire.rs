@@ -378,6 +378,11 @@ fn spec(mock: &Mock, kind: SourceKind, table: &str, options: Value, extra: &str)
 }
 
 fn database(ct_version: Option<i64>) -> QueryResponse {
+    database_with(ct_version, true)
+}
+
+/// The database facts, with SNAPSHOT isolation allowed or not (READ COMMITTED reads).
+fn database_with(ct_version: Option<i64>, snapshot: bool) -> QueryResponse {
     QueryResponse::new(
         vec![
             Col::new("COMPAT", T::Int),
@@ -391,7 +396,7 @@ fn database(ct_version: Option<i64>) -> QueryResponse {
         ],
         vec![Row::new(vec![
             V::Int(160),
-            V::Int(1),
+            V::Int(i32::from(snapshot)),
             V::Int(1),
             ct_version.map(V::BigInt).unwrap_or(V::Null),
             V::Int(2),
@@ -774,44 +779,20 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-#[tokio::test]
-async fn the_rowversion_source_reads_below_min_active_rowversion_over_the_wire() {
-    let mut mock = Mock::start().await;
+/// `[DBO].[ITEMS]` as the rowversion source sees it (the golden `items` shape).
+const ITEMS: &[ColumnRow] = &[
+    ("ID", "int", None, Some(10), Some(0), None, 1, Some(1)),
+    ("TITLE", "nvarchar", Some(200), None, None, None, 2, None),
+    ("IS_DELETED", "bit", None, None, None, None, 3, None),
+    ("RV", "timestamp", Some(8), None, None, None, 4, None),
+];
+
+async fn items_source(mock: &mut Mock) -> MssqlRowversion {
     mock.register("catalog_database", database(None)).await;
     mock.register("catalog_table", table(None, false)).await;
-    mock.register(
-        "catalog_columns",
-        columns(&[
-            ("ID", "int", None, Some(10), Some(0), None, 1, Some(1)),
-            ("TITLE", "nvarchar", Some(200), None, None, None, 2, None),
-            ("IS_DELETED", "bit", None, None, None, None, 3, None),
-            ("RV", "timestamp", Some(8), None, None, None, 4, None),
-        ]),
-    )
-    .await;
-    mock.register(
-        "rv_fetch_start",
-        QueryResponse::new(
-            vec![
-                Col::new("RV", T::BigInt),
-                Col::new("OP", T::Int),
-                Col::new("ITEM", T::NVarCharMax),
-                Col::new("K1", T::NVarCharMax),
-            ],
-            vec![
-                Row::new(vec![
-                    V::BigInt(2001),
-                    V::Int(1),
-                    nvarchar_max(r#"{"ID":1,"TITLE":"a","IS_DELETED":false}"#),
-                    nvarchar_max("1"),
-                ]),
-                Row::new(vec![V::BigInt(2002), V::Int(2), nvarchar_max(r#"{"ID":2}"#), nvarchar_max("2")]),
-            ],
-        ),
-    )
-    .await;
+    mock.register("catalog_columns", columns(ITEMS)).await;
     let mut s = spec(
-        &mock,
+        mock,
         SourceKind::MssqlRowversion,
         "[DBO].[ITEMS]",
         json!({"softDeleteColumn": "IS_DELETED"}),
@@ -822,7 +803,38 @@ async fn the_rowversion_source_reads_below_min_active_rowversion_over_the_wire()
         Ident::new("TITLE").expect("id"),
         Ident::new("IS_DELETED").expect("id"),
     ]);
-    let source = MssqlRowversion::new(s).expect("source");
+    MssqlRowversion::new(s).expect("source")
+}
+
+/// A rowversion read: `(rowversion, operation, item json, key texts)` rows.
+fn rv_rows(rows: &[(i64, i32, &str, &[&str])]) -> QueryResponse {
+    let keys = rows.first().map_or(1, |r| r.3.len());
+    let mut cols = vec![Col::new("RV", T::BigInt), Col::new("OP", T::Int), Col::new("ITEM", T::NVarCharMax)];
+    cols.extend((1..=keys).map(|i| Col::new(format!("K{i}"), T::NVarCharMax)));
+    QueryResponse::new(
+        cols,
+        rows.iter()
+            .map(|(rv, op, item, key)| {
+                let mut values = vec![V::BigInt(*rv), V::Int(*op), nvarchar_max(item)];
+                values.extend(key.iter().map(|k| nvarchar_max(k)));
+                Row::new(values)
+            })
+            .collect(),
+    )
+}
+
+fn count(n: i64) -> QueryResponse {
+    QueryResponse::new(vec![Col::new("PENDING", T::BigInt)], vec![Row::new(vec![V::BigInt(n)])])
+}
+
+const ITEM_1: &str = r#"{"ID":1,"TITLE":"a","IS_DELETED":false}"#;
+const ITEM_3: &str = r#"{"ID":3,"TITLE":"c","IS_DELETED":false}"#;
+
+#[tokio::test]
+async fn the_rowversion_source_reads_below_min_active_rowversion_over_the_wire() {
+    let mut mock = Mock::start().await;
+    let source = items_source(&mut mock).await;
+    mock.register("rv_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2002, 2, r#"{"ID":2}"#, &["2"])])).await;
 
     source.validate().await.expect("valid");
     let fetched = source.fetch(&Value::Null, 100).await.expect("fetch");
@@ -831,6 +843,123 @@ async fn the_rowversion_source_reads_below_min_active_rowversion_over_the_wire()
         r#"[{"Operation":1,"Item":{"ID":1,"TITLE":"a","IS_DELETED":false}},{"Operation":2,"Item":{"ID":2}}]"#
     );
     assert_eq!(fetched.last, Some(json!({"rv": 2002, "key": ["2"]})));
+    assert_eq!(mock.values("rv_fetch_start"), vec![Wire::Int(100)]);
+}
+
+#[tokio::test]
+async fn a_rowversion_start_from_now_pages_after_the_version_then_after_the_key_and_counts_what_waits() {
+    // GIVEN a table whose newest readable rowversion is 2000, then two changed rows, then one more
+    let mut mock = Mock::start().await;
+    let source = items_source(&mut mock).await;
+    mock.register("rv_newest", QueryResponse::new(vec![Col::new("RV", T::BigInt)], vec![Row::new(vec![V::BigInt(2000)])]))
+        .await;
+    mock.register("rv_fetch_after_version", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2001, 1, ITEM_3, &["3"])])).await;
+    mock.register("rv_fetch_after_key", rv_rows(&[(2003, 2, r#"{"ID":2}"#, &["2"])])).await;
+    mock.register("rv_pending_start", count(7)).await;
+    mock.register("rv_pending_after_version", count(3)).await;
+    mock.register("rv_pending_after_key", count(1)).await;
+
+    // WHEN it starts from now and fetches two batches of two
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    let first = source.fetch(&start, 2).await.expect("first");
+    let first_end = first.last.clone().expect("a position");
+    let second = source.fetch(&first_end, 2).await.expect("second");
+
+    // THEN the start is the newest readable rowversion; a full batch ends at its last key, still under the
+    // backlog's base, and a drained one starts the next backlog from its last rowversion
+    assert_eq!(start, json!({"rv": 2000}));
+    assert_eq!(first_end, json!({"rv": 2001, "key": ["3"], "base": 2000}));
+    assert_eq!(second.last, Some(json!({"rv": 2003, "key": ["2"]})));
+    assert_eq!(encode_batch(&second.changes).get(), r#"[{"Operation":2,"Item":{"ID":2}}]"#);
+    // The positions' values go over the wire as parameters: limit, then the rowversion, then the key text.
+    assert_eq!(mock.values("rv_fetch_after_version"), vec![Wire::Int(2), Wire::Int(2000)]);
+    assert_eq!(mock.values("rv_fetch_after_key"), vec![Wire::Int(2), Wire::Int(2001), Wire::Text("3".into())]);
+
+    // AND status counts what waits after each kind of position
+    assert_eq!(source.pending(&Value::Null).await.expect("pending"), 7);
+    assert_eq!(source.pending(&start).await.expect("pending"), 3);
+    assert_eq!(source.pending(&first_end).await.expect("pending"), 1);
+    assert_eq!(mock.values("rv_pending_after_key"), vec![Wire::Int(2001), Wire::Text("3".into())]);
+}
+
+#[tokio::test]
+async fn a_rowversion_batch_in_flight_is_read_again_up_to_its_recorded_end() {
+    let mut mock = Mock::start().await;
+    let source = items_source(&mut mock).await;
+    mock.register("rv_refetch_start_to_key", rv_rows(&[(2001, 1, ITEM_1, &["1"])])).await;
+    mock.register("rv_refetch_version_to_key", rv_rows(&[(2002, 1, ITEM_3, &["3"])])).await;
+    mock.register("rv_refetch_key_to_key", rv_rows(&[(2004, 1, ITEM_3, &["3"])])).await;
+    let upto = json!({"rv": 2002, "key": ["3"], "base": 0});
+
+    // WHEN each kind of batch is re-read
+    let from_start = source.refetch(&Value::Null, &upto, 10).await.expect("from the start");
+    let from_version = source.refetch(&json!({"rv": 2000}), &upto, 10).await.expect("from a version");
+    let from_key = source.refetch(&json!({"rv": 2002, "key": ["3"]}), &json!({"rv": 2004, "key": ["3"]}), 10).await;
+
+    // THEN each ends where the batch was recorded to end, whatever the re-read returned
+    assert_eq!(from_start.last, Some(upto.clone()));
+    assert_eq!(from_version.last, Some(upto));
+    assert_eq!(encode_batch(&from_key.expect("from a key").changes).get(), format!(r#"[{{"Operation":1,"Item":{ITEM_3}}}]"#));
+    assert_eq!(
+        mock.values("rv_refetch_key_to_key"),
+        vec![Wire::Int(10), Wire::Int(2002), Wire::Text("3".into()), Wire::Int(2004), Wire::Text("3".into())]
+    );
+    // A batch recorded without an end key cannot be bounded: refused, and nothing is sent.
+    let err = source.refetch(&Value::Null, &json!({"rv": 2002}), 10).await.expect_err("no end key").to_string();
+    assert!(err.contains("ends at a position without a key"), "{err}");
+}
+
+/// `[app].[Item Log]`: composite key (varchar, datetime2), a soft-delete column that is not `bit`, an
+/// `insertedColumn`, READ COMMITTED (the golden `items_with_options` shape).
+const ITEM_LOG: &[ColumnRow] = &[
+    ("Tenant", "varchar", Some(10), None, None, None, 1, Some(1)),
+    ("At", "datetime2", None, None, None, Some(7), 2, Some(2)),
+    ("Body", "nvarchar", Some(-1), None, None, None, 3, None),
+    ("Deleted At", "datetime2", None, None, None, Some(7), 4, None),
+    ("Created Version", "binary", Some(8), None, None, None, 5, None),
+    ("Row Version", "timestamp", Some(8), None, None, None, 6, None),
+];
+
+#[tokio::test]
+async fn inserts_are_labelled_from_the_backlogs_base_not_the_moving_position() {
+    // GIVEN the item log, polled with insertedColumn and a soft-delete column under READ COMMITTED
+    let mut mock = Mock::start().await;
+    mock.register("catalog_database", database_with(None, false)).await;
+    mock.register("catalog_table", table(None, false)).await;
+    mock.register("catalog_columns", columns(ITEM_LOG)).await;
+    let source = MssqlRowversion::new(spec(
+        &mock,
+        SourceKind::MssqlRowversion,
+        "[app].[Item Log]",
+        json!({"softDeleteColumn": "Deleted At", "insertedColumn": "Created Version", "columns": ["Tenant", "At", "Body"]}),
+        "",
+    ))
+    .expect("source");
+    let item = r#"{"Tenant":"t","At":"2026-01-02T00:00:00","Body":"b"}"#;
+    let at = "2026-01-02 00:00:00.0000000";
+    mock.register("rv_options_fetch_start", rv_rows(&[(3001, 0, item, &["a", at]), (3002, 0, item, &["b", at])])).await;
+    mock.register("rv_options_fetch_after_key_first_backlog", rv_rows(&[(3003, 0, item, &["c", at])])).await;
+
+    // WHEN the first backlog is paged in batches of two
+    let first = source.fetch(&Value::Null, 2).await.expect("first").last.expect("a position");
+    let second = source.fetch(&first, 2).await.expect("second").last.expect("a position");
+
+    // THEN the whole first backlog is new (base 0: every row an Insert), and its drained end starts the next
+    assert_eq!(first, json!({"rv": 3002, "key": ["b", at], "base": 0}));
+    assert_eq!(second, json!({"rv": 3003, "key": ["c", at]}));
+
+    // AND WHEN a later backlog is paged from the middle
+    mock.register("rv_options_fetch_after_key", rv_rows(&[(3010, 0, item, &["d", at]), (3011, 1, item, &["e", at])]))
+        .await;
+    let mid = json!({"rv": 3008, "key": ["c", at], "base": 3003});
+    let next = source.fetch(&mid, 2).await.expect("mid-backlog").last.expect("a position");
+
+    // THEN the label compares with the backlog's base (3003), not the position (3008): a row inserted with
+    // DEFAULT @@DBTS right after the last delivered row carries that row's rowversion, and is still an Insert
+    let values = mock.values("rv_options_fetch_after_key");
+    assert_eq!(values[..2], [Wire::Int(2), Wire::Int(3008)]);
+    assert_eq!(values[4], Wire::Int(3003), "@P5 is the base: {values:?}");
+    assert_eq!(next, json!({"rv": 3011, "key": ["e", at], "base": 3003}));
 }
 
 /// The lag read's answer: the first pending change's version and its age in seconds (NULL when undated).

@@ -100,6 +100,11 @@ impl SqlType {
         }
     }
 
+    /// The expression `FOR JSON` serializes for a column of this type.
+    pub fn json_value(&self, expr: &str) -> String {
+        expr.to_string()
+    }
+
     /// `CONVERT(NVARCHAR(MAX), expr[, style])`: the exact text of a key value.
     pub fn to_text(&self, expr: &str) -> String {
         match self.text_style() {

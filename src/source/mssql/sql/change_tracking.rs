@@ -69,8 +69,8 @@ impl CtShape {
         let op = format!("CAST(CASE WHEN {gone} THEN 2 WHEN CT.SYS_CHANGE_OPERATION = N'I' THEN 0 ELSE 1 END AS INT)");
         let item = format!(
             "CASE WHEN {gone} THEN {} ELSE {} END",
-            json_object("CT", self.key.iter().map(|k| &k.name)),
-            json_object("T", self.item.iter().map(|c| &c.name))
+            json_object("CT", self.key.iter().map(|k| (&k.name, &k.ty))),
+            json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)))
         );
         let (created, mask) = if self.metadata {
             let bits: Vec<String> = self
@@ -197,7 +197,7 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
         }
         let mut select = vec![
             "CAST(0 AS INT) AS OP".to_string(),
-            format!("{} AS ITEM", json_object("T", self.item.iter().map(|c| &c.name))),
+            format!("{} AS ITEM", json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)))),
         ];
         for (i, k) in self.key.iter().enumerate() {
             select.push(format!("{} AS K{}", k.ty.to_text(&format!("T.{}", k.name.mssql())), i + 1));

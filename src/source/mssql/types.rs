@@ -100,9 +100,17 @@ impl SqlType {
         }
     }
 
-    /// The expression `FOR JSON` serializes for a column of this type.
+    /// The expression `FOR JSON` serializes for a column of this type: the column itself, except where the
+    /// official trigger's payload differs and matching it loses nothing. The official trigger reads rows into
+    /// .NET values and writes them with Newtonsoft.Json: a `date` is a `DateTime` (`"2026-01-02T00:00:00"`,
+    /// where FOR JSON writes `"2026-01-02"`), a `uniqueidentifier` a `Guid` (lower case, where FOR JSON
+    /// writes upper case). Decimals stay exact here (docs/sql-server.md lists the remaining differences).
     pub fn json_value(&self, expr: &str) -> String {
-        expr.to_string()
+        match self.name.as_str() {
+            "date" => format!("CONVERT(DATETIME2(0), {expr})"),
+            "uniqueidentifier" => format!("LOWER(CONVERT(NCHAR(36), {expr}))"),
+            _ => expr.to_string(),
+        }
     }
 
     /// `CONVERT(NVARCHAR(MAX), expr[, style])`: the exact text of a key value.
@@ -145,6 +153,15 @@ mod tests {
         );
         assert_eq!(SqlType::new("money").to_text("CT.[m]"), "CONVERT(NVARCHAR(MAX), CT.[m], 2)");
         assert_eq!(SqlType::new("float").to_text("CT.[f]"), "CONVERT(NVARCHAR(MAX), CT.[f], 3)");
+    }
+
+    #[test]
+    fn dates_and_uniqueidentifiers_take_the_official_triggers_json_form() {
+        // Issue 15, defect 6: Newtonsoft writes a date as a midnight DateTime and a Guid in lower case.
+        assert_eq!(SqlType::new("date").json_value("T.[d]"), "CONVERT(DATETIME2(0), T.[d])");
+        assert_eq!(SqlType::new("uniqueidentifier").json_value("CT.[g]"), "LOWER(CONVERT(NCHAR(36), CT.[g]))");
+        assert_eq!(SqlType::new("decimal").with_precision(18, 4).json_value("T.[p]"), "T.[p]", "exact decimals stay");
+        assert_eq!(SqlType::new("datetime2").json_value("T.[t]"), "T.[t]");
     }
 
     #[test]

@@ -433,7 +433,15 @@ fn int_or_null(v: Option<i32>) -> V {
 /// `(name, type, len, prec, scale, datetime precision, column id, pk ordinal)`.
 type ColumnRow = (&'static str, &'static str, Option<i32>, Option<i32>, Option<i32>, Option<i32>, i32, Option<i32>);
 
+/// The catalog's columns. `COLL` is what a server would report: a collation for character columns only;
+/// `varchar` columns here are Greek (another code page than the database's, as defect 4 of issue 15 needs).
+/// It is sent as nvarchar(max): the mock writes a NULL only for that string type (the server's is sysname).
 fn columns(rows: &[ColumnRow]) -> QueryResponse {
+    let collation = |ty: &str| match ty {
+        "char" | "varchar" => nvarchar_max("Greek_100_CI_AS"),
+        "nchar" | "nvarchar" => nvarchar_max("SQL_Latin1_General_CP1_CI_AS"),
+        _ => V::NVarCharMaxNull,
+    };
     QueryResponse::new(
         vec![
             Col::new("NAME", T::NVarChar),
@@ -444,6 +452,7 @@ fn columns(rows: &[ColumnRow]) -> QueryResponse {
             Col::new("DT_PREC", T::Int),
             Col::new("COLUMN_ID", T::Int),
             Col::new("PK_ORDINAL", T::Int),
+            Col::new("COLL", T::NVarCharMax),
         ],
         rows.iter()
             .map(|(n, t, len, p, s, dt, id, pk)| {
@@ -456,6 +465,7 @@ fn columns(rows: &[ColumnRow]) -> QueryResponse {
                     int_or_null(*dt),
                     V::Int(*id),
                     int_or_null(*pk),
+                    collation(t),
                 ])
             })
             .collect(),

@@ -18,6 +18,20 @@ pub struct CtShape {
     pub metadata: bool,
 }
 
+/// Most arguments `CONCAT` takes (its documentation: "a maximum of 254 input values").
+const CONCAT_MAX_ARGS: usize = 254;
+
+/// `CONCAT(N'', parts...)` as text, nested when there are more parts than one `CONCAT` takes (a table of more
+/// than 253 Item columns with `includeMetadata`): each inner `CONCAT` takes at most 253 parts after its `N''`.
+fn concat(parts: &[String]) -> String {
+    let per_call = CONCAT_MAX_ARGS - 1;
+    if parts.len() <= per_call {
+        return format!("CONCAT(N'', {})", parts.join(", "));
+    }
+    let chunks: Vec<String> = parts.chunks(per_call).map(concat).collect();
+    concat(&chunks)
+}
+
 impl CtShape {
     fn key_params(&self, p: &mut Params, version: Slot, key: fn(usize) -> Slot, alias: &str) -> Vec<(String, String)> {
         let mut cols = vec![(format!("{alias}.SYS_CHANGE_VERSION"), p.p(version))];
@@ -80,7 +94,7 @@ impl CtShape {
                 .collect();
             (
                 "CT.SYS_CHANGE_CREATION_VERSION".to_string(),
-                format!("CASE WHEN CT.SYS_CHANGE_COLUMNS IS NULL THEN NULL ELSE CONCAT(N'', {}) END", bits.join(", ")),
+                format!("CASE WHEN CT.SYS_CHANGE_COLUMNS IS NULL THEN NULL ELSE {} END", concat(&bits)),
             )
         } else {
             ("CAST(NULL AS BIGINT)".to_string(), "CAST(NULL AS NVARCHAR(MAX))".to_string())
@@ -232,5 +246,42 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
             sql: format!("SELECT COUNT_BIG(*) AS PENDING FROM {} AS T{filter}", self.table.mssql()),
             slots: p.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The argument count of every `CONCAT(` call in `sql`.
+    fn concat_arities(sql: &str) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (start, _) in sql.match_indices("CONCAT(") {
+            let (mut depth, mut args) = (0, 1);
+            for c in sql[start + "CONCAT".len()..].chars() {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 1 => break,
+                    ')' => depth -= 1,
+                    ',' if depth == 1 => args += 1,
+                    _ => {}
+                }
+            }
+            out.push(args);
+        }
+        out
+    }
+
+    #[test]
+    fn the_changed_column_mask_of_a_wide_table_fits_concats_argument_limit() {
+        // Issue 15, defect 9: CONCAT(N'', mask1..maskN) failed for more than 253 Item columns.
+        let parts: Vec<String> = (1..=600).map(|i| format!("M{i}")).collect();
+        let sql = concat(&parts);
+        let arities = concat_arities(&sql);
+        assert!(arities.iter().all(|n| *n <= CONCAT_MAX_ARGS), "{arities:?}");
+        assert_eq!(arities, vec![4, 254, 254, 95], "one outer CONCAT over three chunks");
+        let order: Vec<&str> = sql.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| w.starts_with('M')).collect();
+        assert_eq!(order, parts.iter().map(String::as_str).collect::<Vec<_>>(), "the mask keeps column order");
+        assert_eq!(concat(&parts[..253]), format!("CONCAT(N'', {})", parts[..253].join(", ")), "253 stay one call");
     }
 }

@@ -529,6 +529,14 @@ fn changes_with_metadata(current: i64, min_valid: i64, rows: &[ChangeRow<'_>]) -
     QueryResponse::new(cols, rows)
 }
 
+/// A walk of current rows: `(item json, key text)` rows, every one an insert.
+fn walk(rows: &[(&str, &str)]) -> QueryResponse {
+    QueryResponse::new(
+        vec![Col::new("OP", T::Int), Col::new("ITEM", T::NVarCharMax), Col::new("K1", T::NVarCharMax)],
+        rows.iter().map(|(item, key)| Row::new(vec![V::Int(0), nvarchar_max(item), nvarchar_max(key)])).collect(),
+    )
+}
+
 const INSERTED: &str =
     r#"{"ID":1,"NAME":"Zoë ✓","PRICE":12.50,"PHOTO":"AQID/w==","CREATED_AT":"2026-11-20T10:15:30.1234567"}"#;
 const NULLS: &str = r#"{"ID":2,"NAME":null,"PRICE":null,"PHOTO":null,"CREATED_AT":null}"#;
@@ -622,6 +630,30 @@ async fn a_base_below_the_minimum_valid_version_is_refused_unless_resync_is_aske
     let resynced = ct_source(&mock, json!({"onPositionLost": "resync"})).fetch(&stored, 100).await.expect("resync");
     assert_eq!(encode_batch(&resynced.changes).get(), format!(r#"[{{"Operation":0,"Item":{INSERTED}}}]"#));
     assert_eq!(resynced.last, Some(json!({"phase": "changes", "base": 90})));
+}
+
+#[tokio::test]
+async fn a_resync_that_finds_the_table_empty_replaces_the_lost_position_instead_of_walking_every_tick() {
+    // GIVEN a stored base (10) that retention has passed (minimum valid 50), on a table that is now empty
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_fetch_start", changes(90, 50, &[])).await;
+    mock.register("ct_walk_first", walk(&[])).await;
+    let stored = json!({"phase": "changes", "base": 10});
+    let source = ct_source(&mock, json!({"onPositionLost": "resync"}));
+
+    // WHEN two ticks fetch from the stored position (the engine records the advance only now and then)
+    let first = source.fetch(&stored, 100).await.expect("resync");
+    let second = source.fetch(&stored, 100).await.expect("after the resync");
+
+    // THEN the first walks once and offers the version read before the walk as the new position; the second
+    // reads changes after that version and walks no more (issue 15, defect 12)
+    assert!(first.changes.is_empty() && first.last.is_none());
+    assert_eq!(first.advance, Some(json!({"phase": "changes", "base": 90})));
+    assert!(second.changes.is_empty());
+    assert_eq!(mock.sent("ct_walk_first").len(), 1, "the walk is not repeated");
+    let bases: Vec<Wire> = mock.sent("ct_fetch_start").iter().map(|s| s.values[2].clone()).collect();
+    assert_eq!(bases, vec![Wire::Int(10), Wire::Int(90)]);
 }
 
 #[tokio::test]

@@ -481,6 +481,34 @@ const ORDERS: &[ColumnRow] = &[
     ("CREATED_AT", "datetime2", None, None, None, Some(7), 5, None),
 ];
 
+/// `[Sales Ünïcode].[Order]] Lines]`: a composite key (bigint, nvarchar) with a space, `№` and `]` in the names,
+/// a column left out of Item (the golden `order_lines` shape, read under READ COMMITTED).
+const ORDER_LINES: &[ColumnRow] = &[
+    ("Order Id", "bigint", None, Some(19), Some(0), None, 1, Some(1)),
+    ("Line №", "nvarchar", Some(20), None, None, None, 2, Some(2)),
+    ("Note", "nvarchar", Some(-1), None, None, None, 3, None),
+    ("Qty", "int", None, Some(10), Some(0), None, 4, None),
+];
+
+/// The change-tracking source on the order lines with every option: context filter ("MYAPP"), metadata,
+/// column selection. Its catalog must be registered with `database_with(.., false)` and `ORDER_LINES`.
+fn order_lines_source(mock: &Mock) -> MssqlChangeTracking {
+    MssqlChangeTracking::new(spec(
+        mock,
+        SourceKind::MssqlChangeTracking,
+        "[Sales Ünïcode].[Order]] Lines]",
+        json!({"skipOwnChangesContext": "0x4D59415050", "includeMetadata": true, "columns": ["Order Id", "Line №", "Qty"]}),
+        "",
+    ))
+    .expect("source builds")
+}
+
+async fn order_lines_catalog(mock: &mut Mock) {
+    mock.register("catalog_database", database_with(Some(42), false)).await;
+    mock.register("catalog_table", table(Some(10), true)).await;
+    mock.register("catalog_columns", columns(ORDER_LINES)).await;
+}
+
 fn versions(min_valid: i64, current: i64) -> QueryResponse {
     QueryResponse::new(
         vec![Col::new("MINV", T::BigInt), Col::new("CUR", T::BigInt)],
@@ -1004,11 +1032,20 @@ async fn inserts_are_labelled_from_the_backlogs_base_not_the_moving_position() {
     assert_eq!(next, json!({"rv": 3011, "key": ["e", at], "base": 3003}));
 }
 
-/// The lag read's answer: the first pending change's version and its age in seconds (NULL when undated).
+/// The lag read's answer: the first pending change's version and its age in seconds (NULL when undated), from
+/// a login with VIEW SERVER STATE.
 fn oldest(version: i64, age_seconds: Option<i32>) -> QueryResponse {
+    oldest_seen_by(version, age_seconds, true)
+}
+
+fn oldest_seen_by(version: i64, age_seconds: Option<i32>, server_state: bool) -> QueryResponse {
     QueryResponse::new(
-        vec![Col::new("VER", T::BigInt), Col::new("AGE_S", T::Int)],
-        vec![Row::new(vec![V::BigInt(version), age_seconds.map(V::Int).unwrap_or(V::Null)])],
+        vec![Col::new("VER", T::BigInt), Col::new("AGE_S", T::Int), Col::new("SERVER_STATE", T::Int)],
+        vec![Row::new(vec![
+            V::BigInt(version),
+            age_seconds.map(V::Int).unwrap_or(V::Null),
+            V::Int(i32::from(server_state)),
+        ])],
     )
 }
 
@@ -1035,6 +1072,26 @@ async fn a_pending_change_whose_commit_time_was_cleaned_up_has_an_unknown_lag_th
 
     let Ok(Lag::Unknown(reason)) = lag else { panic!("expected an unknown lag, got {lag:?}") };
     assert!(reason.starts_with("the commit time of version 12 is no longer in sys.dm_tran_commit_table"), "{reason}");
+}
+
+#[tokio::test]
+async fn without_view_server_state_a_fresh_change_has_an_unknown_lag_that_names_the_permission() {
+    // GIVEN a login without VIEW SERVER STATE, to which the commit table shows a commit only after a checkpoint
+    let mut mock = Mock::start().await;
+    order_lines_catalog(&mut mock).await;
+    mock.register("ct_options_oldest_after_key", oldest_seen_by(12, None, false)).await;
+    let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["7", "b"]}});
+
+    // WHEN the lag of the pending change is read
+    let lag = order_lines_source(&mock).oldest_pending_age(&after).await;
+
+    // THEN it is unknown for that reason, not "cleanup removed it" (issue 15, defect 13)
+    let Ok(Lag::Unknown(reason)) = lag else { panic!("expected an unknown lag, got {lag:?}") };
+    assert!(reason.starts_with("the commit time of version 12 is not visible yet: without VIEW SERVER STATE, which login user func lacks"), "{reason}");
+    assert_eq!(
+        mock.values("ct_options_oldest_after_key"),
+        vec![Wire::Int(10), Wire::Int(11), Wire::Text("7".into()), Wire::Text("b".into()), Wire::Bytes(b"MYAPP".to_vec())]
+    );
 }
 
 #[tokio::test]

@@ -166,8 +166,10 @@ FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
 
     /// The age of the first pending change after a position (the lag in status): its version is a
     /// `commit_ts` of `sys.dm_tran_commit_table`, whose `commit_time` says when it committed. Same predicate
-    /// and order as the fetch, first row only. Row shape: `VER, AGE_S`; no row when nothing waits, and a NULL
-    /// `AGE_S` when the commit table no longer holds that version. Reading the view needs VIEW DATABASE STATE.
+    /// and order as the fetch, first row only. Row shape: `VER, AGE_S, SERVER_STATE`; no row when nothing
+    /// waits, and a NULL `AGE_S` when the view does not show that version: cleanup removed it, or the login
+    /// lacks VIEW SERVER STATE (`SERVER_STATE` 0), without which the view shows a commit only after the next
+    /// checkpoint (its documentation says so). Reading the view at all needs VIEW DATABASE STATE.
     ///
     /// The view's names must be lower case (a case-sensitive database knows them only so); they come last, in
     /// an `OUTER APPLY` after every bound parameter, so the upper-case part a mock can match holds the whole
@@ -181,7 +183,7 @@ FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
         preds.extend(self.context_filter(&mut p));
         let order = self.change_order();
         let sql = format!(
-            "SELECT C.VER, A.AGE_S FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
+            "SELECT C.VER, A.AGE_S, CAST(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS INT) AS SERVER_STATE FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
 WHERE {} ORDER BY {}) AS C \
 OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S FROM sys.dm_tran_commit_table AS TC WHERE TC.commit_ts = C.VER) AS A",
             preds.join(" AND "),

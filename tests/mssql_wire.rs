@@ -12,7 +12,9 @@
 //! exactly (case and all), and hands the mock a one-line batch naming the registered answer instead. A
 //! statement nobody registered is answered with an error and fails the test when the mock is dropped; so
 //! does a registered statement that no request used (the test would not prove what it registers), and an RPC
-//! whose values do not match the golden file's parameter list.
+//! whose values do not match the golden file's parameter list. `every_golden_statement_is_registered_by_a_test`
+//! checks that each golden file is registered somewhere here; with the two checks above, every statement is
+//! sent by a source, over the wire, in some test.
 
 use mssql_mock_tds::{
     ColumnDefinition as Col, ColumnValue as V, MockTdsServer, QueryResponse, Row, SqlDataType as T, TerminalError,
@@ -359,6 +361,23 @@ impl Drop for Mock {
     }
 }
 
+#[test]
+fn every_golden_statement_is_registered_by_a_test() {
+    let this = include_str!("mssql_wire.rs");
+    let dir = format!("{}/tests/golden/mssql", env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("golden dir").flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if let Some(stem) = file.strip_suffix(".sql") {
+            if !this.contains(&format!("\"{stem}\"")) {
+                missing.push(stem.to_string());
+            }
+        }
+    }
+    missing.sort();
+    assert!(missing.is_empty(), "golden statements no wire test sends: {missing:?}");
+}
+
 fn nvarchar_max(s: &str) -> V {
     // Two PLP chunks, so the reader has to join them.
     let units: Vec<u16> = s.encode_utf16().collect();
@@ -557,6 +576,52 @@ fn changes_with_metadata(current: i64, min_valid: i64, rows: &[ChangeRow<'_>]) -
     QueryResponse::new(cols, rows)
 }
 
+/// A change read of a two-column key: `(version, operation, item json, [key texts], mask)` rows.
+fn changes2(current: i64, min_valid: i64, rows: &[(i64, i32, &str, [&str; 2], Option<&str>)]) -> QueryResponse {
+    let mut cols = vec![
+        Col::new("CUR", T::BigInt),
+        Col::new("MINV", T::BigInt),
+        Col::new("VER", T::BigInt),
+        Col::new("OP", T::Int),
+        Col::new("ITEM", T::NVarCharMax),
+        Col::new("CREATED", T::BigInt),
+        Col::new("MASK", T::NVarCharMax),
+    ];
+    cols.extend([Col::new("K1", T::NVarCharMax), Col::new("K2", T::NVarCharMax)]);
+    let rows = rows
+        .iter()
+        .map(|(ver, op, item, key, mask)| {
+            Row::new(vec![
+                V::BigInt(current),
+                V::BigInt(min_valid),
+                V::BigInt(*ver),
+                V::Int(*op),
+                nvarchar_max(item),
+                V::BigInt(*ver),
+                mask.map(nvarchar_max).unwrap_or(V::NVarCharMaxNull),
+                nvarchar_max(key[0]),
+                nvarchar_max(key[1]),
+            ])
+        })
+        .collect();
+    QueryResponse::new(cols, rows)
+}
+
+/// A walk of a two-column key: `(item json, [key texts])` rows.
+fn walk2(rows: &[(&str, [&str; 2])]) -> QueryResponse {
+    QueryResponse::new(
+        vec![
+            Col::new("OP", T::Int),
+            Col::new("ITEM", T::NVarCharMax),
+            Col::new("K1", T::NVarCharMax),
+            Col::new("K2", T::NVarCharMax),
+        ],
+        rows.iter()
+            .map(|(item, key)| Row::new(vec![V::Int(0), nvarchar_max(item), nvarchar_max(key[0]), nvarchar_max(key[1])]))
+            .collect(),
+    )
+}
+
 /// A walk of current rows: `(item json, key text)` rows, every one an insert.
 fn walk(rows: &[(&str, &str)]) -> QueryResponse {
     QueryResponse::new(
@@ -682,6 +747,183 @@ async fn a_resync_that_finds_the_table_empty_replaces_the_lost_position_instead_
     assert_eq!(mock.sent("ct_walk_first").len(), 1, "the walk is not repeated");
     let bases: Vec<Wire> = mock.sent("ct_fetch_start").iter().map(|s| s.values[2].clone()).collect();
     assert_eq!(bases, vec![Wire::Int(10), Wire::Int(90)]);
+}
+
+#[tokio::test]
+async fn a_batch_in_flight_is_read_again_up_to_its_recorded_end_from_each_kind_of_position() {
+    // GIVEN batches recorded from a base or a key, ending at a drained version or inside a version
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_refetch_start_to_version", changes(60, 10, &[(11, 0, INSERTED, "1")])).await;
+    mock.register("ct_refetch_start_to_key", changes(60, 10, &[(11, 0, INSERTED, "1")])).await;
+    mock.register("ct_refetch_key_to_version", changes(60, 10, &[(13, 2, DELETED, "3")])).await;
+    mock.register("ct_refetch_key_to_key", changes(60, 10, &[(12, 1, NULLS, "2")])).await;
+    let source = ct_source(&mock, json!({}));
+    let base = json!({"phase": "changes", "base": 10});
+    let at_key = |version: i64, key: &str| json!({"phase": "changes", "base": 10, "last": {"version": version, "key": [key]}});
+
+    // WHEN each is read again
+    let a = source.refetch(&base, &json!({"phase": "changes", "base": 42}), 100).await.expect("base to version");
+    let b = source.refetch(&base, &at_key(11, "1"), 100).await.expect("base to key");
+    let c = source.refetch(&at_key(11, "1"), &json!({"phase": "changes", "base": 42}), 100).await.expect("key to version");
+    let d = source.refetch(&at_key(11, "1"), &at_key(12, "2"), 100).await.expect("key to key");
+
+    // THEN each returns its rows and keeps the recorded end, and the bounds go over the wire as parameters
+    assert_eq!(encode_batch(&a.changes).get(), format!(r#"[{{"Operation":0,"Item":{INSERTED}}}]"#));
+    assert_eq!(b.last, Some(at_key(11, "1")));
+    assert_eq!(encode_batch(&c.changes).get(), format!(r#"[{{"Operation":2,"Item":{DELETED}}}]"#));
+    assert_eq!(encode_batch(&d.changes).get(), format!(r#"[{{"Operation":1,"Item":{NULLS}}}]"#));
+    let table = Wire::Text("[DBO].[ORDERS]".into());
+    assert_eq!(mock.values("ct_refetch_start_to_version"), vec![table.clone(), Wire::Int(100), Wire::Int(10), Wire::Int(42)]);
+    assert_eq!(
+        mock.values("ct_refetch_key_to_key"),
+        vec![table, Wire::Int(100), Wire::Int(10), Wire::Int(11), Wire::Text("1".into()), Wire::Int(12), Wire::Text("2".into())]
+    );
+}
+
+#[tokio::test]
+async fn pending_counts_from_a_base_or_a_key_and_from_a_walk() {
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    let minv_pending = |n: i64| {
+        QueryResponse::new(
+            vec![Col::new("MINV", T::BigInt), Col::new("PENDING", T::BigInt)],
+            vec![Row::new(vec![V::BigInt(10), V::BigInt(n)])],
+        )
+    };
+    mock.register("ct_pending_start", minv_pending(5)).await;
+    mock.register("ct_pending_after_key", minv_pending(4)).await;
+    mock.register("ct_walk_pending_first", count(300)).await;
+    mock.register("ct_walk_pending_after", count(200)).await;
+    let source = ct_source(&mock, json!({}));
+
+    assert_eq!(source.pending(&json!({"phase": "changes", "base": 10})).await.expect("pending"), 5);
+    let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["1"]}});
+    assert_eq!(source.pending(&after).await.expect("pending"), 4);
+    assert_eq!(source.pending(&json!({"phase": "snapshot", "base": 42})).await.expect("pending"), 300);
+    assert_eq!(source.pending(&json!({"phase": "snapshot", "base": 42, "key": ["100"]})).await.expect("pending"), 200);
+    assert_eq!(mock.values("ct_walk_pending_after"), vec![Wire::Text("100".into())]);
+}
+
+#[tokio::test]
+async fn start_from_snapshot_walks_the_table_in_key_order_then_follows_the_changes_made_since() {
+    // GIVEN a function configured with startFrom: snapshot (accepted by the configuration: issue 15, defect 11)
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_walk_first", walk(&[(INSERTED, "1"), (NULLS, "2")])).await;
+    mock.register("ct_walk_after", walk(&[(DELETED, "3")])).await;
+    mock.register("ct_fetch_start", changes(50, 10, &[(45, 1, NULLS, "2")])).await;
+    mock.register("ct_walk_upto", walk(&[(INSERTED, "1"), (NULLS, "2")])).await;
+    mock.register("ct_walk_range", walk(&[(DELETED, "3")])).await;
+    let spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({"startFrom": "snapshot"}), "");
+    assert_eq!(spec.start_from, StartFrom::Earliest, "snapshot is a source option; to the engine it is a start");
+    let source = MssqlChangeTracking::new(spec).expect("source builds");
+
+    // WHEN it starts, walks in pages of two, and follows on
+    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    let first = source.fetch(&start, 2).await.expect("walk");
+    let first_end = first.last.clone().expect("a position");
+    let second = source.fetch(&first_end, 2).await.expect("walk ends");
+    let third = source.fetch(&second.last.clone().expect("a position"), 2).await.expect("changes");
+
+    // THEN every current row is an Insert, the walk ends at the version read before it, and the change made
+    // during the walk follows
+    assert_eq!(start, json!({"phase": "snapshot", "base": 42}));
+    assert_eq!(first_end, json!({"phase": "snapshot", "base": 42, "key": ["2"]}));
+    assert_eq!(encode_batch(&second.changes).get(), format!(r#"[{{"Operation":0,"Item":{DELETED}}}]"#));
+    assert_eq!(second.last, Some(json!({"phase": "changes", "base": 42})));
+    assert_eq!(encode_batch(&third.changes).get(), format!(r#"[{{"Operation":1,"Item":{NULLS}}}]"#));
+    assert_eq!(mock.values("ct_fetch_start")[2], Wire::Int(42));
+
+    // AND the walk's batches are read again up to their recorded ends (a resync's first batch, and a later one)
+    let resync = source.refetch(&json!({"phase": "changes", "base": 10}), &first_end, 2).await.expect("resync batch");
+    assert_eq!(resync.changes.len(), 2);
+    let later = source.refetch(&first_end, &json!({"phase": "snapshot", "base": 42, "key": ["3"]}), 2).await;
+    assert_eq!(encode_batch(&later.expect("walk range").changes).get(), format!(r#"[{{"Operation":0,"Item":{DELETED}}}]"#));
+    assert_eq!(mock.values("ct_walk_range"), vec![Wire::Int(2), Wire::Text("2".into()), Wire::Text("3".into())]);
+}
+
+#[tokio::test]
+async fn every_option_at_once_travels_as_the_reviewed_statements_under_read_committed() {
+    // GIVEN the order lines: composite key with odd names, column selection, context filter, metadata
+    let mut mock = Mock::start().await;
+    order_lines_catalog(&mut mock).await;
+    let line = r#"{"Order Id":7,"Line №":"b","Qty":3}"#;
+    mock.register("ct_options_fetch_after_key", changes2(60, 10, &[(12, 1, line, ["7", "b"], Some("001"))])).await;
+    mock.register("ct_options_refetch_key_to_key", changes2(60, 10, &[(12, 1, line, ["7", "b"], Some("001"))])).await;
+    mock.register(
+        "ct_options_pending_after_key",
+        QueryResponse::new(
+            vec![Col::new("MINV", T::BigInt), Col::new("PENDING", T::BigInt)],
+            vec![Row::new(vec![V::BigInt(10), V::BigInt(1)])],
+        ),
+    )
+    .await;
+    mock.register("ct_options_walk_range", walk2(&[(line, ["7", "b"])])).await;
+    let source = order_lines_source(&mock);
+    let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["7", "a"]}});
+    let upto = json!({"phase": "changes", "base": 10, "last": {"version": 12, "key": ["7", "b"]}});
+
+    // WHEN it fetches, re-reads, counts and re-walks
+    let fetched = source.fetch(&after, 1).await.expect("fetch");
+    let again = source.refetch(&after, &upto, 1).await.expect("refetch");
+    let pending = source.pending(&after).await.expect("pending");
+    let walked = source
+        .refetch(
+            &json!({"phase": "snapshot", "base": 42, "key": ["7", "a"]}),
+            &json!({"phase": "snapshot", "base": 42, "key": ["7", "b"]}),
+            1,
+        )
+        .await
+        .expect("walk range");
+
+    // THEN the batch names its changed column, the context travels as varbinary, the key as two texts
+    let expected = format!(r#"[{{"Operation":1,"Item":{line},"Metadata":{{"Version":12,"CreationVersion":12,"ChangedColumns":["Qty"]}}}}]"#);
+    assert_eq!(encode_batch(&fetched.changes).get(), expected);
+    assert_eq!(fetched.last, Some(upto.clone()));
+    assert_eq!(encode_batch(&again.changes).get(), expected);
+    assert_eq!(pending, 1);
+    assert_eq!(walked.changes.len(), 1);
+    assert_eq!(
+        mock.values("ct_options_fetch_after_key"),
+        vec![
+            Wire::Text("[Sales Ünïcode].[Order]] Lines]".into()),
+            Wire::Int(1),
+            Wire::Int(10),
+            Wire::Int(11),
+            Wire::Text("7".into()),
+            Wire::Text("a".into()),
+            Wire::Bytes(b"MYAPP".to_vec()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_hostile_table_and_key_name_are_quoted_in_the_statement_the_server_receives() {
+    // GIVEN a table named `x]; DROP TABLE y;--` keyed by `id]; --` (a uniqueidentifier) with a date column
+    let mut mock = Mock::start().await;
+    mock.register("catalog_database", database(Some(42))).await;
+    mock.register("catalog_table", table(Some(10), true)).await;
+    mock.register(
+        "catalog_columns",
+        columns(&[
+            ("id]; --", "uniqueidentifier", None, None, None, None, 1, Some(1)),
+            ("v", "date", None, None, None, Some(0), 2, None),
+        ]),
+    )
+    .await;
+    let guid = "0f8fad5b-d9cb-469f-a165-70867728950e";
+    let item = format!(r#"{{"id]; --":"{guid}","v":"2026-01-02T00:00:00"}}"#);
+    mock.register("ct_hostile_fetch_after_key", changes(60, 10, &[(12, 0, &item, &guid.to_uppercase())])).await;
+    let source = MssqlChangeTracking::new(spec(&mock, SourceKind::MssqlChangeTracking, "[x]]; DROP TABLE y;--]", json!({}), ""))
+        .expect("source builds");
+    let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": [guid.to_uppercase()]}});
+
+    // WHEN it fetches THEN the reviewed, quoted statement was what the server received, and the row decodes
+    let fetched = source.fetch(&after, 1).await.expect("fetch");
+    assert_eq!(encode_batch(&fetched.changes).get(), format!(r#"[{{"Operation":0,"Item":{item}}}]"#));
+    assert_eq!(mock.values("ct_hostile_fetch_after_key")[0], Wire::Text("[x]]; DROP TABLE y;--]".into()));
 }
 
 #[tokio::test]

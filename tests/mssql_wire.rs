@@ -21,6 +21,7 @@ use mssql_mock_tds::{
 };
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::encode_batch;
+use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::{AppConfig, Env, Secret, SourceKind, SourceSpec};
 use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::ident::Ident;
@@ -1047,13 +1048,8 @@ async fn transient_server_errors_are_unavailable_and_others_invalid_both_at_once
     assert!(!message.contains("not-a-real-secret"));
 }
 
-#[tokio::test]
-async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
-    // GIVEN an app folder whose function watches [DBO].[ORDERS] through the mock
-    let mut mock = Mock::start().await;
-    catalog(&mut mock).await;
-    mock.register("ct_versions", versions(10, 42)).await;
-    mock.register("ct_fetch_start", changes(42, 10, &[(11, 0, INSERTED, "1"), (13, 2, DELETED, "3")])).await;
+/// An app folder whose one function watches `[DBO].[ORDERS]` through the mock, loaded as the handler loads it.
+fn orders_function(mock: &Mock) -> (std::path::PathBuf, sql_pseudo_trigger::config::FunctionConfig) {
     let root = std::env::temp_dir().join(format!("mssql-wire-{}-{}", std::process::id(), mock.port));
     let dir = root.join("OrdersChanged");
     std::fs::create_dir_all(&dir).expect("app folder");
@@ -1071,6 +1067,57 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
     let env = Env::from_pairs([("SqlConnectionString".to_string(), mock.connection_string("ConnectRetryCount=1"))]);
     let config = AppConfig::load_from(&root, env).expect("the app config loads");
     let function = config.functions[0].clone();
+    (root, function)
+}
+
+#[tokio::test]
+async fn a_quiet_table_outlives_its_retention_because_empty_ticks_record_the_version_they_proved() {
+    // GIVEN a quiet table: its change-tracking version moves (other tables change) but it has no change
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_fetch_start", changes(42, 10, &[])).await;
+    let (root, function) = orders_function(&mock);
+    let store = Arc::new(MemoryStore::new());
+    let clock = ManualClock::default();
+    let process = |function: &sql_pseudo_trigger::config::FunctionConfig| {
+        let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+        Trigger::new(function.clone(), "wire-app", source, store.clone(), "owner-1".into())
+            .with_clock(Arc::new(clock.clone()))
+    };
+
+    // WHEN one process ticks on it, and after the retention window passed (cleanup moved the minimum valid
+    // version to 30, past the start, 10) a new process (nothing in memory) ticks six minutes later
+    let first = process(&function).tick(&Attempt::fresh(Some(RetryContext::first(3)))).await.expect("first tick");
+    let recorded = checkpoint(&process(&function)).await;
+    mock.register("ct_fetch_start", changes(60, 30, &[])).await;
+    clock.advance(std::time::Duration::from_secs(6 * 60));
+    let later = process(&function);
+    let second = later.tick(&Attempt::fresh(Some(RetryContext::first(3)))).await;
+
+    // THEN the empty tick recorded the version it proved (42), so the later one is not a lost position, and it
+    // records the newer one (issue 15, item 15: the engine advances a quiet checkpoint every ADVANCE_EVERY)
+    assert_eq!(first.kind, OutcomeKind::Empty);
+    assert_eq!(recorded, json!({"phase": "changes", "base": 42}));
+    assert_eq!(second.expect("no position lost").kind, OutcomeKind::Empty);
+    assert_eq!(checkpoint(&later).await, json!({"phase": "changes", "base": 60}));
+    assert_eq!(mock.values("ct_fetch_start")[2], Wire::Int(42), "the later process read after the recorded version");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The checkpoint of the state document a trigger's store holds.
+async fn checkpoint(trigger: &Trigger) -> Value {
+    trigger.load().await.expect("load").expect("state written").0.checkpoint
+}
+
+#[tokio::test]
+async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
+    // GIVEN an app folder whose function watches [DBO].[ORDERS] through the mock
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_fetch_start", changes(42, 10, &[(11, 0, INSERTED, "1"), (13, 2, DELETED, "3")])).await;
+    let (root, function) = orders_function(&mock);
     let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
     let store = Arc::new(MemoryStore::new());
     let trigger = Trigger::new(function, "wire-app", source, store, "owner-1".into());

@@ -392,7 +392,8 @@ async fn an_empty_table_resync_replaces_the_lost_position(ctx: &mut Ctx) {
     let other = tracked(ctx, "bump2", "Id int PRIMARY KEY").await;
     ctx.exec(&format!("INSERT INTO [dbo].[{other}] VALUES (1)")).await;
     let t = ctx.table("lostempty");
-    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY); ALTER TABLE [dbo].[{t}] ENABLE CHANGE_TRACKING")).await;
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY); ALTER TABLE [dbo].[{t}] ENABLE CHANGE_TRACKING"))
+        .await;
     let stale = json!({"phase": "changes", "base": 0});
     let source = ctx.ct(&format!("dbo.{t}"), json!({"onPositionLost": "resync"}));
     let first = source.fetch(&stale, 10).await.expect("resync of an empty table");
@@ -424,13 +425,22 @@ async fn refetch_to_a_drained_version_returns_the_same_rows(ctx: &mut Ctx) {
     assert!(end.get("last").is_none(), "a drained read ends at a version: {end}");
     ctx.exec(&format!("UPDATE [dbo].[{t}] SET V = 10 WHERE Id = 1")).await;
     let again = source.refetch(&start, &end, 100).await.expect("refetch to a version");
-    assert_eq!(again.changes.len(), 2, "the later update is after the recorded end, but its row's net change reads with the latest values");
+    assert_eq!(
+        again.changes.len(),
+        2,
+        "the later update is after the recorded end, but its row's net change reads with the latest values"
+    );
 }
 
 async fn composite_and_string_keysets_page_in_the_columns_collation(ctx: &mut Ctx) {
     // Issue 15, defect 4: a varchar key in a code page other than the database's pages without skipping or
     // repeating rows; a composite (string, int) key splits one transaction by key.
-    let t = tracked(ctx, "strkey", "K varchar(10) COLLATE Greek_100_CI_AS NOT NULL, N int NOT NULL, V int, PRIMARY KEY (K, N)").await;
+    let t = tracked(
+        ctx,
+        "strkey",
+        "K varchar(10) COLLATE Greek_100_CI_AS NOT NULL, N int NOT NULL, V int, PRIMARY KEY (K, N)",
+    )
+    .await;
     let source = ctx.ct(&format!("dbo.{t}"), json!({}));
     let start = source.start_position(StartFrom::Now).await.expect("start");
     ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (N'α', 1, 0), (N'α', 2, 0), (N'β', 1, 0), (N'γ', 1, 0), ('a', 1, 0), ('b', 1, 0)")).await;
@@ -487,9 +497,13 @@ async fn rowversion_inserted_column_labels_inserts_across_pages(ctx: &mut Ctx) {
     ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES (1, 1)")).await;
     let (first, pos) = drain(&source, &start, 10).await;
     assert_eq!(payload(&first[0]), vec![(0, json!({"Id": 1, "V": 1}))]);
-    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES (2, 2), (3, 3), (4, 4); UPDATE [dbo].[{t}] SET V = 10 WHERE Id = 1")).await;
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{t}] (Id, V) VALUES (2, 2), (3, 3), (4, 4); UPDATE [dbo].[{t}] SET V = 10 WHERE Id = 1"
+    ))
+    .await;
     let (pages, _) = drain(&source, &pos, 2).await;
-    let ops: Vec<(u8, i64)> = pages.iter().flat_map(payload).map(|(op, v)| (op, v["Id"].as_i64().expect("Id"))).collect();
+    let ops: Vec<(u8, i64)> =
+        pages.iter().flat_map(payload).map(|(op, v)| (op, v["Id"].as_i64().expect("Id"))).collect();
     assert_eq!(ops, vec![(0, 2), (0, 3), (0, 4), (1, 1)], "new rows are Inserts on every page; the old row an Update");
 }
 

@@ -577,8 +577,11 @@ fn changes_with_metadata(current: i64, min_valid: i64, rows: &[ChangeRow<'_>]) -
     QueryResponse::new(cols, rows)
 }
 
-/// A change read of a two-column key: `(version, operation, item json, [key texts], mask)` rows.
-fn changes2(current: i64, min_valid: i64, rows: &[(i64, i32, &str, [&str; 2], Option<&str>)]) -> QueryResponse {
+/// One change row of a two-column key: version, operation, item json, key texts, changed-column mask.
+type ChangeRow2<'a> = (i64, i32, &'a str, [&'a str; 2], Option<&'a str>);
+
+/// A change read of a two-column key.
+fn changes2(current: i64, min_valid: i64, rows: &[ChangeRow2<'_>]) -> QueryResponse {
     let mut cols = vec![
         Col::new("CUR", T::BigInt),
         Col::new("MINV", T::BigInt),
@@ -618,7 +621,9 @@ fn walk2(rows: &[(&str, [&str; 2])]) -> QueryResponse {
             Col::new("K2", T::NVarCharMax),
         ],
         rows.iter()
-            .map(|(item, key)| Row::new(vec![V::Int(0), nvarchar_max(item), nvarchar_max(key[0]), nvarchar_max(key[1])]))
+            .map(|(item, key)| {
+                Row::new(vec![V::Int(0), nvarchar_max(item), nvarchar_max(key[0]), nvarchar_max(key[1])])
+            })
             .collect(),
     )
 }
@@ -761,12 +766,14 @@ async fn a_batch_in_flight_is_read_again_up_to_its_recorded_end_from_each_kind_o
     mock.register("ct_refetch_key_to_key", changes(60, 10, &[(12, 1, NULLS, "2")])).await;
     let source = ct_source(&mock, json!({}));
     let base = json!({"phase": "changes", "base": 10});
-    let at_key = |version: i64, key: &str| json!({"phase": "changes", "base": 10, "last": {"version": version, "key": [key]}});
+    let at_key =
+        |version: i64, key: &str| json!({"phase": "changes", "base": 10, "last": {"version": version, "key": [key]}});
 
     // WHEN each is read again
     let a = source.refetch(&base, &json!({"phase": "changes", "base": 42}), 100).await.expect("base to version");
     let b = source.refetch(&base, &at_key(11, "1"), 100).await.expect("base to key");
-    let c = source.refetch(&at_key(11, "1"), &json!({"phase": "changes", "base": 42}), 100).await.expect("key to version");
+    let c =
+        source.refetch(&at_key(11, "1"), &json!({"phase": "changes", "base": 42}), 100).await.expect("key to version");
     let d = source.refetch(&at_key(11, "1"), &at_key(12, "2"), 100).await.expect("key to key");
 
     // THEN each returns its rows and keeps the recorded end, and the bounds go over the wire as parameters
@@ -775,10 +782,21 @@ async fn a_batch_in_flight_is_read_again_up_to_its_recorded_end_from_each_kind_o
     assert_eq!(encode_batch(&c.changes).get(), format!(r#"[{{"Operation":2,"Item":{DELETED}}}]"#));
     assert_eq!(encode_batch(&d.changes).get(), format!(r#"[{{"Operation":1,"Item":{NULLS}}}]"#));
     let table = Wire::Text("[DBO].[ORDERS]".into());
-    assert_eq!(mock.values("ct_refetch_start_to_version"), vec![table.clone(), Wire::Int(100), Wire::Int(10), Wire::Int(42)]);
+    assert_eq!(
+        mock.values("ct_refetch_start_to_version"),
+        vec![table.clone(), Wire::Int(100), Wire::Int(10), Wire::Int(42)]
+    );
     assert_eq!(
         mock.values("ct_refetch_key_to_key"),
-        vec![table, Wire::Int(100), Wire::Int(10), Wire::Int(11), Wire::Text("1".into()), Wire::Int(12), Wire::Text("2".into())]
+        vec![
+            table,
+            Wire::Int(100),
+            Wire::Int(10),
+            Wire::Int(11),
+            Wire::Text("1".into()),
+            Wire::Int(12),
+            Wire::Text("2".into())
+        ]
     );
 }
 
@@ -841,7 +859,10 @@ async fn start_from_snapshot_walks_the_table_in_key_order_then_follows_the_chang
     let resync = source.refetch(&json!({"phase": "changes", "base": 10}), &first_end, 2).await.expect("resync batch");
     assert_eq!(resync.changes.len(), 2);
     let later = source.refetch(&first_end, &json!({"phase": "snapshot", "base": 42, "key": ["3"]}), 2).await;
-    assert_eq!(encode_batch(&later.expect("walk range").changes).get(), format!(r#"[{{"Operation":0,"Item":{DELETED}}}]"#));
+    assert_eq!(
+        encode_batch(&later.expect("walk range").changes).get(),
+        format!(r#"[{{"Operation":0,"Item":{DELETED}}}]"#)
+    );
     assert_eq!(mock.values("ct_walk_range"), vec![Wire::Int(2), Wire::Text("2".into()), Wire::Text("3".into())]);
 }
 
@@ -880,7 +901,9 @@ async fn every_option_at_once_travels_as_the_reviewed_statements_under_read_comm
         .expect("walk range");
 
     // THEN the batch names its changed column, the context travels as varbinary, the key as two texts
-    let expected = format!(r#"[{{"Operation":1,"Item":{line},"Metadata":{{"Version":12,"CreationVersion":12,"ChangedColumns":["Qty"]}}}}]"#);
+    let expected = format!(
+        r#"[{{"Operation":1,"Item":{line},"Metadata":{{"Version":12,"CreationVersion":12,"ChangedColumns":["Qty"]}}}}]"#
+    );
     assert_eq!(encode_batch(&fetched.changes).get(), expected);
     assert_eq!(fetched.last, Some(upto.clone()));
     assert_eq!(encode_batch(&again.changes).get(), expected);
@@ -917,8 +940,9 @@ async fn a_hostile_table_and_key_name_are_quoted_in_the_statement_the_server_rec
     let guid = "0f8fad5b-d9cb-469f-a165-70867728950e";
     let item = format!(r#"{{"id]; --":"{guid}","v":"2026-01-02T00:00:00"}}"#);
     mock.register("ct_hostile_fetch_after_key", changes(60, 10, &[(12, 0, &item, &guid.to_uppercase())])).await;
-    let source = MssqlChangeTracking::new(spec(&mock, SourceKind::MssqlChangeTracking, "[x]]; DROP TABLE y;--]", json!({}), ""))
-        .expect("source builds");
+    let source =
+        MssqlChangeTracking::new(spec(&mock, SourceKind::MssqlChangeTracking, "[x]]; DROP TABLE y;--]", json!({}), ""))
+            .expect("source builds");
     let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": [guid.to_uppercase()]}});
 
     // WHEN it fetches THEN the reviewed, quoted statement was what the server received, and the row decodes
@@ -1210,8 +1234,11 @@ async fn a_rowversion_start_from_now_pages_after_the_version_then_after_the_key_
     // GIVEN a table whose newest readable rowversion is 2000, then two changed rows, then one more
     let mut mock = Mock::start().await;
     let source = items_source(&mut mock).await;
-    mock.register("rv_newest", QueryResponse::new(vec![Col::new("RV", T::BigInt)], vec![Row::new(vec![V::BigInt(2000)])]))
-        .await;
+    mock.register(
+        "rv_newest",
+        QueryResponse::new(vec![Col::new("RV", T::BigInt)], vec![Row::new(vec![V::BigInt(2000)])]),
+    )
+    .await;
     mock.register("rv_fetch_after_version", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2001, 1, ITEM_3, &["3"])])).await;
     mock.register("rv_fetch_after_key", rv_rows(&[(2003, 2, r#"{"ID":2}"#, &["2"])])).await;
     mock.register("rv_pending_start", count(7)).await;
@@ -1258,7 +1285,10 @@ async fn a_rowversion_batch_in_flight_is_read_again_up_to_its_recorded_end() {
     // THEN each ends where the batch was recorded to end, whatever the re-read returned
     assert_eq!(from_start.last, Some(upto.clone()));
     assert_eq!(from_version.last, Some(upto));
-    assert_eq!(encode_batch(&from_key.expect("from a key").changes).get(), format!(r#"[{{"Operation":1,"Item":{ITEM_3}}}]"#));
+    assert_eq!(
+        encode_batch(&from_key.expect("from a key").changes).get(),
+        format!(r#"[{{"Operation":1,"Item":{ITEM_3}}}]"#)
+    );
     assert_eq!(
         mock.values("rv_refetch_key_to_key"),
         vec![Wire::Int(10), Wire::Int(2002), Wire::Text("3".into()), Wire::Int(2004), Wire::Text("3".into())]
@@ -1376,10 +1406,21 @@ async fn without_view_server_state_a_fresh_change_has_an_unknown_lag_that_names_
 
     // THEN it is unknown for that reason, not "cleanup removed it" (issue 15, defect 13)
     let Ok(Lag::Unknown(reason)) = lag else { panic!("expected an unknown lag, got {lag:?}") };
-    assert!(reason.starts_with("the commit time of version 12 is not visible yet: without VIEW SERVER STATE, which login user func lacks"), "{reason}");
+    assert!(
+        reason.starts_with(
+            "the commit time of version 12 is not visible yet: without VIEW SERVER STATE, which login user func lacks"
+        ),
+        "{reason}"
+    );
     assert_eq!(
         mock.values("ct_options_oldest_after_key"),
-        vec![Wire::Int(10), Wire::Int(11), Wire::Text("7".into()), Wire::Text("b".into()), Wire::Bytes(b"MYAPP".to_vec())]
+        vec![
+            Wire::Int(10),
+            Wire::Int(11),
+            Wire::Text("7".into()),
+            Wire::Text("b".into()),
+            Wire::Bytes(b"MYAPP".to_vec())
+        ]
     );
 }
 

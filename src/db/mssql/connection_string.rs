@@ -197,11 +197,7 @@ pub fn token_scope(addr: &str) -> String {
         (".sql.azuresynapse.azure.cn", "https://database.chinacloudapi.cn/.default"),
     ];
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_end_matches('.').to_ascii_lowercase();
-    CLOUDS
-        .iter()
-        .find(|(suffix, _)| host.ends_with(suffix))
-        .map_or(super::TOKEN_SCOPE, |(_, scope)| scope)
-        .to_string()
+    CLOUDS.iter().find(|(suffix, _)| host.ends_with(suffix)).map_or(super::TOKEN_SCOPE, |(_, scope)| scope).to_string()
 }
 
 #[cfg(test)]
@@ -235,8 +231,9 @@ mod tests {
 
     #[test]
     fn active_directory_default_takes_the_user_assigned_identity_from_user_id_as_sqlclient_does() {
-        let s = parse("Server=tcp:x.database.windows.net,1433;Authentication=Active Directory Default;User ID=3333-4444")
-            .expect("parses");
+        let s =
+            parse("Server=tcp:x.database.windows.net,1433;Authentication=Active Directory Default;User ID=3333-4444")
+                .expect("parses");
         assert_eq!(s.auth, Auth::Default { client_id: Some("3333-4444".into()) });
     }
 
@@ -247,7 +244,10 @@ mod tests {
         assert_eq!(scope("mi.abc123.database.windows.net"), "https://database.windows.net/.default");
         assert_eq!(scope("x.database.usgovcloudapi.net"), "https://database.usgovcloudapi.net/.default");
         assert_eq!(scope("X.Database.ChinaCloudApi.cn"), "https://database.chinacloudapi.cn/.default");
-        assert_eq!(scope("ws-ondemand.sql.azuresynapse.usgovcloudapi.net"), "https://database.usgovcloudapi.net/.default");
+        assert_eq!(
+            scope("ws-ondemand.sql.azuresynapse.usgovcloudapi.net"),
+            "https://database.usgovcloudapi.net/.default"
+        );
         assert_eq!(scope("localhost"), "https://database.windows.net/.default");
     }
 

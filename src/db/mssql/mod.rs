@@ -189,7 +189,10 @@ impl Pool {
             .get_or_try_init(|| async { build(&self.settings.auth) })
             .await
             .map_err(|e| Failure::Token(e.to_string()))?;
-        let token = credential.get_token(&[self.settings.token_scope.as_str()], None).await.map_err(|e| Failure::Token(e.to_string()))?;
+        let token = credential
+            .get_token(&[self.settings.token_scope.as_str()], None)
+            .await
+            .map_err(|e| Failure::Token(e.to_string()))?;
         Ok(Some(token.token.secret().to_string()))
     }
 

@@ -133,9 +133,7 @@ impl SqlType {
     /// The collation name, when it is one a statement may name: it is spliced after `COLLATE` (a name, not a
     /// value, so it cannot be a parameter), so only letters, digits and `_`, as every collation name is.
     fn key_collation(&self) -> Option<&str> {
-        self.collation
-            .as_deref()
-            .filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        self.collation.as_deref().filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
     }
 
     /// `CONVERT(NVARCHAR(MAX), expr[, style])`: the exact text of a key value.

@@ -274,11 +274,17 @@ fn parameterized_statements_are_upper_case_outside_identifiers() {
         // The system view the lag reads has lower-case names only; nothing else may be lower case.
         let sql = SYSTEM_NAMES.iter().fold(s.sql.clone(), |sql, name| sql.replace(name, ""));
         // A collation is named as the catalog spells it (collation names are not case-sensitive).
-        let sql = sql
-            .split(" COLLATE ")
-            .enumerate()
-            .map(|(i, part)| if i == 0 { part } else { part.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_') })
-            .collect::<String>();
+        let sql =
+            sql.split(" COLLATE ")
+                .enumerate()
+                .map(|(i, part)| {
+                    if i == 0 {
+                        part
+                    } else {
+                        part.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    }
+                })
+                .collect::<String>();
         let mut outside = String::new();
         let mut depth = false;
         let mut chars = sql.chars().peekable();
@@ -333,7 +339,10 @@ fn the_rowversion_bound_is_captured_before_the_read_and_inserts_are_labelled_fro
     let base = s.slots.iter().position(|slot| *slot == Slot::Base).expect("the base is bound") + 1;
     assert!(read.contains(&format!("WHEN T.[Created Version] >= CAST(@P{base} AS BINARY(8)) THEN 0")), "{read}");
     let after = s.slots.iter().position(|slot| *slot == Slot::AfterVersion).expect("after") + 1;
-    assert!(!read.contains(&format!("[Created Version] > CAST(@P{after}")), "labels follow the moving position: {read}");
+    assert!(
+        !read.contains(&format!("[Created Version] > CAST(@P{after}")),
+        "labels follow the moving position: {read}"
+    );
 }
 
 #[test]

@@ -96,7 +96,10 @@ impl RvShape {
         let row = json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)));
         let item = match &deleted {
             Some(d) => {
-                format!("CASE WHEN {d} THEN {} ELSE {row} END", json_object("T", self.key.iter().map(|k| (&k.name, &k.ty))))
+                format!(
+                    "CASE WHEN {d} THEN {} ELSE {row} END",
+                    json_object("T", self.key.iter().map(|k| (&k.name, &k.ty)))
+                )
             }
             None => row,
         };

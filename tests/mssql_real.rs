@@ -10,7 +10,12 @@
 //! The scenarios follow the official trigger's acceptance checklist (see docs/sql-server.md): single
 //! operations, net change, batch size, every column type, validation errors, retention overtaken, snapshot
 //! start, context filter, pending counts, two functions on one table, metadata, rowversion; and the lag, whose
-//! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm. Then the upsert
+//! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm. Issue 15 added the
+//! ones only a server can decide: Inserts labelled across rowversion pages, a rowversion read waiting for an
+//! open transaction, rowversion refetch and pending, composite and string keysets in a column collation other
+//! than the database's, refetch to a drained version, walk ranges, READ COMMITTED reads, a table wider than
+//! 253 columns with metadata, an empty table's resync. The suite prints each scenario as it starts and, at
+//! the end, the list of those that ran. Then the upsert
 //! sink's (`mssql_real/sink.rs`): upsert and delete by key, identity keys, a whole batch rolled back, the
 //! fence, exactly once and what sink mode resumes from.
 
@@ -108,23 +113,43 @@ async fn real_server_suite() {
     let admin = connect(&cs).await;
     let mut ctx = Ctx { cs, admin, suffix, tables: Vec::new() };
 
-    single_operations_and_net_change(&mut ctx).await;
-    batch_size_splits_one_transaction_safely(&mut ctx).await;
-    every_column_type_serializes(&mut ctx).await;
-    validation_errors_are_exact(&mut ctx).await;
-    retention_overtaken_is_refused_then_resynced(&mut ctx).await;
-    snapshot_start_walks_then_follows_changes(&mut ctx).await;
-    own_changes_are_skipped_by_context(&mut ctx).await;
-    pending_counts_and_two_functions(&mut ctx).await;
-    lag_dates_the_oldest_pending_commit(&mut ctx).await;
-    metadata_names_changed_columns(&mut ctx).await;
-    rowversion_source_reads_updates_and_soft_deletes(&mut ctx).await;
+    // Each scenario is named as it runs, and the list is printed at the end: what ran is what passed.
+    let mut ran: Vec<&str> = Vec::new();
+    macro_rules! scenario {
+        ($name:ident) => {{
+            println!("real-server scenario: {}", stringify!($name));
+            $name(&mut ctx).await;
+            ran.push(stringify!($name));
+        }};
+    }
+    scenario!(single_operations_and_net_change);
+    scenario!(batch_size_splits_one_transaction_safely);
+    scenario!(every_column_type_serializes);
+    scenario!(validation_errors_are_exact);
+    scenario!(retention_overtaken_is_refused_then_resynced);
+    scenario!(an_empty_table_resync_replaces_the_lost_position);
+    scenario!(snapshot_start_walks_then_follows_changes);
+    scenario!(walk_batches_are_read_again_up_to_their_end);
+    scenario!(refetch_to_a_drained_version_returns_the_same_rows);
+    scenario!(composite_and_string_keysets_page_in_the_columns_collation);
+    scenario!(read_committed_reads_when_snapshot_isolation_is_off);
+    scenario!(own_changes_are_skipped_by_context);
+    scenario!(pending_counts_and_two_functions);
+    scenario!(lag_dates_the_oldest_pending_commit);
+    scenario!(metadata_names_changed_columns);
+    scenario!(metadata_of_a_table_wider_than_253_columns);
+    scenario!(rowversion_source_reads_updates_and_soft_deletes);
+    scenario!(rowversion_inserted_column_labels_inserts_across_pages);
+    scenario!(rowversion_refetch_and_pending);
+    scenario!(rowversion_waits_for_an_open_transaction_below_the_bound);
+    println!("real-server scenario: sink::scenarios");
     sink::scenarios(&mut ctx).await;
+    ran.push("sink::scenarios");
 
     for t in std::mem::take(&mut ctx.tables) {
         ctx.exec(&format!("DROP TABLE IF EXISTS [dbo].[{t}]")).await;
     }
-    println!("real-server suite: all scenarios passed");
+    println!("real-server suite: ran and passed {} scenarios: {}", ran.len(), ran.join(", "));
 }
 
 async fn tracked(ctx: &mut Ctx, name: &str, columns: &str) -> String {
@@ -191,7 +216,7 @@ async fn every_column_type_serializes(ctx: &mut Ctx) {
         ctx,
         "types",
         "Id bigint PRIMARY KEY, b bit, d decimal(18,4), m money, n numeric(10,2), si smallint, sm smallmoney, ti tinyint, f float, r real, \
-         dt date, dtm datetime, dt2 datetime2, dto datetimeoffset, sdt smalldatetime, tm time, c char(3), vc varchar(20), nc nchar(3), nvc nvarchar(20), bn binary(2), vb varbinary(8)",
+         dt date, dtm datetime, dt2 datetime2, dto datetimeoffset, sdt smalldatetime, tm time, c char(3), vc varchar(20), nc nchar(3), nvc nvarchar(20), bn binary(2), vb varbinary(8), g uniqueidentifier",
     )
     .await;
     let source = ctx.ct(&format!("dbo.{t}"), json!({}));
@@ -199,7 +224,7 @@ async fn every_column_type_serializes(ctx: &mut Ctx) {
     ctx.exec(&format!(
         "INSERT INTO [dbo].[{t}] VALUES (9007199254740993, 1, 12.3456, 922337203685477.5807, 12.34, -32768, 214748.3647, 255, 1.5, 2.5, \
          '2026-01-02', '2026-01-02T03:04:05.123', '2026-01-02T03:04:05.1234567', '2026-01-02T03:04:05.1234567+01:00', '2026-01-02T03:04:00', '03:04:05.1234567', \
-         'abc', 'varchar', N'ünï', N'nvarchar ✓', 0x0102, 0x010203FF)"
+         'abc', 'varchar', N'ünï', N'nvarchar ✓', 0x0102, 0x010203FF, '0F8FAD5B-D9CB-469F-A165-70867728950E')"
     ))
     .await;
     let (b, _) = drain(&source, &start, 100).await;
@@ -209,7 +234,9 @@ async fn every_column_type_serializes(ctx: &mut Ctx) {
         r#""b":true"#,
         r#""d":12.3456"#,
         r#""m":922337203685477.5807"#,
-        r#""dt":"2026-01-02""#,
+        // The official trigger's forms (issue 15, defect 6): a date at midnight, a GUID in lower case.
+        r#""dt":"2026-01-02T00:00:00""#,
+        r#""g":"0f8fad5b-d9cb-469f-a165-70867728950e""#,
         r#""dt2":"2026-01-02T03:04:05.1234567""#,
         r#""dto":"2026-01-02T03:04:05.1234567+01:00""#,
         r#""nc":"ünï""#,
@@ -358,4 +385,161 @@ async fn rowversion_source_reads_updates_and_soft_deletes(ctx: &mut Ctx) {
     ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, Title) VALUES (1, N'a'), (2, N'b'); UPDATE [dbo].[{t}] SET Deleted = 1 WHERE Id = 2")).await;
     let (b, _) = drain(&source, &start, 10).await;
     assert_eq!(payload(&b[0]), vec![(1, json!({"Id":1,"Title":"a","Deleted":false})), (2, json!({"Id":2}))]);
+}
+
+async fn an_empty_table_resync_replaces_the_lost_position(ctx: &mut Ctx) {
+    // Issue 15, defect 12: an empty walk used to leave the lost position in place, to be walked every tick.
+    let other = tracked(ctx, "bump2", "Id int PRIMARY KEY").await;
+    ctx.exec(&format!("INSERT INTO [dbo].[{other}] VALUES (1)")).await;
+    let t = ctx.table("lostempty");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY); ALTER TABLE [dbo].[{t}] ENABLE CHANGE_TRACKING"))
+        .await;
+    let stale = json!({"phase": "changes", "base": 0});
+    let source = ctx.ct(&format!("dbo.{t}"), json!({"onPositionLost": "resync"}));
+    let first = source.fetch(&stale, 10).await.expect("resync of an empty table");
+    assert!(first.changes.is_empty());
+    let advance = first.advance.expect("the lost position is replaced");
+    assert_eq!(advance["phase"], "changes");
+    source.fetch(&advance, 10).await.expect("the replacement is a valid position");
+}
+
+async fn walk_batches_are_read_again_up_to_their_end(ctx: &mut Ctx) {
+    let t = tracked(ctx, "walkrange", "Id int PRIMARY KEY, V int").await;
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (1, 1), (2, 2), (3, 3), (4, 4), (5, 5)")).await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({"startFrom": "snapshot"}));
+    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    let first = source.fetch(&start, 2).await.expect("walk");
+    let second = source.fetch(first.last.as_ref().expect("pos"), 2).await.expect("walk");
+    let again = source.refetch(first.last.as_ref().expect("pos"), second.last.as_ref().expect("pos"), 2).await;
+    assert_eq!(payload(&again.expect("walk range")), payload(&second), "a walk batch reads back the same rows");
+}
+
+async fn refetch_to_a_drained_version_returns_the_same_rows(ctx: &mut Ctx) {
+    let t = tracked(ctx, "refetchv", "Id int PRIMARY KEY, V int").await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (1, 1), (2, 2)")).await;
+    let batch = source.fetch(&start, 100).await.expect("fetch");
+    assert_eq!(batch.changes.len(), 2);
+    let end = batch.last.clone().expect("a position");
+    assert!(end.get("last").is_none(), "a drained read ends at a version: {end}");
+    ctx.exec(&format!("UPDATE [dbo].[{t}] SET V = 10 WHERE Id = 1")).await;
+    let again = source.refetch(&start, &end, 100).await.expect("refetch to a version");
+    assert_eq!(
+        again.changes.len(),
+        2,
+        "the later update is after the recorded end, but its row's net change reads with the latest values"
+    );
+}
+
+async fn composite_and_string_keysets_page_in_the_columns_collation(ctx: &mut Ctx) {
+    // Issue 15, defect 4: a varchar key in a code page other than the database's pages without skipping or
+    // repeating rows; a composite (string, int) key splits one transaction by key.
+    let t = tracked(
+        ctx,
+        "strkey",
+        "K varchar(10) COLLATE Greek_100_CI_AS NOT NULL, N int NOT NULL, V int, PRIMARY KEY (K, N)",
+    )
+    .await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (N'α', 1, 0), (N'α', 2, 0), (N'β', 1, 0), (N'γ', 1, 0), ('a', 1, 0), ('b', 1, 0)")).await;
+    let (batches, pos) = drain(&source, &start, 1).await;
+    let keys: Vec<(String, i64)> = batches
+        .iter()
+        .flat_map(payload)
+        .map(|(_, v)| (v["K"].as_str().expect("K").to_string(), v["N"].as_i64().expect("N")))
+        .collect();
+    assert_eq!(keys.len(), 6, "no row skipped or repeated: {keys:?}");
+    assert!(keys.contains(&("β".to_string(), 1)), "{keys:?}");
+    assert_eq!(source.pending(&pos).await.expect("pending"), 0);
+}
+
+async fn read_committed_reads_when_snapshot_isolation_is_off(ctx: &mut Ctx) {
+    let t = tracked(ctx, "readcommitted", "Id int PRIMARY KEY, V int").await;
+    ctx.exec("ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION OFF").await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({}));
+    let start = source.start_position(StartFrom::Now).await;
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (1, 1); DELETE FROM [dbo].[{t}] WHERE Id = 1; INSERT INTO [dbo].[{t}] VALUES (2, 2)")).await;
+    let fetched = match &start {
+        Ok(start) => source.fetch(start, 100).await,
+        Err(e) => Err(SourceError::Invalid(e.to_string())),
+    };
+    ctx.exec("ALTER DATABASE CURRENT SET ALLOW_SNAPSHOT_ISOLATION ON").await;
+    let got = payload(&fetched.expect("a READ COMMITTED read"));
+    assert_eq!(got, vec![(2, json!({"Id": 1})), (0, json!({"Id": 2, "V": 2}))]);
+}
+
+async fn metadata_of_a_table_wider_than_253_columns(ctx: &mut Ctx) {
+    // Issue 15, defect 9: CONCAT takes at most 254 arguments.
+    let t = ctx.table("wide");
+    let cols: Vec<String> = (1..=300).map(|i| format!("C{i} int NULL")).collect();
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, {}); ALTER TABLE [dbo].[{t}] ENABLE CHANGE_TRACKING WITH (TRACK_COLUMNS_UPDATED = ON); INSERT INTO [dbo].[{t}] (Id) VALUES (1)", cols.join(", "))).await;
+    let source = ctx.ct(&format!("dbo.{t}"), json!({"includeMetadata": true}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    ctx.exec(&format!("UPDATE [dbo].[{t}] SET C300 = 1 WHERE Id = 1")).await;
+    let (b, _) = drain(&source, &start, 10).await;
+    let meta: Value = serde_json::from_str(b[0].changes[0].metadata.as_ref().expect("metadata").get()).expect("json");
+    assert_eq!(meta["ChangedColumns"], json!(["C300"]), "{meta}");
+}
+
+fn rowversion(ctx: &Ctx, table: &str, options: Value) -> MssqlRowversion {
+    MssqlRowversion::new(ctx.spec(SourceKind::MssqlRowversion, table, options)).expect("source")
+}
+
+async fn rowversion_inserted_column_labels_inserts_across_pages(ctx: &mut Ctx) {
+    // Issue 15, defect 2: with DEFAULT @@DBTS a row inserted right after the last delivered one, and the rest
+    // of a multi-row insert split across pages, are Inserts.
+    let t = ctx.table("rvins");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, V int, Created binary(8) NOT NULL DEFAULT @@DBTS, RV rowversion)")).await;
+    let source = rowversion(ctx, &format!("dbo.{t}"), json!({"insertedColumn": "Created", "columns": ["Id", "V"]}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES (1, 1)")).await;
+    let (first, pos) = drain(&source, &start, 10).await;
+    assert_eq!(payload(&first[0]), vec![(0, json!({"Id": 1, "V": 1}))]);
+    ctx.exec(&format!(
+        "INSERT INTO [dbo].[{t}] (Id, V) VALUES (2, 2), (3, 3), (4, 4); UPDATE [dbo].[{t}] SET V = 10 WHERE Id = 1"
+    ))
+    .await;
+    let (pages, _) = drain(&source, &pos, 2).await;
+    let ops: Vec<(u8, i64)> =
+        pages.iter().flat_map(payload).map(|(op, v)| (op, v["Id"].as_i64().expect("Id"))).collect();
+    assert_eq!(ops, vec![(0, 2), (0, 3), (0, 4), (1, 1)], "new rows are Inserts on every page; the old row an Update");
+}
+
+async fn rowversion_refetch_and_pending(ctx: &mut Ctx) {
+    let t = ctx.table("rvre");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, V int, RV rowversion)")).await;
+    let source = rowversion(ctx, &format!("dbo.{t}"), json!({"columns": ["Id", "V"]}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES (1, 1), (2, 2), (3, 3)")).await;
+    assert_eq!(source.pending(&start).await.expect("pending"), 3);
+    let first = source.fetch(&start, 2).await.expect("first");
+    let end = first.last.clone().expect("a position");
+    assert_eq!(source.pending(&end).await.expect("pending"), 1);
+    let again = source.refetch(&start, &end, 2).await.expect("refetch");
+    assert_eq!(payload(&again), payload(&first));
+}
+
+async fn rowversion_waits_for_an_open_transaction_below_the_bound(ctx: &mut Ctx) {
+    // Issue 15, defect 3: rows of a transaction still open are not read, nor is anything after them, until it
+    // commits; then nothing is skipped.
+    let t = ctx.table("rvopen");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, V int, RV rowversion)")).await;
+    let source = rowversion(ctx, &format!("dbo.{t}"), json!({"columns": ["Id", "V"]}));
+    let start = source.start_position(StartFrom::Now).await.expect("start");
+    let mut open = connect(&ctx.cs).await;
+    open.simple_query(format!("BEGIN TRANSACTION; INSERT INTO [dbo].[{t}] (Id, V) VALUES (1, 1)"))
+        .await
+        .expect("open transaction")
+        .into_results()
+        .await
+        .expect("insert");
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES (2, 2)")).await;
+    let held = source.fetch(&start, 10).await.expect("fetch while open");
+    assert!(held.changes.is_empty(), "a row above the open transaction's rowversion waits: {:?}", payload(&held));
+    open.simple_query("COMMIT").await.expect("commit").into_results().await.expect("commit");
+    let (b, _) = drain(&source, &start, 10).await;
+    let ids: Vec<i64> = b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
+    assert_eq!(ids, vec![1, 2]);
 }

@@ -16,8 +16,10 @@ pub enum Auth {
     /// the user-assigned one whose client id is in `User ID`, as Microsoft.Data.SqlClient reads it.
     ManagedIdentity { client_id: Option<String> },
     /// `Authentication=Active Directory Default`: the managed identity when hosted in Azure, else the
-    /// developer's Azure CLI / azd sign-in.
-    Default,
+    /// developer's Azure CLI / azd sign-in. `User ID`, when given, is the user-assigned identity's client id, as
+    /// Microsoft.Data.SqlClient reads it (`ActiveDirectoryAuthenticationProvider` sets it as the
+    /// `ManagedIdentityClientId` of its `DefaultAzureCredential`).
+    Default { client_id: Option<String> },
 }
 
 /// A parsed connection string. Holds the password inside tiberius' `Config`, which redacts it in `Debug`.
@@ -26,6 +28,8 @@ pub struct Settings {
     pub config: Config,
     pub auth: Auth,
     pub connect_timeout: Duration,
+    /// The Entra ID scope a token is asked for: the database resource of the cloud the server is in.
+    pub token_scope: String,
     /// `ConnectRetryCount`, as ADO.NET means it: how many fresh connections may replace a pooled one found
     /// dead when reused (0 to 255, default 1; 0 turns it off). Never a retry of a failed statement.
     pub reconnects: u32,
@@ -137,13 +141,14 @@ impl Settings {
         if get(&["server", "datasource", "address", "addr", "networkaddress"]).is_none() {
             return Err(bad("it has no Server".into()));
         }
+        let client_id = || get(&["userid", "uid", "user", "username"]).filter(|v| !v.is_empty());
         let auth = match get(&["authentication"]).map(|a| a.to_ascii_lowercase().replace([' ', '-'], "")) {
             None => Auth::SqlPassword,
             Some(a) if a == "sqlpassword" => Auth::SqlPassword,
             Some(a) if a == "activedirectorymanagedidentity" || a == "activedirectorymsi" => {
-                Auth::ManagedIdentity { client_id: get(&["userid", "uid", "user", "username"]).filter(|v| !v.is_empty()) }
+                Auth::ManagedIdentity { client_id: client_id() }
             }
-            Some(a) if a == "activedirectorydefault" => Auth::Default,
+            Some(a) if a == "activedirectorydefault" => Auth::Default { client_id: client_id() },
             Some(other) => {
                 return Err(bad(format!(
                     "Authentication={other} is not supported; use Active Directory Managed Identity, Active Directory Default, or SQL authentication (User ID and Password)"
@@ -175,8 +180,24 @@ impl Settings {
         if get(&["applicationname"]).is_none() {
             config.application_name("sql-pseudo-trigger");
         }
-        Ok(Self { config, auth, connect_timeout, reconnects, setting: setting.to_string() })
+        let token_scope = token_scope(&config.get_addr());
+        Ok(Self { config, auth, connect_timeout, token_scope, reconnects, setting: setting.to_string() })
     }
+}
+
+/// The Entra ID scope for a server: its cloud's database resource. SqlClient asks for the resource the server
+/// names during the login (FEDAUTHINFO); tiberius sends a token it is given up front, so the cloud is read
+/// from the server's DNS suffix instead (Azure SQL Database, Managed Instance and Synapse in each cloud). Any
+/// other name (a custom DNS alias, a local server) gets the public cloud's resource.
+pub fn token_scope(addr: &str) -> String {
+    const CLOUDS: &[(&str, &str)] = &[
+        (".database.usgovcloudapi.net", "https://database.usgovcloudapi.net/.default"),
+        (".database.chinacloudapi.cn", "https://database.chinacloudapi.cn/.default"),
+        (".sql.azuresynapse.usgovcloudapi.net", "https://database.usgovcloudapi.net/.default"),
+        (".sql.azuresynapse.azure.cn", "https://database.chinacloudapi.cn/.default"),
+    ];
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).trim_end_matches('.').to_ascii_lowercase();
+    CLOUDS.iter().find(|(suffix, _)| host.ends_with(suffix)).map_or(super::TOKEN_SCOPE, |(_, scope)| scope).to_string()
 }
 
 #[cfg(test)]
@@ -202,10 +223,32 @@ mod tests {
             .expect("parses");
         assert_eq!(s.auth, Auth::ManagedIdentity { client_id: Some("1111-2222".into()) });
         let s = parse("Server=tcp:x,1433;Authentication=\"Active Directory Default\"").expect("parses");
-        assert_eq!(s.auth, Auth::Default);
+        assert_eq!(s.auth, Auth::Default { client_id: None });
         let e = parse("Server=tcp:x,1433;Authentication=Active Directory Password;User ID=u;Password=hunter22")
             .unwrap_err();
         assert!(e.contains("activedirectorypassword is not supported") && !e.contains("hunter22"), "{e}");
+    }
+
+    #[test]
+    fn active_directory_default_takes_the_user_assigned_identity_from_user_id_as_sqlclient_does() {
+        let s =
+            parse("Server=tcp:x.database.windows.net,1433;Authentication=Active Directory Default;User ID=3333-4444")
+                .expect("parses");
+        assert_eq!(s.auth, Auth::Default { client_id: Some("3333-4444".into()) });
+    }
+
+    #[test]
+    fn the_token_scope_is_the_database_resource_of_the_servers_cloud() {
+        let scope = |server: &str| parse(&format!("Server=tcp:{server},1433")).expect("parses").token_scope;
+        assert_eq!(scope("x.database.windows.net"), "https://database.windows.net/.default");
+        assert_eq!(scope("mi.abc123.database.windows.net"), "https://database.windows.net/.default");
+        assert_eq!(scope("x.database.usgovcloudapi.net"), "https://database.usgovcloudapi.net/.default");
+        assert_eq!(scope("X.Database.ChinaCloudApi.cn"), "https://database.chinacloudapi.cn/.default");
+        assert_eq!(
+            scope("ws-ondemand.sql.azuresynapse.usgovcloudapi.net"),
+            "https://database.usgovcloudapi.net/.default"
+        );
+        assert_eq!(scope("localhost"), "https://database.windows.net/.default");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub const MAX_IDLE: Duration = Duration::from_secs(180);
 /// Fresh connections that may replace a dead pooled one when `ConnectRetryCount` is not set: ADO.NET's
 /// default (`SqlConnectionStringBuilder.ConnectRetryCount`, "Default is 1").
 pub const DEFAULT_RECONNECTS: u32 = 1;
-/// Azure SQL's scope for Entra ID tokens.
+/// Azure SQL's scope for Entra ID tokens in the public cloud (`Settings::token_scope` picks the server's cloud).
 pub const TOKEN_SCOPE: &str = "https://database.windows.net/.default";
 /// Azure SQL redirects a login to the node that hosts the database (the Redirect connection policy).
 const MAX_REDIRECTS: usize = 2;
@@ -50,12 +50,22 @@ pub enum Failure {
     Token(String),
 }
 
-/// SQL Server and Azure SQL error numbers that a retry can fix: deadlock victim, lock and login timeouts,
-/// Azure SQL reconfiguration (40613, 40197, 4060 database unavailable, 10928/10929 resource limits,
-/// 40501 throttling, 49918-49920 too many requests) and network errors reported by the server.
+/// SQL Server and Azure SQL error numbers that a retry can fix. Sources, so each can be checked: SqlClient's
+/// `SqlConfigurableRetryFactory` baseline list, EF Core's `SqlServerTransientExceptionDetector`, and Azure SQL's
+/// "List of transient fault error codes" (troubleshoot-common-errors-issues).
+/// - locks: 1204 (no lock resource now), 1205 (deadlock victim), 1222 (lock timeout);
+/// - Azure SQL reconfiguration and failover: 40613, 40197, 40143, 40540, 4060 (database not available yet),
+///   4221 (read-secondary not ready), 615 (stale database id after a detach), 926 (`replicatedmaster` marked
+///   SUSPECT for a moment at the end of a reconfiguration);
+/// - resource governance and throttling: 10928, 10929 (database limits), 10936 (elastic pool request limit),
+///   40501 (service busy), 49918-49920 (too many requests);
+/// - a paused or warming Synapse / serverless pool: 42108, 42109;
+/// - snapshot reads: 3961 (a concurrent DDL changed the table since the snapshot began; the next read sees
+///   the new metadata, and a real shape change then fails on its own number);
+/// - network errors the server reports: 10053, 10054, 10060, 233, 64, 121.
 pub const TRANSIENT_CODES: &[u32] = &[
-    1205, 1222, 4060, 4221, 10053, 10054, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 49918, 49919, 49920,
-    233, 64, 121,
+    1204, 1205, 1222, 4060, 4221, 615, 926, 3961, 10053, 10054, 10060, 10928, 10929, 10936, 40143, 40197, 40501, 40540,
+    40613, 42108, 42109, 49918, 49919, 49920, 233, 64, 121,
 ];
 
 /// The classifier: does this failure pass by waiting (a later tick may succeed), or does it need a change?
@@ -163,11 +173,11 @@ impl Pool {
                 }))
                 .map(|c| c as Arc<dyn TokenCredential>)
             };
+            let hosted = std::env::var_os("IDENTITY_ENDPOINT").is_some() || std::env::var_os("MSI_ENDPOINT").is_some();
             match auth {
                 Auth::ManagedIdentity { client_id } => managed(client_id.clone()),
-                _ if std::env::var_os("IDENTITY_ENDPOINT").is_some() || std::env::var_os("MSI_ENDPOINT").is_some() => {
-                    managed(None)
-                }
+                // Hosted in Azure, Default is the managed identity: the user-assigned one named by User ID.
+                Auth::Default { client_id } if hosted => managed(client_id.clone()),
                 _ => DeveloperToolsCredential::new(None).map(|c| c as Arc<dyn TokenCredential>),
             }
         };
@@ -179,7 +189,10 @@ impl Pool {
             .get_or_try_init(|| async { build(&self.settings.auth) })
             .await
             .map_err(|e| Failure::Token(e.to_string()))?;
-        let token = credential.get_token(&[TOKEN_SCOPE], None).await.map_err(|e| Failure::Token(e.to_string()))?;
+        let token = credential
+            .get_token(&[self.settings.token_scope.as_str()], None)
+            .await
+            .map_err(|e| Failure::Token(e.to_string()))?;
         Ok(Some(token.token.secret().to_string()))
     }
 
@@ -318,6 +331,11 @@ mod tests {
         assert!(!is_transient(&Failure::Tds(tiberius::error::Error::Conversion("x".into()))));
         for code in [1205, 40613, 40197, 40501, 49918, 49919, 49920, 4060, 10928, 10929, 10053, 10054, 10060, 233, 64] {
             assert!(TRANSIENT_CODES.contains(&code), "{code}");
+        }
+        // What issue 15 found missing: lock resources, the elastic pool limit, paused or warming pools, a snapshot
+        // read that met a concurrent DDL, and Azure SQL's documented reconfiguration errors.
+        for code in [1204, 10936, 42108, 42109, 3961, 926, 615] {
+            assert!(TRANSIENT_CODES.contains(&code), "{code} is transient");
         }
         assert!(!TRANSIENT_CODES.contains(&18456), "a failed login is not transient");
     }

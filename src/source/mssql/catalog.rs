@@ -84,6 +84,7 @@ pub async fn columns(pool: &Pool, table: &TableName) -> Result<Vec<ColumnFacts>,
             ty.precision = int(r, 3, ctx)?;
             ty.scale = int(r, 4, ctx)?;
             ty.datetime_precision = int(r, 5, ctx)?;
+            ty.collation = text(r, 8, ctx)?;
             Ok(ColumnFacts {
                 name: required(text(r, 0, ctx)?, "COLUMN_NAME", ctx)?,
                 ty,

@@ -6,8 +6,11 @@
 //! "key":[...]}` is a walk of the current rows (startFrom snapshot, or a resync) that continues with the
 //! changes after B, the version read before the walk began.
 //!
-//! Rowversion: `{"rv":R,"key":[...]}`: every row up to `(R, key)` in `(rowversion, key)` order; without
-//! `key`, every row up to rowversion R.
+//! Rowversion: `{"rv":R,"key":[...],"base":B}`: every row up to `(R, key)` in `(rowversion, key)` order;
+//! without `key`, every row up to rowversion R. `base` is the rowversion the backlog being paged started
+//! from (rows with an `insertedColumn` value at or above it are Inserts; 0: the table's first backlog, every
+//! row an Insert); without it the base is R, which is what a drained read leaves (and what positions
+//! written before the base existed mean).
 //!
 //! Key values are texts (see `types`): a position stays readable in the state document and a change of the
 //! key's type is caught by the source fingerprint, not by a misparse.
@@ -42,6 +45,8 @@ pub struct RvPosition {
     pub rv: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<i64>,
 }
 
 fn misfit(p: &Position, table: &str, why: &str) -> SourceError {
@@ -88,6 +93,11 @@ impl RvPosition {
     pub fn to_json(&self) -> Position {
         serde_json::to_value(self).unwrap_or(Position::Null)
     }
+
+    /// The base rowversion of the backlog this position is in (see the module docs).
+    pub fn base(&self) -> i64 {
+        self.base.unwrap_or(self.rv)
+    }
 }
 
 #[cfg(test)]
@@ -118,5 +128,7 @@ mod tests {
         .to_string();
         assert!(e.contains("expected 1 key value"), "{e}");
         assert!(RvPosition::parse(&json!({"rv": 3, "key": ["1"]}), 1, "t").expect("valid").is_some());
+        let mid_backlog = RvPosition::parse(&json!({"rv": 9, "key": ["1"], "base": 4}), 1, "t").expect("valid");
+        assert_eq!(mid_backlog.map(|p| p.base()), Some(4));
     }
 }

@@ -4,13 +4,15 @@
 //! column; reading only rows below `MIN_ACTIVE_ROWVERSION()` (the lowest rowversion of any open
 //! transaction) means a transaction that commits late is read, not skipped. A hard delete leaves no row to
 //! read, so deletes are seen only through a soft-delete column (`softDeleteColumn`). Without
-//! `insertedColumn` every change is an Update (1); with it, rows created after the position are Inserts.
+//! `insertedColumn` every change is an Update (1); with it, rows created since the backlog began are Inserts:
+//! the base rowversion stays fixed while a backlog is paged, as the change-tracking source's base does, and
+//! moves to the last delivered rowversion when a read drains the backlog.
 
 use super::catalog::{big, int, one_row, required, text};
 use super::position::RvPosition;
 use super::read::Reads;
 use super::schema;
-use super::sql::{After, RvShape, Slot, Statement};
+use super::sql::{After, Labels, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
 use crate::config::SourceSpec;
 use crate::db::mssql::{Param, Pool, Settings};
@@ -71,8 +73,9 @@ impl MssqlRowversion {
                             .cloned()
                             .ok_or_else(|| missing("upto key"))?,
                     ),
+                    Slot::Base => Param::Int(after.map(RvPosition::base).ok_or_else(|| missing("base rowversion"))?),
                     Slot::Limit => Param::Int(limit),
-                    Slot::Table | Slot::Base | Slot::Context => return Err(missing("of the change-tracking source")),
+                    Slot::Table | Slot::Context => return Err(missing("of the change-tracking source")),
                 })
             })
             .collect()
@@ -93,8 +96,11 @@ impl MssqlRowversion {
         limit: usize,
     ) -> Result<Fetched, SourceError> {
         let shape = self.shape().await?;
-        let s = shape.changes(Self::after_kind(after), upto.is_some());
-        let params = self.bind(&s, after, upto, limit.max(1) as i64)?;
+        // Base 0 is "before everything": the first backlog, where every row is new.
+        let labels = if after.is_none_or(|a| a.base() == 0) { Labels::All } else { Labels::Since };
+        let s = shape.changes(Self::after_kind(after), upto.is_some(), labels);
+        let limit = limit.max(1);
+        let params = self.bind(&s, after, upto, limit as i64)?;
         let ctx = "reading changed rows";
         let rows = self.pool.query(&s.sql, &params, ctx).await?;
         let mut changes = Vec::with_capacity(rows.len());
@@ -111,7 +117,14 @@ impl MssqlRowversion {
             let key = (0..shape.key.len())
                 .map(|k| required(text(r, 3 + k, ctx)?, "key text", ctx))
                 .collect::<Result<Vec<_>, _>>()?;
-            last = Some(RvPosition { rv: required(big(r, 0, ctx)?, "RV", ctx)?, key: Some(key) });
+            last = Some(RvPosition { rv: required(big(r, 0, ctx)?, "RV", ctx)?, key: Some(key), base: None });
+        }
+        // A full batch stays in the backlog, under its base; a drained read ends it, and the next one starts
+        // from the last delivered rowversion (`base: None`).
+        if rows.len() >= limit {
+            if let Some(l) = last.as_mut() {
+                l.base = Some(after.map_or(0, RvPosition::base));
+            }
         }
         Ok(Fetched { changes, last: last.map(|l| l.to_json()), advance: None })
     }
@@ -145,7 +158,7 @@ impl Source for MssqlRowversion {
                 let ctx = "reading the newest rowversion";
                 let s = RvShape::newest();
                 let row = one_row(self.pool.query(&s.sql, &[], ctx).await?, ctx)?;
-                Ok(RvPosition { rv: required(big(&row, 0, ctx)?, "RV", ctx)?, key: None }.to_json())
+                Ok(RvPosition { rv: required(big(&row, 0, ctx)?, "RV", ctx)?, key: None, base: None }.to_json())
             }
         }
     }

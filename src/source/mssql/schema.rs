@@ -196,7 +196,7 @@ fn item_columns(cols: &[ColumnFacts], spec: &SourceSpec) -> Result<Vec<ItemColum
                 c.name
             )));
         }
-        out.push(ItemColumn { name: Ident::new(&c.name).map_err(invalid)?, column_id: c.column_id });
+        out.push(ItemColumn { name: Ident::new(&c.name).map_err(invalid)?, column_id: c.column_id, ty: c.ty.clone() });
     }
     Ok(out)
 }
@@ -303,7 +303,7 @@ pub fn rowversion_shape(
         }
     };
     let key = primary_key(cols, spec, false)?;
-    let item = item_columns(cols, spec)?.into_iter().map(|c| c.name).collect();
+    let item = item_columns(cols, spec)?;
     let soft_delete = match &spec.soft_delete_column {
         Some(c) => Some((c.clone(), find("softDeleteColumn", c)?.ty.name == "bit")),
         None => None,

@@ -19,6 +19,8 @@ pub struct SqlType {
     pub scale: Option<i32>,
     /// `DATETIME_PRECISION`: fractional-second digits of `time`, `datetime2` and `datetimeoffset`.
     pub datetime_precision: Option<i32>,
+    /// `COLLATION_NAME` of a character column: the code page a `char`/`varchar` key is read back in.
+    pub collation: Option<String>,
 }
 
 /// Types `FOR JSON` cannot serialize (CLR types) or that have no stable JSON form. The official trigger
@@ -33,7 +35,14 @@ impl SqlType {
             precision: None,
             scale: None,
             datetime_precision: None,
+            collation: None,
         }
+    }
+
+    #[cfg(test)]
+    pub fn with_collation(mut self, collation: &str) -> Self {
+        self.collation = Some(collation.to_string());
+        self
     }
 
     #[cfg(test)]
@@ -95,9 +104,36 @@ impl SqlType {
                 Some(d) if (0..=7).contains(&d) => Ok(format!("{upper}({d})")),
                 _ => Ok(upper),
             },
-            "char" | "varchar" | "nchar" | "nvarchar" | "binary" | "varbinary" => sized(&upper),
+            "nchar" | "nvarchar" | "binary" | "varbinary" => sized(&upper),
+            // A key's text arrives as nvarchar; converted to varchar without a collation it would take the
+            // database's default code page, and a column in another one (or a UTF-8 collation) would compare
+            // with `?` in place of its characters: the keyset would skip or repeat rows. Converted under the
+            // column's own collation, the value has the column's bytes, and compares (and seeks) as it sorts.
+            "char" | "varchar" => match self.key_collation() {
+                Some(_) => sized(&upper),
+                None => Err(format!("{} has no collation in the catalog", self.name)),
+            },
             other => Err(format!("{other} cannot be a key the trigger pages over")),
         }
+    }
+
+    /// The expression `FOR JSON` serializes for a column of this type: the column itself, except where the
+    /// official trigger's payload differs and matching it loses nothing. The official trigger reads rows into
+    /// .NET values and writes them with Newtonsoft.Json: a `date` is a `DateTime` (`"2026-01-02T00:00:00"`,
+    /// where FOR JSON writes `"2026-01-02"`), a `uniqueidentifier` a `Guid` (lower case, where FOR JSON
+    /// writes upper case). Decimals stay exact here (docs/sql-server.md lists the remaining differences).
+    pub fn json_value(&self, expr: &str) -> String {
+        match self.name.as_str() {
+            "date" => format!("CONVERT(DATETIME2(0), {expr})"),
+            "uniqueidentifier" => format!("LOWER(CONVERT(NCHAR(36), {expr}))"),
+            _ => expr.to_string(),
+        }
+    }
+
+    /// The collation name, when it is one a statement may name: it is spliced after `COLLATE` (a name, not a
+    /// value, so it cannot be a parameter), so only letters, digits and `_`, as every collation name is.
+    fn key_collation(&self) -> Option<&str> {
+        self.collation.as_deref().filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
     }
 
     /// `CONVERT(NVARCHAR(MAX), expr[, style])`: the exact text of a key value.
@@ -108,9 +144,14 @@ impl SqlType {
         }
     }
 
-    /// `CONVERT(TYPE, @Pn[, style])`: a key value back from its text. Only valid for key types.
+    /// `CONVERT(TYPE, @Pn[, style])`: a key value back from its text. Only valid for key types. A `char` or
+    /// `varchar` key converts `@Pn COLLATE <column's collation>` (see `convert_target`).
     pub fn parse_text(&self, param: &str) -> String {
         let target = self.convert_target().unwrap_or_else(|_| "NVARCHAR(MAX)".to_string());
+        let param = match self.key_collation().filter(|_| matches!(self.name.as_str(), "char" | "varchar")) {
+            Some(collation) => format!("{param} COLLATE {collation}"),
+            None => param.to_string(),
+        };
         match self.text_style() {
             Some(style) => format!("CONVERT({target}, {param}, {style})"),
             None => format!("CONVERT({target}, {param})"),
@@ -139,7 +180,28 @@ mod tests {
             "CONVERT(DATETIME2(3), @P3, 121)"
         );
         assert_eq!(SqlType::new("money").to_text("CT.[m]"), "CONVERT(NVARCHAR(MAX), CT.[m], 2)");
+    }
+
+    #[test]
+    fn a_varchar_key_is_read_back_in_its_columns_code_page() {
+        // Issue 15, defect 4: without COLLATE the conversion used the database's default code page.
+        let greek = SqlType::new("varchar").with_length(10).with_collation("Greek_100_CI_AS");
+        assert_eq!(greek.parse_text("@P3"), "CONVERT(VARCHAR(10), @P3 COLLATE Greek_100_CI_AS)");
+        let utf8 = SqlType::new("varchar").with_length(-1).with_collation("Latin1_General_100_CI_AS_SC_UTF8");
+        assert_eq!(utf8.parse_text("@P3"), "CONVERT(VARCHAR(MAX), @P3 COLLATE Latin1_General_100_CI_AS_SC_UTF8)");
+        assert!(SqlType::new("varchar").with_length(10).convert_target().unwrap_err().contains("no collation"));
+        let spliced = SqlType::new("varchar").with_length(10).with_collation("x) --");
+        assert!(spliced.convert_target().is_err(), "a collation name is spliced only when it is a plain name");
         assert_eq!(SqlType::new("float").to_text("CT.[f]"), "CONVERT(NVARCHAR(MAX), CT.[f], 3)");
+    }
+
+    #[test]
+    fn dates_and_uniqueidentifiers_take_the_official_triggers_json_form() {
+        // Issue 15, defect 6: Newtonsoft writes a date as a midnight DateTime and a Guid in lower case.
+        assert_eq!(SqlType::new("date").json_value("T.[d]"), "CONVERT(DATETIME2(0), T.[d])");
+        assert_eq!(SqlType::new("uniqueidentifier").json_value("CT.[g]"), "LOWER(CONVERT(NCHAR(36), CT.[g]))");
+        assert_eq!(SqlType::new("decimal").with_precision(18, 4).json_value("T.[p]"), "T.[p]", "exact decimals stay");
+        assert_eq!(SqlType::new("datetime2").json_value("T.[t]"), "T.[t]");
     }
 
     #[test]

@@ -308,13 +308,12 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
         last: Option<&Last>,
         limit: usize,
     ) -> Result<Fetched, SourceError> {
-        let mut base = base;
-        if last.is_none() {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            if let Some((pos, proven)) = idle.filter(|(pos, proven)| pos == after && *proven > base) {
-                tracing::debug!(position = %pos, proven, "starting after the version an empty poll proved delivered");
-                base = proven;
-            }
+        let (mut base, mut last) = (base, last);
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((pos, proven)) = idle.filter(|(pos, proven)| pos == after && *proven > base) {
+            // Everything up to `proven` is delivered (an empty poll, or a resync that found the table empty).
+            tracing::debug!(position = %pos, proven, "starting after the version this process proved delivered");
+            (base, last) = (proven, None);
         }
         let mut read = self.read(shape, base, last, None, limit).await?;
         if !self.liveness(&read, base)? {
@@ -325,10 +324,10 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
                     base = l.version - 1;
                     read = self.read(shape, base, last, None, limit).await?;
                     if !self.liveness(&read, base)? {
-                        return self.on_lost(shape, base, &read, limit).await;
+                        return self.on_lost(shape, after, base, &read, limit).await;
                     }
                 }
-                _ => return self.on_lost(shape, base, &read, limit).await,
+                _ => return self.on_lost(shape, after, base, &read, limit).await,
             }
         }
         let current = read.current.unwrap_or(base);

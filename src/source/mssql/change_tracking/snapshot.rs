@@ -9,7 +9,7 @@ use crate::source::mssql::options::OnPositionLost;
 use crate::source::mssql::position::CtPosition;
 use crate::source::mssql::read::Reads;
 use crate::source::mssql::sql::CtShape;
-use crate::source::{Fetched, SourceError};
+use crate::source::{Fetched, Position, SourceError};
 
 impl MssqlChangeTracking {
     /// A walk of the current rows: `Insert` for each, positions in the snapshot phase.
@@ -45,6 +45,7 @@ impl MssqlChangeTracking {
     pub(super) async fn on_lost(
         &self,
         shape: &CtShape,
+        after: &Position,
         base: i64,
         read: &Read,
         limit: usize,
@@ -55,6 +56,14 @@ impl MssqlChangeTracking {
         let from = read.current.unwrap_or(base);
         tracing::warn!(table = %self.spec.table, base, min_valid = ?read.min_valid, "change-tracking position lost; resyncing by walking the table (onPositionLost: resync)");
         let (changes, key) = self.walk(shape, None, None, limit).await?;
+        if changes.is_empty() {
+            // An empty table: the resync is complete at once, and the lost position is replaced by the version
+            // read before the walk. Remembered here for the next tick, and offered to the engine to record,
+            // so the walk is not repeated every tick (and the lost position not reported again).
+            *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((after.clone(), from));
+            let advance = CtPosition::Changes { base: from, last: None }.to_json();
+            return Ok(Fetched { advance: Some(advance), ..Fetched::default() });
+        }
         Ok(self.walk_result(changes, key, from, limit))
     }
 

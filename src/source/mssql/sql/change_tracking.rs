@@ -18,6 +18,20 @@ pub struct CtShape {
     pub metadata: bool,
 }
 
+/// Most arguments `CONCAT` takes (its documentation: "a maximum of 254 input values").
+const CONCAT_MAX_ARGS: usize = 254;
+
+/// `CONCAT(N'', parts...)` as text, nested when there are more parts than one `CONCAT` takes (a table of more
+/// than 253 Item columns with `includeMetadata`): each inner `CONCAT` takes at most 253 parts after its `N''`.
+fn concat(parts: &[String]) -> String {
+    let per_call = CONCAT_MAX_ARGS - 1;
+    if parts.len() <= per_call {
+        return format!("CONCAT(N'', {})", parts.join(", "));
+    }
+    let chunks: Vec<String> = parts.chunks(per_call).map(concat).collect();
+    concat(&chunks)
+}
+
 impl CtShape {
     fn key_params(&self, p: &mut Params, version: Slot, key: fn(usize) -> Slot, alias: &str) -> Vec<(String, String)> {
         let mut cols = vec![(format!("{alias}.SYS_CHANGE_VERSION"), p.p(version))];
@@ -69,8 +83,8 @@ impl CtShape {
         let op = format!("CAST(CASE WHEN {gone} THEN 2 WHEN CT.SYS_CHANGE_OPERATION = N'I' THEN 0 ELSE 1 END AS INT)");
         let item = format!(
             "CASE WHEN {gone} THEN {} ELSE {} END",
-            json_object("CT", self.key.iter().map(|k| &k.name)),
-            json_object("T", self.item.iter().map(|c| &c.name))
+            json_object("CT", self.key.iter().map(|k| (&k.name, &k.ty))),
+            json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)))
         );
         let (created, mask) = if self.metadata {
             let bits: Vec<String> = self
@@ -80,7 +94,7 @@ impl CtShape {
                 .collect();
             (
                 "CT.SYS_CHANGE_CREATION_VERSION".to_string(),
-                format!("CASE WHEN CT.SYS_CHANGE_COLUMNS IS NULL THEN NULL ELSE CONCAT(N'', {}) END", bits.join(", ")),
+                format!("CASE WHEN CT.SYS_CHANGE_COLUMNS IS NULL THEN NULL ELSE {} END", concat(&bits)),
             )
         } else {
             ("CAST(NULL AS BIGINT)".to_string(), "CAST(NULL AS NVARCHAR(MAX))".to_string())
@@ -152,8 +166,10 @@ FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
 
     /// The age of the first pending change after a position (the lag in status): its version is a
     /// `commit_ts` of `sys.dm_tran_commit_table`, whose `commit_time` says when it committed. Same predicate
-    /// and order as the fetch, first row only. Row shape: `VER, AGE_S`; no row when nothing waits, and a NULL
-    /// `AGE_S` when the commit table no longer holds that version. Reading the view needs VIEW DATABASE STATE.
+    /// and order as the fetch, first row only. Row shape: `VER, AGE_S, SERVER_STATE`; no row when nothing
+    /// waits, and a NULL `AGE_S` when the view does not show that version: cleanup removed it, or the login
+    /// lacks VIEW SERVER STATE (`SERVER_STATE` 0), without which the view shows a commit only after the next
+    /// checkpoint (its documentation says so). Reading the view at all needs VIEW DATABASE STATE.
     ///
     /// The view's names must be lower case (a case-sensitive database knows them only so); they come last, in
     /// an `OUTER APPLY` after every bound parameter, so the upper-case part a mock can match holds the whole
@@ -167,7 +183,7 @@ FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
         preds.extend(self.context_filter(&mut p));
         let order = self.change_order();
         let sql = format!(
-            "SELECT C.VER, A.AGE_S FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
+            "SELECT C.VER, A.AGE_S, CAST(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS INT) AS SERVER_STATE FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
 WHERE {} ORDER BY {}) AS C \
 OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S FROM sys.dm_tran_commit_table AS TC WHERE TC.commit_ts = C.VER) AS A",
             preds.join(" AND "),
@@ -197,7 +213,7 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
         }
         let mut select = vec![
             "CAST(0 AS INT) AS OP".to_string(),
-            format!("{} AS ITEM", json_object("T", self.item.iter().map(|c| &c.name))),
+            format!("{} AS ITEM", json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)))),
         ];
         for (i, k) in self.key.iter().enumerate() {
             select.push(format!("{} AS K{}", k.ty.to_text(&format!("T.{}", k.name.mssql())), i + 1));
@@ -232,5 +248,42 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
             sql: format!("SELECT COUNT_BIG(*) AS PENDING FROM {} AS T{filter}", self.table.mssql()),
             slots: p.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The argument count of every `CONCAT(` call in `sql`.
+    fn concat_arities(sql: &str) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (start, _) in sql.match_indices("CONCAT(") {
+            let (mut depth, mut args) = (0, 1);
+            for c in sql[start + "CONCAT".len()..].chars() {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 1 => break,
+                    ')' => depth -= 1,
+                    ',' if depth == 1 => args += 1,
+                    _ => {}
+                }
+            }
+            out.push(args);
+        }
+        out
+    }
+
+    #[test]
+    fn the_changed_column_mask_of_a_wide_table_fits_concats_argument_limit() {
+        // Issue 15, defect 9: CONCAT(N'', mask1..maskN) failed for more than 253 Item columns.
+        let parts: Vec<String> = (1..=600).map(|i| format!("M{i}")).collect();
+        let sql = concat(&parts);
+        let arities = concat_arities(&sql);
+        assert!(arities.iter().all(|n| *n <= CONCAT_MAX_ARGS), "{arities:?}");
+        assert_eq!(arities, vec![4, 254, 254, 95], "one outer CONCAT over three chunks");
+        let order: Vec<&str> = sql.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| w.starts_with('M')).collect();
+        assert_eq!(order, parts.iter().map(String::as_str).collect::<Vec<_>>(), "the mask keeps column order");
+        assert_eq!(concat(&parts[..253]), format!("CONCAT(N'', {})", parts[..253].join(", ")), "253 stay one call");
     }
 }

@@ -22,8 +22,8 @@ fn key(name: &str, ty: SqlType) -> KeyColumn {
     KeyColumn { name: id(name), ty }
 }
 
-fn item(name: &str, column_id: i32) -> ItemColumn {
-    ItemColumn { name: id(name), column_id }
+fn item(name: &str, column_id: i32, ty: SqlType) -> ItemColumn {
+    ItemColumn { name: id(name), column_id, ty }
 }
 
 /// The table the wire tests serve: upper-case names, because the mock matches parameterized statements by
@@ -32,7 +32,13 @@ pub(super) fn orders() -> CtShape {
     CtShape {
         table: TableName::parse("[DBO].[ORDERS]").expect("parses"),
         key: vec![key("ID", SqlType::new("int"))],
-        item: vec![item("ID", 1), item("NAME", 2), item("PRICE", 3), item("PHOTO", 4), item("CREATED_AT", 5)],
+        item: vec![
+            item("ID", 1, SqlType::new("int")),
+            item("NAME", 2, SqlType::new("nvarchar").with_length(100)),
+            item("PRICE", 3, SqlType::new("decimal").with_precision(18, 2)),
+            item("PHOTO", 4, SqlType::new("varbinary").with_length(-1)),
+            item("CREATED_AT", 5, SqlType::new("datetime2").with_datetime_precision(7)),
+        ],
         snapshot: true,
         skip_context: false,
         metadata: false,
@@ -45,7 +51,11 @@ fn order_lines() -> CtShape {
     CtShape {
         table: TableName::parse("[Sales Ünïcode].[Order]] Lines]").expect("parses"),
         key: vec![key("Order Id", SqlType::new("bigint")), key("Line №", SqlType::new("nvarchar").with_length(20))],
-        item: vec![item("Order Id", 1), item("Line №", 2), item("Qty", 4)],
+        item: vec![
+            item("Order Id", 1, SqlType::new("bigint")),
+            item("Line №", 2, SqlType::new("nvarchar").with_length(20)),
+            item("Qty", 4, SqlType::new("int")),
+        ],
         snapshot: false,
         skip_context: true,
         metadata: true,
@@ -56,7 +66,7 @@ fn hostile() -> CtShape {
     CtShape {
         table: TableName::parse("[x]]; DROP TABLE y;--]").expect("parses"),
         key: vec![key("id]; --", SqlType::new("uniqueidentifier"))],
-        item: vec![item("id]; --", 1), item("v", 2)],
+        item: vec![item("id]; --", 1, SqlType::new("uniqueidentifier")), item("v", 2, SqlType::new("date"))],
         snapshot: true,
         skip_context: false,
         metadata: false,
@@ -68,7 +78,11 @@ pub(super) fn items() -> RvShape {
         table: TableName::parse("[DBO].[ITEMS]").expect("parses"),
         key: vec![key("ID", SqlType::new("int"))],
         version: id("RV"),
-        item: vec![id("ID"), id("TITLE"), id("IS_DELETED")],
+        item: vec![
+            item("ID", 1, SqlType::new("int")),
+            item("TITLE", 2, SqlType::new("nvarchar").with_length(200)),
+            item("IS_DELETED", 3, SqlType::new("bit")),
+        ],
         soft_delete: Some((id("IS_DELETED"), true)),
         inserted: None,
         snapshot: true,
@@ -79,11 +93,15 @@ fn items_with_options() -> RvShape {
     RvShape {
         table: TableName::parse("[app].[Item Log]").expect("parses"),
         key: vec![
-            key("Tenant", SqlType::new("varchar").with_length(10)),
+            key("Tenant", SqlType::new("varchar").with_length(10).with_collation("Greek_100_CI_AS")),
             key("At", SqlType::new("datetime2").with_datetime_precision(7)),
         ],
         version: id("Row Version"),
-        item: vec![id("Tenant"), id("At"), id("Body")],
+        item: vec![
+            item("Tenant", 1, SqlType::new("varchar").with_length(10).with_collation("Greek_100_CI_AS")),
+            item("At", 2, SqlType::new("datetime2").with_datetime_precision(7)),
+            item("Body", 3, SqlType::new("nvarchar").with_length(-1)),
+        ],
         soft_delete: Some((id("Deleted At"), false)),
         inserted: Some((id("Created Version"), true)),
         snapshot: false,
@@ -128,18 +146,19 @@ fn all() -> BTreeMap<&'static str, Statement> {
         ("ct_options_pending_after_key", l.pending(After::Key)),
         ("ct_options_walk_range", l.walk(true, true)),
         ("ct_hostile_fetch_after_key", hostile().changes(After::Key, Upto::Current)),
-        ("rv_fetch_start", r.changes(After::Start, false)),
-        ("rv_fetch_after_version", r.changes(After::Version, false)),
-        ("rv_fetch_after_key", r.changes(After::Key, false)),
-        ("rv_refetch_start_to_key", r.changes(After::Start, true)),
-        ("rv_refetch_key_to_key", r.changes(After::Key, true)),
-        ("rv_refetch_version_to_key", r.changes(After::Version, true)),
+        ("rv_fetch_start", r.changes(After::Start, false, Labels::All)),
+        ("rv_fetch_after_version", r.changes(After::Version, false, Labels::Since)),
+        ("rv_fetch_after_key", r.changes(After::Key, false, Labels::Since)),
+        ("rv_refetch_start_to_key", r.changes(After::Start, true, Labels::All)),
+        ("rv_refetch_key_to_key", r.changes(After::Key, true, Labels::Since)),
+        ("rv_refetch_version_to_key", r.changes(After::Version, true, Labels::Since)),
         ("rv_pending_start", r.pending(After::Start)),
         ("rv_pending_after_version", r.pending(After::Version)),
         ("rv_pending_after_key", r.pending(After::Key)),
         ("rv_newest", RvShape::newest()),
-        ("rv_options_fetch_after_key", ro.changes(After::Key, false)),
-        ("rv_options_fetch_start", ro.changes(After::Start, false)),
+        ("rv_options_fetch_after_key", ro.changes(After::Key, false, Labels::Since)),
+        ("rv_options_fetch_after_key_first_backlog", ro.changes(After::Key, false, Labels::All)),
+        ("rv_options_fetch_start", ro.changes(After::Start, false, Labels::All)),
     ])
 }
 
@@ -236,6 +255,7 @@ fn no_statement_splices_a_value() {
         "N'VIEW CHANGE TRACKING'",
         "N'PRIMARY KEY'",
         "N'COLUMNID'",
+        "N'VIEW SERVER STATE'",
     ];
     for (name, s) in all() {
         for lit in literals(&s.sql) {
@@ -253,6 +273,18 @@ fn parameterized_statements_are_upper_case_outside_identifiers() {
         }
         // The system view the lag reads has lower-case names only; nothing else may be lower case.
         let sql = SYSTEM_NAMES.iter().fold(s.sql.clone(), |sql, name| sql.replace(name, ""));
+        // A collation is named as the catalog spells it (collation names are not case-sensitive).
+        let sql =
+            sql.split(" COLLATE ")
+                .enumerate()
+                .map(|(i, part)| {
+                    if i == 0 {
+                        part
+                    } else {
+                        part.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    }
+                })
+                .collect::<String>();
         let mut outside = String::new();
         let mut depth = false;
         let mut chars = sql.chars().peekable();
@@ -294,6 +326,23 @@ fn the_keyset_is_expanded_and_bounded_for_a_seek() {
     ), "{s}");
     assert!(s.contains("(CT.SYS_CHANGE_CONTEXT IS NULL OR CT.SYS_CHANGE_CONTEXT <> @P7)"), "{s}");
     assert!(!s.starts_with("SET TRANSACTION"), "READ COMMITTED reads add no isolation prefix");
+}
+
+#[test]
+fn the_rowversion_bound_is_captured_before_the_read_and_inserts_are_labelled_from_a_fixed_base() {
+    // Issue 15, defects 3 and 2.
+    let s = items_with_options().changes(After::Key, false, Labels::Since);
+    let (capture, read) = s.sql.split_once("; ").expect("two statements");
+    assert_eq!(capture, "DECLARE @BOUND BINARY(8) = MIN_ACTIVE_ROWVERSION()");
+    assert!(!read.contains("MIN_ACTIVE_ROWVERSION()"), "the read must not evaluate the bound itself: {read}");
+    assert!(read.contains("WHERE T.[Row Version] < @BOUND AND "), "{read}");
+    let base = s.slots.iter().position(|slot| *slot == Slot::Base).expect("the base is bound") + 1;
+    assert!(read.contains(&format!("WHEN T.[Created Version] >= CAST(@P{base} AS BINARY(8)) THEN 0")), "{read}");
+    let after = s.slots.iter().position(|slot| *slot == Slot::AfterVersion).expect("after") + 1;
+    assert!(
+        !read.contains(&format!("[Created Version] > CAST(@P{after}")),
+        "labels follow the moving position: {read}"
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod change_tracking;
 mod rowversion;
 
 pub use change_tracking::CtShape;
-pub use rowversion::RvShape;
+pub use rowversion::{Labels, RvShape};
 
 use super::types::SqlType;
 use crate::ident::Ident;
@@ -30,7 +30,8 @@ use crate::ident::Ident;
 pub enum Slot {
     /// The quoted table name, for `OBJECT_ID`.
     Table,
-    /// The change-tracking base version passed to `CHANGETABLE`.
+    /// The change-tracking base version passed to `CHANGETABLE`; for the rowversion source, the base
+    /// rowversion of the backlog (rows inserted since are Inserts).
     Base,
     /// The version (or rowversion) of the last delivered change.
     AfterVersion,
@@ -75,11 +76,12 @@ pub struct KeyColumn {
     pub ty: SqlType,
 }
 
-/// A column of `Item`, with its `column_id` (for `CHANGE_TRACKING_IS_COLUMN_IN_MASK`).
+/// A column of `Item`, with its `column_id` (for `CHANGE_TRACKING_IS_COLUMN_IN_MASK`) and type (for its JSON form).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemColumn {
     pub name: Ident,
     pub column_id: i32,
+    pub ty: SqlType,
 }
 
 /// Which side of a keyset a statement starts from or stops at.
@@ -113,8 +115,9 @@ fn isolation(snapshot: bool) -> &'static str {
 
 /// `FOR JSON PATH` object of `cols` read from `alias`: `Item` exactly as the official trigger sends it
 /// (keys are the column names, NULLs included, binary as base64, dates ISO 8601).
-fn json_object<'a>(alias: &str, cols: impl Iterator<Item = &'a Ident>) -> String {
-    let list: Vec<String> = cols.map(|c| format!("{alias}.{} AS {}", c.mssql(), c.mssql())).collect();
+fn json_object<'a>(alias: &str, cols: impl Iterator<Item = (&'a Ident, &'a SqlType)>) -> String {
+    let list: Vec<String> =
+        cols.map(|(c, ty)| format!("{} AS {}", ty.json_value(&format!("{alias}.{}", c.mssql())), c.mssql())).collect();
     format!("(SELECT {} FOR JSON PATH, INCLUDE_NULL_VALUES, WITHOUT_ARRAY_WRAPPER)", list.join(", "))
 }
 
@@ -176,12 +179,14 @@ CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID(@P1)) AS MINV"
 }
 
 /// The table's columns in order with their types, column ids and primary-key ordinal (NULL when not in
-/// the key). Row shape: `NAME, TYPE, LEN, PREC, SCALE, DT_PREC, COLUMN_ID, PK_ORDINAL`.
+/// the key), and the collation of character columns. Row shape: `NAME, TYPE, LEN, PREC, SCALE, DT_PREC,
+/// COLUMN_ID, PK_ORDINAL, COLL`.
 pub fn columns() -> Statement {
     Statement {
         sql: "SELECT C.COLUMN_NAME AS NAME, C.DATA_TYPE AS TYPE, C.CHARACTER_MAXIMUM_LENGTH AS LEN, \
 CAST(C.NUMERIC_PRECISION AS INT) AS PREC, CAST(C.NUMERIC_SCALE AS INT) AS SCALE, CAST(C.DATETIME_PRECISION AS INT) AS DT_PREC, \
-CAST(COLUMNPROPERTY(OBJECT_ID(@P1), C.COLUMN_NAME, N'COLUMNID') AS INT) AS COLUMN_ID, K.ORDINAL_POSITION AS PK_ORDINAL \
+CAST(COLUMNPROPERTY(OBJECT_ID(@P1), C.COLUMN_NAME, N'COLUMNID') AS INT) AS COLUMN_ID, K.ORDINAL_POSITION AS PK_ORDINAL, \
+C.COLLATION_NAME AS COLL \
 FROM INFORMATION_SCHEMA.COLUMNS AS C \
 LEFT JOIN (INFORMATION_SCHEMA.KEY_COLUMN_USAGE AS K JOIN INFORMATION_SCHEMA.TABLE_CONSTRAINTS AS TC \
 ON TC.CONSTRAINT_SCHEMA = K.CONSTRAINT_SCHEMA AND TC.CONSTRAINT_NAME = K.CONSTRAINT_NAME AND TC.CONSTRAINT_TYPE = N'PRIMARY KEY') \

@@ -1,7 +1,17 @@
-//! The rowversion source's statements: rows after a position below `MIN_ACTIVE_ROWVERSION()`.
+//! The rowversion source's statements: rows after a position below `MIN_ACTIVE_ROWVERSION()`, captured before
+//! the rows are read.
 
-use super::{isolation, json_object, keyset, After, KeyColumn, Params, Slot, Statement};
+use super::{isolation, json_object, keyset, After, ItemColumn, KeyColumn, Params, Slot, Statement};
 use crate::ident::{Ident, TableName};
+
+/// How the rowversion source labels Inserts when it has an `insertedColumn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    /// Every row is new: the table's first backlog, from before everything.
+    All,
+    /// Rows whose inserted value is at least the backlog's base rowversion.
+    Since,
+}
 
 /// The table's shape as the rowversion source reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,7 +20,7 @@ pub struct RvShape {
     pub key: Vec<KeyColumn>,
     /// The `rowversion` column.
     pub version: Ident,
-    pub item: Vec<Ident>,
+    pub item: Vec<ItemColumn>,
     /// Soft-delete column, and whether it is `bit` (`= 1`) or anything else (`IS NOT NULL`).
     pub soft_delete: Option<(Ident, bool)>,
     /// A column set once at insert to a value comparable with the rowversion (`binary(8)` or `bigint`).
@@ -34,11 +44,24 @@ impl RvShape {
     /// Rows changed after a position and below `MIN_ACTIVE_ROWVERSION()`: a row is read only once no
     /// transaction that could still commit a smaller rowversion is open, so a late commit is not skipped.
     /// Row shape: `RV, OP, ITEM, K1..Kn`. `upto` bounds a re-read of a batch.
-    pub fn changes(&self, from: After, upto: bool) -> Statement {
+    ///
+    /// The bound is captured in `@BOUND` by a statement of its own before the read: evaluated inside the
+    /// read, it could be taken after the read's snapshot began (SNAPSHOT, or READ COMMITTED SNAPSHOT, on by
+    /// default in Azure SQL), so a transaction that committed in between would be below the bound yet
+    /// invisible to the read, and skipped for good. Captured first, every rowversion below it belongs to a
+    /// transaction that committed before the read's snapshot began (in autocommit each statement is its own
+    /// transaction, so the snapshot begins with the SELECT).
+    ///
+    /// `labels` says how `insertedColumn` marks Inserts: every row (`All`, the first backlog of a table), or
+    /// rows created at or after the base rowversion of this backlog (`Since`, bound to `Slot::Base`). The base
+    /// stays fixed while a backlog is paged: a row inserted right after the last delivered one carries
+    /// that row's rowversion in a `DEFAULT @@DBTS` column (`@@DBTS` is the last rowversion used), so a
+    /// comparison with the moving position would call it an Update.
+    pub fn changes(&self, from: After, upto: bool, labels: Labels) -> Statement {
         let mut p = Params::default();
         let limit = p.p(Slot::Limit);
         let rv = format!("T.{}", self.version.mssql());
-        let mut preds = vec![format!("{rv} < MIN_ACTIVE_ROWVERSION()")];
+        let mut preds = vec![format!("{rv} < @BOUND")];
         match from {
             After::Start => {}
             After::Version => preds.push(format!("{rv} > {}", Self::rv_param(&mut p, Slot::AfterVersion))),
@@ -56,12 +79,11 @@ impl RvShape {
                 format!("T.{} IS NOT NULL", c.mssql())
             }
         });
-        let inserted = match (&self.inserted, from) {
-            (Some(_), After::Start) => Some("1 = 1".to_string()),
-            (Some((c, is_binary)), _) => {
-                let after =
-                    if *is_binary { Self::rv_param(&mut p, Slot::AfterVersion) } else { p.p(Slot::AfterVersion) };
-                Some(format!("T.{} > {after}", c.mssql()))
+        let inserted = match (&self.inserted, labels) {
+            (Some(_), Labels::All) => Some("1 = 1".to_string()),
+            (Some((c, is_binary)), Labels::Since) => {
+                let base = if *is_binary { Self::rv_param(&mut p, Slot::Base) } else { p.p(Slot::Base) };
+                Some(format!("T.{} >= {base}", c.mssql()))
             }
             (None, _) => None,
         };
@@ -71,10 +93,13 @@ impl RvShape {
             (None, Some(i)) => format!("CASE WHEN {i} THEN 0 ELSE 1 END"),
             (None, None) => "1".to_string(),
         };
-        let row = json_object("T", self.item.iter());
+        let row = json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)));
         let item = match &deleted {
             Some(d) => {
-                format!("CASE WHEN {d} THEN {} ELSE {row} END", json_object("T", self.key.iter().map(|k| &k.name)))
+                format!(
+                    "CASE WHEN {d} THEN {} ELSE {row} END",
+                    json_object("T", self.key.iter().map(|k| (&k.name, &k.ty)))
+                )
             }
             None => row,
         };
@@ -86,7 +111,7 @@ impl RvShape {
         let order: Vec<String> =
             std::iter::once(rv.clone()).chain(self.key.iter().map(|k| format!("T.{}", k.name.mssql()))).collect();
         let sql = format!(
-            "{}SELECT TOP ({limit}) {} FROM {} AS T WHERE {} ORDER BY {}",
+            "DECLARE @BOUND BINARY(8) = MIN_ACTIVE_ROWVERSION(); {}SELECT TOP ({limit}) {} FROM {} AS T WHERE {} ORDER BY {}",
             isolation(self.snapshot),
             select.join(", "),
             self.table.mssql(),

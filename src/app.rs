@@ -8,6 +8,7 @@ use crate::engine::Trigger;
 use crate::sink::{Sink, StdoutSink};
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
+use crate::source::postgres_logical::PostgresLogical;
 use crate::source::{Source, SourceError};
 use crate::state::{BlobStore, FileStore, StateStore};
 use std::collections::BTreeMap;
@@ -94,6 +95,7 @@ impl App {
 fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
     Ok(match f.source.kind {
         SourceKind::PostgresCursor => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
+        SourceKind::PostgresLogical => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
         SourceKind::MssqlChangeTracking => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
         SourceKind::MssqlRowversion => Arc::new(MssqlRowversion::new(f.source.clone())?),
     })

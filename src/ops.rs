@@ -95,6 +95,10 @@ pub struct Status {
     /// State-store operations this process performed so far.
     pub store_operations: u64,
     pub last_tick: Option<crate::engine::TickStats>,
+    /// What the source reports about itself (`Source::health`): for postgres-logical, the replication slot and
+    /// the WAL it retains. Absent for sources with nothing to say; `{"error": ...}` when it could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_health: Option<Value>,
 }
 
 async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
@@ -164,6 +168,10 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         Ok(Lag::Unknown(reason)) => (None, Some(reason)),
         Err(e) => (None, Some(format!("the lag could not be read: {e}"))),
     };
+    let source_health = match t.source().health().await {
+        Ok(health) => health,
+        Err(e) => Some(json!({ "error": e.to_string() })),
+    };
     Ok(Status {
         function: t.name().to_string(),
         source: t.source().name(),
@@ -191,6 +199,7 @@ pub async fn status(t: &Trigger) -> Result<Status, OpsError> {
         quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
         store_operations: t.ledger().store_operations(),
         last_tick: t.last_tick(),
+        source_health,
     })
 }
 

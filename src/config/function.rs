@@ -43,6 +43,11 @@ const KNOWN_KEYS: &[&str] = &[
     "outputs",
     "sink",
     "onPositionLost",
+    "slotName",
+    "publicationName",
+    "deleteItem",
+    "onTruncate",
+    "walRetainedWarnMb",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,6 +21,8 @@ pub enum StartFrom {
 pub enum SourceKind {
     /// PostgreSQL table polled by a cursor column plus primary key.
     PostgresCursor,
+    /// PostgreSQL table read from the write-ahead log through a replication slot (logical decoding).
+    PostgresLogical,
     /// SQL Server / Azure SQL change tracking (the official trigger's mechanism).
     MssqlChangeTracking,
     /// SQL Server table polled by a rowversion column below MIN_ACTIVE_ROWVERSION().
@@ -31,6 +33,7 @@ impl SourceKind {
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::PostgresCursor => "postgres-cursor",
+            Self::PostgresLogical => "postgres-logical",
             Self::MssqlChangeTracking => "mssql-change-tracking",
             Self::MssqlRowversion => "mssql-rowversion",
         }
@@ -87,12 +90,13 @@ pub(super) fn source_spec(
 
     let kind = match text("source").as_deref().unwrap_or("mssql-change-tracking") {
         "postgres-cursor" | "postgres" => SourceKind::PostgresCursor,
+        "postgres-logical" => SourceKind::PostgresLogical,
         "mssql-change-tracking" | "mssql" => SourceKind::MssqlChangeTracking,
         "mssql-rowversion" => SourceKind::MssqlRowversion,
         other => {
             problem(
                 "source",
-                format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion or postgres-cursor"),
+                format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion, postgres-cursor or postgres-logical"),
             );
             return None;
         }

@@ -97,6 +97,13 @@ impl Trigger {
             ));
             return Ok(out);
         }
+        // The checkpoint of a stored document is acknowledged: a source holding changes upstream may let go of
+        // what it passed. Only here, by the lease holder, on a document read or written at `etag`.
+        if etag.is_some() {
+            if let Err(e) = self.source.acknowledged(&doc.checkpoint).await {
+                tracing::warn!(function = %self.config.name, "could not release what the checkpoint passed at the source (the next tick tries again): {e}");
+            }
+        }
         match via {
             Via::Host(attempt) => self.deferred_tick(memory, doc, etag, attempt, now, dirty, out).await,
             Via::Immediate | Via::Sink => self.recorded_tick(memory, doc, etag, via, now, dirty, out).await,

@@ -1,4 +1,5 @@
-//! JSON lines on standard output: one line per change, `{"function","batch_id","Operation","Item"}`.
+//! JSON lines on standard output: one line per change, `{"function","batch_id","Operation","Item"}`, plus
+//! `"Metadata"` when the source was asked for it (`includeMetadata`).
 //! Useful for piping into other tools and for looking at a drain; a write to stdout that fails (closed pipe)
 //! is a failed delivery, so nothing is acknowledged that nobody read.
 
@@ -20,8 +21,9 @@ impl Sink for StdoutSink {
         let mut text = String::with_capacity(batch.changes.len() * 128);
         for c in batch.changes {
             let op = c.operation as u8;
+            let metadata = c.metadata.as_ref().map_or(String::new(), |m| format!(",\"Metadata\":{}", m.get()));
             text.push_str(&format!(
-                "{{\"function\":{},\"batch_id\":{},\"Operation\":{op},\"Item\":{}}}\n",
+                "{{\"function\":{},\"batch_id\":{},\"Operation\":{op},\"Item\":{}{metadata}}}\n",
                 serde_json::Value::String(batch.function.to_string()),
                 batch.batch_id,
                 c.item.get()

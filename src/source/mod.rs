@@ -16,6 +16,7 @@
 
 pub mod mssql;
 pub mod postgres;
+pub mod postgres_logical;
 
 use crate::change::Change;
 use crate::config::SourceSpec;
@@ -96,6 +97,18 @@ pub trait Source: Send + Sync + fmt::Debug {
     async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
         let _ = after;
         Ok(Lag::Unknown(format!("{} does not record when a change was made", self.name())))
+    }
+    /// The engine committed `checkpoint` (a stored, acknowledged position): a source that holds changes for
+    /// us upstream (a replication slot) may release what the checkpoint has passed. Called by the lease
+    /// holder at the start of a tick, after the state was read; never with a position that is not yet
+    /// acknowledged. A failure is logged and changes nothing: the next tick calls again.
+    async fn acknowledged(&self, checkpoint: &Position) -> Result<(), SourceError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// What the source wants an operator to see in status beside pending and lag (a slot's retained WAL).
+    async fn health(&self) -> Result<Option<Value>, SourceError> {
+        Ok(None)
     }
 }
 

@@ -1,0 +1,124 @@
+//! Every statement the logical source runs. Names reach SQL only quoted (`Ident::pg`) or as parameters; slot
+//! and publication names are restricted to `[a-z0-9_]` by the options, and are parameters where PostgreSQL
+//! takes them as values.
+
+use crate::ident::Ident;
+
+pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text";
+
+/// The table's oid, replica identity, schema and name; no row when it does not exist.
+pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)";
+
+/// Columns in table order: name, type name, and whether the type (or a domain's base type) is json or jsonb,
+/// whose text pgoutput sends and `jsonb_populate_record` would keep as a JSON string.
+pub const COLUMNS: &str = "SELECT a.attname::text, t.typname::text,
+        coalesce(b.typname, t.typname) IN ('json', 'jsonb')
+    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type b ON b.oid = nullif(t.typbasetype, 0)
+    WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
+
+/// The primary key's columns in key order.
+pub const PRIMARY_KEY: &str = "SELECT a.attname::text FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord";
+
+/// The columns of the replica identity index (`REPLICA IDENTITY USING INDEX`).
+pub const IDENTITY_INDEX: &str = "SELECT a.attname::text FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) AS k(attnum)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = $1 AND i.indisreplident";
+
+/// What a publication publishes.
+pub const PUBLICATION: &str =
+    "SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1";
+
+/// Whether the publication has the table, with its row filter and column list (PostgreSQL 15 and later).
+pub const PUBLISHED: &str = "SELECT rowfilter IS NULL, attnames::text[] FROM pg_publication_tables
+    WHERE pubname = $1 AND schemaname = $2 AND tablename = $3";
+
+/// The slot as `pg_replication_slots` shows it; no row when it does not exist.
+pub const SLOT: &str = "SELECT plugin::text, database::text, current_database()::text, temporary,
+        coalesce(wal_status, ''), confirmed_flush_lsn::text
+    FROM pg_replication_slots WHERE slot_name = $1";
+
+pub const CREATE_SLOT: &str = "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')";
+
+pub const DROP_SLOT: &str = "SELECT pg_drop_replication_slot($1)";
+
+/// Moves the slot to a position an acknowledged checkpoint has passed.
+pub const ADVANCE: &str = "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)";
+
+/// The WAL is flushed up to here: every commit record that starts before it can be decoded now.
+pub const FLUSH: &str = "SELECT pg_current_wal_flush_lsn()::text";
+
+/// Status: the slot's positions and the WAL it keeps the server from recycling.
+pub const SLOT_STATUS: &str = "SELECT confirmed_flush_lsn::text, restart_lsn::text,
+        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8,
+        coalesce(wal_status, ''), safe_wal_size, active_pid
+    FROM pg_replication_slots WHERE slot_name = $1";
+
+/// Up to `$2` messages (give or take a transaction) from the slot, decoded by pgoutput, with the flush
+/// position read first and used as the bound: a stretch that ends at it without a change for this source is
+/// proven empty. The server clock comes along for the lag. One row with null message columns when there are
+/// no messages.
+pub fn peek(publication: &str) -> String {
+    format!(
+        "SELECT f.flush::text, f.now, p.lsn::text, p.data
+        FROM (SELECT pg_current_wal_flush_lsn() AS flush, extract(epoch FROM clock_timestamp())::float8 AS now) f
+        LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes($1, f.flush, $2,
+            'proto_version', '1', 'publication_names', '\"{publication}\"') p ON true"
+    )
+}
+
+/// What builds `Item` from the values the WAL carries, in one statement per batch.
+///
+/// `$1` holds one JSON object (as text) per change (column name to text, or to JSON for json columns; an unchanged
+/// TOAST-ed column is left out), `$2` what to build: 0 the row, 1 the key, 2 the row after reading the columns
+/// the WAL left out from the table. `jsonb_populate_record` runs each text through the column type's input
+/// function, and the projection is the cursor source's (`row_to_json`, bytea as base64), so a value reaches the
+/// consumer exactly as the cursor source would send it.
+pub fn items(table: &str, key: &[Ident], columns: &[(Ident, bool)]) -> String {
+    let projected: Vec<String> = columns
+        .iter()
+        .map(|(c, is_bytea)| {
+            if *is_bytea {
+                format!("translate(encode(q.{}, 'base64'), E'\\n', '') AS {}", c.pg(), c.pg())
+            } else {
+                format!("q.{} AS {}", c.pg(), c.pg())
+            }
+        })
+        .collect();
+    let key_projection: Vec<String> = key.iter().map(|k| format!("q.{} AS {}", k.pg(), k.pg())).collect();
+    let key_match: Vec<String> = key.iter().map(|k| format!("c.{} = p.{}", k.pg(), k.pg())).collect();
+    format!(
+        "SELECT CASE WHEN o.kind = 1 THEN (SELECT row_to_json(k)::text FROM (SELECT {keys}) k)
+            ELSE (SELECT row_to_json(r)::text FROM (SELECT {cols}) r) END
+        FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS o(t, kind, n)
+        CROSS JOIN LATERAL (SELECT o.t::jsonb AS j) AS x
+        CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, x.j) AS p
+        LEFT JOIN LATERAL (SELECT to_jsonb(c) AS row FROM {table} c WHERE o.kind = 2 AND {matched}) cur ON true
+        CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, coalesce(cur.row, '{{}}'::jsonb) || x.j) AS q
+        ORDER BY o.n",
+        keys = key_projection.join(", "),
+        cols = projected.join(", "),
+        matched = key_match.join(" AND "),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_items_statement_quotes_every_name() {
+        let key = vec![Ident::new("Order \"Id\"").expect("a name")];
+        let cols =
+            vec![(Ident::new("Order \"Id\"").expect("a name"), false), (Ident::new("blob").expect("a name"), true)];
+        let s = items("\"s\".\"t\"", &key, &cols);
+        assert!(s.contains("q.\"Order \"\"Id\"\"\" AS \"Order \"\"Id\"\"\""), "{s}");
+        assert!(s.contains("c.\"Order \"\"Id\"\"\" = p.\"Order \"\"Id\"\"\""), "{s}");
+        assert!(s.contains("translate(encode(q.\"blob\", 'base64'), E'\\n', '') AS \"blob\""), "{s}");
+        assert!(s.contains("NULL::\"s\".\"t\""), "{s}");
+    }
+}

@@ -9,7 +9,7 @@ use super::ledger::Saved;
 use super::{failpoint, Memory, OutcomeKind, TickError, TickOutcome, Trigger, Via};
 use crate::change::{encode_batch, Change};
 use crate::config::PoisonAction;
-use crate::source::{Fetched, Position};
+use crate::source::{Fetched, Position, SourceError};
 use crate::state::Etag;
 use time::OffsetDateTime;
 
@@ -31,8 +31,13 @@ impl Trigger {
         if let Some((doc, etag)) = memory.written.take() {
             let out = match self.tick_on(memory, doc, Some(etag.clone()), via).await {
                 // A refusal read off the remembered document (a halt this process recorded, say) is decided
-                // again on the stored one: an operator may have lifted it since.
-                Err(TickError::Halted { .. } | TickError::FingerprintChanged { .. }) => {
+                // again on the stored one: an operator may have lifted it since, or another instance may have
+                // moved on (a source that releases what a checkpoint passed then refuses the older position).
+                Err(
+                    TickError::Halted { .. }
+                    | TickError::FingerprintChanged { .. }
+                    | TickError::Source(SourceError::PositionLost(_)),
+                ) => {
                     if let Some((doc, fresh)) = self.load().await? {
                         return self.tick_on(memory, doc, Some(fresh), via).await;
                     }

@@ -40,7 +40,6 @@ use options::{DeleteItem, OnTruncate, Options};
 use pgoutput::{Message, OldKind, Relation};
 use position::{Lsn, Place, Pos};
 use serde_json::{json, Map, Value};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,8 +77,6 @@ struct Shape {
     oid: u32,
     /// Key columns: a delete's `Item`, and how a left-out TOAST value is read back.
     key: Vec<Ident>,
-    /// Columns whose text is JSON (json, jsonb, or a domain over them): sent to SQL as JSON, not as a string.
-    json_columns: HashSet<String>,
     /// The column names, in table order.
     columns: Vec<String>,
     items: String,
@@ -264,14 +261,19 @@ impl PostgresLogical {
                     c.as_str()
                 ))
             })?;
-            item_columns.push((c.clone(), typname == "bytea"));
+            let json = columns.iter().any(|(n, _, json)| n == c.as_str() && *json);
+            let render = match typname.as_str() {
+                "bytea" => sql::Render::Base64,
+                ty if json => sql::Render::Json(ty.to_string()),
+                _ => sql::Render::Plain,
+            };
+            item_columns.push((c.clone(), render));
         }
         self.check_publication(&client, &quoted, &schema, &name, &columns).await?;
         Ok(Shape {
             oid,
             items: sql::items(&quoted, &key, &item_columns),
             key,
-            json_columns: columns.iter().filter(|(_, _, json)| *json).map(|(n, _, _)| n.clone()).collect(),
             columns: columns.into_iter().map(|(n, _, _)| n).collect(),
         })
     }
@@ -447,7 +449,7 @@ impl PostgresLogical {
         // After `limit` changes: whether the last one ends its transaction decides its position's `end`.
         let mut looking_ahead = false;
         let mut complete = false;
-        while let Some(row) = rows.next().await {
+        'rows: while let Some(row) = rows.next().await {
             let row = row.map_err(|e| self.error(e))?;
             if out.scan.now == 0.0 {
                 out.scan.now = row.get(1);
@@ -495,35 +497,48 @@ impl PostgresLogical {
                     if id == shape.oid =>
                 {
                     let t = txn.as_mut().ok_or_else(|| undecodable("a change outside a transaction", lsn))?;
-                    t.seq += 1;
-                    let place = Place { commit: t.commit, seq: t.seq };
-                    if looking_ahead {
-                        complete = true;
-                        break;
-                    }
-                    if want.after.is_some_and(|a| a.covers(place)) {
-                        continue;
-                    }
-                    if want.upto.is_some_and(|u| !u.covers(place)) {
-                        complete = true;
-                        break;
-                    }
                     let r = relation.as_ref().ok_or_else(|| undecodable("a change before its relation", lsn))?;
-                    let (operation, kind, values) =
-                        if want.values { self.values(message, r, shape)? } else { (Operation::Insert, 0, Map::new()) };
-                    out.scan.changes.push(Decoded {
-                        place,
-                        operation,
-                        kind,
-                        values,
-                        lsn,
-                        xid: t.xid,
-                        commit_time: t.commit_time,
-                    });
-                    out.scan.last_end = None;
-                    out.scan.passed = None;
-                    if out.scan.changes.len() >= want.limit {
-                        looking_ahead = true;
+                    // An update that moves a row to another key is two changes, a delete of the old key and an
+                    // insert of the new row (as change tracking reports it): a consumer keyed by the primary key
+                    // would otherwise keep the old row for ever.
+                    let parts = if key_changed(&message, r, shape) { 2 } else { 1 };
+                    for part in 0..parts {
+                        t.seq += 1;
+                        let place = Place { commit: t.commit, seq: t.seq };
+                        if looking_ahead {
+                            complete = true;
+                            break 'rows;
+                        }
+                        if want.after.is_some_and(|a| a.covers(place)) {
+                            continue;
+                        }
+                        if want.upto.is_some_and(|u| !u.covers(place)) {
+                            complete = true;
+                            break 'rows;
+                        }
+                        let (operation, kind, values) = match (want.values, parts, part) {
+                            (false, _, _) => (Operation::Insert, 0, Map::new()),
+                            (true, 2, 0) => self.old_key(&message, r, shape),
+                            (true, 2, _) => {
+                                let (_, kind, values) = self.values(&message, r, shape);
+                                (Operation::Insert, kind, values)
+                            }
+                            (true, _, _) => self.values(&message, r, shape),
+                        };
+                        out.scan.changes.push(Decoded {
+                            place,
+                            operation,
+                            kind,
+                            values,
+                            lsn,
+                            xid: t.xid,
+                            commit_time: t.commit_time,
+                        });
+                        out.scan.last_end = None;
+                        out.scan.passed = None;
+                        if out.scan.changes.len() >= want.limit {
+                            looking_ahead = true;
+                        }
                     }
                 }
                 Message::Truncate { relations, .. } if relations.contains(&shape.oid) => {
@@ -576,34 +591,11 @@ impl PostgresLogical {
     }
 
     /// An insert, update or delete as the operation, what `sql::items` should build, and the column values.
-    fn values(
-        &self,
-        message: Message,
-        r: &Relation,
-        shape: &Shape,
-    ) -> Result<(Operation, i32, Map<String, Value>), SourceError> {
-        let object = |tuple: &[pgoutput::Value], only_key: bool| -> Map<String, Value> {
-            let mut m = Map::new();
-            for (c, v) in r.columns.iter().zip(tuple) {
-                if only_key && !shape.key.iter().any(|k| k.as_str() == c.name) {
-                    continue;
-                }
-                let value = match v {
-                    pgoutput::Value::Null => Value::Null,
-                    pgoutput::Value::Unchanged => continue,
-                    pgoutput::Value::Text(t) if shape.json_columns.contains(&c.name) => {
-                        serde_json::from_str(t).unwrap_or_else(|_| Value::String(t.clone()))
-                    }
-                    pgoutput::Value::Text(t) => Value::String(t.clone()),
-                };
-                m.insert(c.name.clone(), value);
-            }
-            m
-        };
-        Ok(match message {
-            Message::Insert { new, .. } => (Operation::Insert, 0, object(&new, false)),
+    fn values(&self, message: &Message, r: &Relation, shape: &Shape) -> (Operation, i32, Map<String, Value>) {
+        match message {
+            Message::Insert { new, .. } => (Operation::Insert, 0, tuple_object(new, r, shape, false)),
             Message::Update { new, old, .. } => {
-                let mut values = object(&new, false);
+                let mut values = tuple_object(new, r, shape, false);
                 let left_out: Vec<usize> =
                     new.iter().enumerate().filter(|(_, v)| **v == pgoutput::Value::Unchanged).map(|(i, _)| i).collect();
                 let mut kind = 0;
@@ -611,7 +603,7 @@ impl PostgresLogical {
                     match old {
                         // REPLICA IDENTITY FULL: the old row carries the untouched values.
                         Some((OldKind::Row, old)) => {
-                            let old = object(&old, false);
+                            let old = tuple_object(old, r, shape, false);
                             for i in left_out {
                                 let name = &r.columns[i].name;
                                 if let Some(v) = old.get(name) {
@@ -625,11 +617,23 @@ impl PostgresLogical {
                 (Operation::Update, kind, values)
             }
             Message::Delete { old: (old_kind, old), .. } => match (self.options.delete_item, old_kind) {
-                (DeleteItem::Row, OldKind::Row) => (Operation::Delete, 0, object(&old, false)),
-                _ => (Operation::Delete, 1, object(&old, true)),
+                (DeleteItem::Row, OldKind::Row) => (Operation::Delete, 0, tuple_object(old, r, shape, false)),
+                _ => (Operation::Delete, 1, tuple_object(old, r, shape, true)),
             },
-            _ => unreachable!("values is called for inserts, updates and deletes only"),
-        })
+            other => unreachable!("values is called for inserts, updates and deletes only, not {other:?}"),
+        }
+    }
+
+    /// The delete half of an update that changed the key: the old key (or the whole old row, as a delete's
+    /// `Item` would be).
+    fn old_key(&self, message: &Message, r: &Relation, shape: &Shape) -> (Operation, i32, Map<String, Value>) {
+        match message {
+            Message::Update { old: Some((OldKind::Row, old)), .. } if self.options.delete_item == DeleteItem::Row => {
+                (Operation::Delete, 0, tuple_object(old, r, shape, false))
+            }
+            Message::Update { old: Some((_, old)), .. } => (Operation::Delete, 1, tuple_object(old, r, shape, true)),
+            other => unreachable!("old_key is called for key-changing updates only, not {other:?}"),
+        }
     }
 
     /// Builds the changes of a scan: one statement turns the values into `Item`s.
@@ -750,6 +754,34 @@ fn slot_state(row: Option<&tokio_postgres::Row>, slot: &str) -> SlotState {
         Some(at) => SlotState::Ready(at),
         None => SlotState::Foreign(format!("{slot} has no confirmed position yet")),
     }
+}
+
+/// A tuple as the JSON object `sql::items` reads: column name to text (JSON for json columns) or null; a value
+/// the WAL left out (an unchanged TOAST-ed value) is left out. `only_key`: the key columns only.
+fn tuple_object(tuple: &[pgoutput::Value], r: &Relation, shape: &Shape, only_key: bool) -> Map<String, Value> {
+    let mut m = Map::new();
+    for (c, v) in r.columns.iter().zip(tuple) {
+        if only_key && !shape.key.iter().any(|k| k.as_str() == c.name) {
+            continue;
+        }
+        let value = match v {
+            pgoutput::Value::Null => Value::Null,
+            pgoutput::Value::Unchanged => continue,
+            pgoutput::Value::Text(t) => Value::String(t.clone()),
+        };
+        m.insert(c.name.clone(), value);
+    }
+    m
+}
+
+/// Whether an update moved its row to another key: the old tuple (sent when the replica identity changed or
+/// is stored out of line, and always with REPLICA IDENTITY FULL) holds other key values than the new one.
+fn key_changed(message: &Message, r: &Relation, shape: &Shape) -> bool {
+    let Message::Update { old: Some((_, old)), new, .. } = message else { return false };
+    r.columns.iter().enumerate().any(|(i, c)| {
+        shape.key.iter().any(|k| k.as_str() == c.name)
+            && matches!((old.get(i), new.get(i)), (Some(o @ pgoutput::Value::Text(_)), Some(n @ pgoutput::Value::Text(_))) if o != n)
+    })
 }
 
 fn undecodable(what: &str, lsn: Lsn) -> SourceError {

@@ -10,9 +10,9 @@ pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::
 pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)";
 
-/// Columns in table order: name, type name, and whether the type (or a domain's base type) is json or jsonb,
-/// whose text pgoutput sends and `jsonb_populate_record` would keep as a JSON string.
-pub const COLUMNS: &str = "SELECT a.attname::text, t.typname::text,
+/// Columns in table order: name, type (as SQL spells it), and whether the type (or a domain's base type) is
+/// json or jsonb, whose text `jsonb_populate_record` would keep as a JSON string.
+pub const COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
         coalesce(b.typname, t.typname) IN ('json', 'jsonb')
     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type b ON b.oid = nullif(t.typbasetype, 0)
     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
@@ -71,21 +71,35 @@ pub fn peek(publication: &str) -> String {
     )
 }
 
+/// How a column reaches `Item`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Render {
+    /// As `row_to_json` writes the column's type.
+    Plain,
+    /// bytea, as base64 (as the cursor source and the official trigger send binary columns).
+    Base64,
+    /// A json or jsonb column (or a domain over one), whose type this is: its text from the WAL is cast back
+    /// to the type, so json keeps its exact text, as `row_to_json` of the table would.
+    Json(String),
+}
+
 /// What builds `Item` from the values the WAL carries, in one statement per batch.
 ///
-/// `$1` holds one JSON object (as text) per change (column name to text, or to JSON for json columns; an unchanged
-/// TOAST-ed column is left out), `$2` what to build: 0 the row, 1 the key, 2 the row after reading the columns
-/// the WAL left out from the table. `jsonb_populate_record` runs each text through the column type's input
-/// function, and the projection is the cursor source's (`row_to_json`, bytea as base64), so a value reaches the
-/// consumer exactly as the cursor source would send it.
-pub fn items(table: &str, key: &[Ident], columns: &[(Ident, bool)]) -> String {
+/// `$1` holds one JSON object (as text) per change: column name to the text the WAL carries, or null; a
+/// TOAST-ed value an update did not touch is left out. `$2` says what to build: 0 the row, 1 the key, 2 the
+/// row with the left-out columns read from the table by key. `jsonb_populate_record` runs each text through the column type's input function, and the
+/// projection is the cursor source's (`row_to_json`, bytea as base64), so a value reaches the consumer as the
+/// cursor source would send it. When the row is gone by the time it is read back (a delete follows in the
+/// stream), the left-out columns are left out of `Item` rather than sent as a null the row never held.
+pub fn items(table: &str, key: &[Ident], columns: &[(Ident, Render)]) -> String {
     let projected: Vec<String> = columns
         .iter()
-        .map(|(c, is_bytea)| {
-            if *is_bytea {
-                format!("translate(encode(q.{}, 'base64'), E'\\n', '') AS {}", c.pg(), c.pg())
-            } else {
-                format!("q.{} AS {}", c.pg(), c.pg())
+        .map(|(c, render)| match render {
+            Render::Plain => format!("q.{} AS {}", c.pg(), c.pg()),
+            Render::Base64 => format!("translate(encode(q.{}, 'base64'), E'\\n', '') AS {}", c.pg(), c.pg()),
+            Render::Json(ty) => {
+                let name = literal(c.as_str());
+                format!("CASE WHEN x.j ? {name} THEN (x.j->>{name})::{ty} ELSE q.{} END AS {}", c.pg(), c.pg())
             }
         })
         .collect();
@@ -93,6 +107,8 @@ pub fn items(table: &str, key: &[Ident], columns: &[(Ident, bool)]) -> String {
     let key_match: Vec<String> = key.iter().map(|k| format!("c.{} = p.{}", k.pg(), k.pg())).collect();
     format!(
         "SELECT CASE WHEN o.kind = 1 THEN (SELECT row_to_json(k)::text FROM (SELECT {keys}) k)
+            WHEN o.kind = 2 AND cur.row IS NULL THEN (SELECT json_object_agg(e.key, e.value)::text
+                FROM json_each((SELECT row_to_json(r) FROM (SELECT {cols}) r)) e WHERE x.j ? e.key)
             ELSE (SELECT row_to_json(r)::text FROM (SELECT {cols}) r) END
         FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS o(t, kind, n)
         CROSS JOIN LATERAL (SELECT o.t::jsonb AS j) AS x
@@ -106,6 +122,11 @@ pub fn items(table: &str, key: &[Ident], columns: &[(Ident, bool)]) -> String {
     )
 }
 
+/// A SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,12 +134,19 @@ mod tests {
     #[test]
     fn the_items_statement_quotes_every_name() {
         let key = vec![Ident::new("Order \"Id\"").expect("a name")];
-        let cols =
-            vec![(Ident::new("Order \"Id\"").expect("a name"), false), (Ident::new("blob").expect("a name"), true)];
+        let cols = vec![
+            (Ident::new("Order \"Id\"").expect("a name"), Render::Plain),
+            (Ident::new("blob").expect("a name"), Render::Base64),
+            (Ident::new("it's").expect("a name"), Render::Json("jsonb".into())),
+        ];
         let s = items("\"s\".\"t\"", &key, &cols);
         assert!(s.contains("q.\"Order \"\"Id\"\"\" AS \"Order \"\"Id\"\"\""), "{s}");
         assert!(s.contains("c.\"Order \"\"Id\"\"\" = p.\"Order \"\"Id\"\"\""), "{s}");
         assert!(s.contains("translate(encode(q.\"blob\", 'base64'), E'\\n', '') AS \"blob\""), "{s}");
         assert!(s.contains("NULL::\"s\".\"t\""), "{s}");
+        assert!(
+            s.contains("CASE WHEN x.j ? 'it''s' THEN (x.j->>'it''s')::jsonb ELSE q.\"it's\" END AS \"it's\""),
+            "{s}"
+        );
     }
 }

@@ -168,7 +168,7 @@ impl PostgresLogical {
         let table = &self.spec.table;
         let quoted = table.pg();
         let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.error(e))?;
-        let (wal_level, login): (String, String) = (row.get(0), row.get(1));
+        let (wal_level, login, replication): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
         if wal_level != "logical" {
             return Err(SourceError::Invalid(format!(
                 "postgres-logical needs wal_level = logical, and the server runs with {wal_level}. On your own server: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL. On Azure Database for PostgreSQL flexible server: set the server parameter wal_level to LOGICAL and restart the server (docs/postgres.md). The login {login} also needs the REPLICATION attribute (ALTER ROLE \"{login}\" WITH REPLICATION)"
@@ -269,7 +269,14 @@ impl PostgresLogical {
             };
             item_columns.push((c.clone(), render));
         }
-        self.check_publication(&client, &quoted, &schema, &name, &columns).await?;
+        // What else the login lacks, said with the publication's refusal so an operator fixes it all at once.
+        let also = (!replication).then(|| {
+            format!(
+                ". The login {login} also lacks the REPLICATION attribute that reading a slot needs: ALTER ROLE \"{login}\" WITH REPLICATION (or have such a user create the slot: SELECT pg_create_logical_replication_slot('{}', 'pgoutput'))",
+                self.options.slot
+            )
+        });
+        self.check_publication(&client, &quoted, &schema, &name, &columns, also.as_deref().unwrap_or_default()).await?;
         Ok(Shape {
             oid,
             items: sql::items(&quoted, &key, &item_columns),
@@ -287,6 +294,7 @@ impl PostgresLogical {
         schema: &str,
         name: &str,
         columns: &[(String, String, bool)],
+        also: &str,
     ) -> Result<(), SourceError> {
         let publication = &self.options.publication;
         let create = format!("CREATE PUBLICATION {publication} FOR TABLE {quoted}");
@@ -298,7 +306,7 @@ impl PostgresLogical {
                     Ok(())
                 }
                 Err(e) if e.code().is_some_and(|c| c.code() == "42501") => Err(SourceError::Invalid(format!(
-                    "publication {publication} does not exist, and this login may not create it ({}). Have the table's owner run: {create}",
+                    "publication {publication} does not exist, and this login may not create it ({}). Have the table's owner run: {create}{also}",
                     e.as_db_error().map_or(String::new(), |d| d.message().to_string())
                 ))),
                 Err(e) => Err(self.error(e)),

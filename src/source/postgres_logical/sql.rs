@@ -4,7 +4,9 @@
 
 use crate::ident::Ident;
 
-pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text";
+/// The server's wal_level, the login, and whether the login may use replication slots.
+pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text,
+    coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)";
 
 /// The table's oid, replica identity, schema and name; no row when it does not exist.
 pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text

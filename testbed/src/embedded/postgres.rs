@@ -234,7 +234,7 @@ impl EmbeddedPostgres {
             // commits and "PostgreSQL restarted" tests would see time go backwards. With fsync off it costs
             // one write() to the page cache per commit.
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=200", "-c", "max_replication_slots=10", "-c", "max_wal_senders=10"])
+            .args(["-c", "max_connections=200", "-c", "max_replication_slots=50", "-c", "max_wal_senders=10"])
             .current_dir(self.scratch.path())
             .env("LC_ALL", "C")
             .stdin(Stdio::null())

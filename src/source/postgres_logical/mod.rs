@@ -69,6 +69,8 @@ struct SlotMemory {
     at: Option<Lsn>,
     /// The table's columns as the last Relation message described them, to notice a schema change.
     columns: Option<Vec<(String, u32)>>,
+    /// How many messages the last peek read before its first change after the position.
+    skipped: usize,
 }
 
 /// The table as the catalog describes it.
@@ -407,13 +409,17 @@ impl PostgresLogical {
             let shape = self.shape().await?;
             let mut memory = self.slot.lock().await;
             let client = self.client().await?;
-            let mut budget = (want.limit.saturating_mul(3) + 64).min(i32::MAX as usize);
+            // Deferred delivery keeps the slot at the proven checkpoint, so a tick skips the unproven span first:
+            // start from what the last peek needed rather than growing to it again every tick.
+            let mut budget =
+                (want.limit.saturating_mul(3) + 64).max(memory.skipped + want.limit).min(i32::MAX as usize);
             let peeked = loop {
                 match self.peek(&client, &shape, &mut memory, want, budget).await? {
                     Some(peeked) => break peeked,
                     None => budget = budget.saturating_mul(4).min(i32::MAX as usize),
                 }
             };
+            memory.skipped = peeked.skipped;
             if peeked.shape_changed && !discovered_again {
                 discovered_again = true;
                 *self.shape.lock().expect("shape lock") = None;
@@ -518,6 +524,7 @@ impl PostgresLogical {
                             break 'rows;
                         }
                         if want.after.is_some_and(|a| a.covers(place)) {
+                            out.skipped = seen;
                             continue;
                         }
                         if want.upto.is_some_and(|u| !u.covers(place)) {
@@ -726,6 +733,8 @@ struct Peeked {
     flush: String,
     /// A Relation message showed columns the shape does not have: discover again and scan again.
     shape_changed: bool,
+    /// Messages read before the first change after the position.
+    skipped: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -338,3 +338,83 @@ pub fn assert_nothing_lost(counts: &BTreeMap<i64, usize>, expected: &BTreeSet<i6
         assert!(*n >= 1 && *n <= allowed, "order {id} written {n} times (at most {allowed}): {counts:?}");
     }
 }
+
+/// Where a crash round's handler process dies (tests/e2e/crashes.rs, tests/e2e/logical.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kill {
+    /// Changes fetched, nothing committed (failpoint `after-fetch`).
+    AfterFetch,
+    /// Batch recorded in flight (and the one before acknowledged), not answered (failpoint `after-commit`).
+    AfterCommit,
+    /// Batch answered and written by the host, not yet acknowledged (`kill -9` before the next invocation).
+    AfterWrittenAnswer,
+    /// Batch answered, then the instance died with the host before it wrote anything (`kill -9`).
+    AfterLostAnswer,
+    /// No crash: the process delivers until idle and is then killed while idle.
+    WhileIdle,
+}
+
+impl Kill {
+    /// The failpoint that aborts the process, at its `nth` hit (`name@n`) when given.
+    pub fn failpoint(self, nth: Option<u32>) -> Option<String> {
+        let name = match self {
+            Kill::AfterFetch => "after-fetch",
+            Kill::AfterCommit => "after-commit",
+            _ => return None,
+        };
+        Some(nth.map_or(name.to_string(), |n| format!("{name}@{n}")))
+    }
+}
+
+/// Runs `host` (started with `kill.failpoint(..)`) to its kill point and kills it there; counts in `extra`
+/// the batches the host wrote that the next owner re-delivers whole. What happened, for failure messages.
+pub async fn kill_at(host: &HostDriver, kill: Kill, idle_firings: usize, extra: &mut BTreeMap<i64, usize>) -> String {
+    let mut note = String::new();
+    let count = |ids: &[i64], extra: &mut BTreeMap<i64, usize>| {
+        for id in ids {
+            *extra.entry(*id).or_insert(0) += 1;
+        }
+    };
+    match kill {
+        Kill::AfterFetch | Kill::AfterCommit => {
+            // Firings first finish what a dead process left (re-delivering its batch once its lease lapses)
+            // and then fetch the new orders, which is where this process aborts. The batch this process's
+            // host wrote last, while no later firing has acknowledged it.
+            let mut unacknowledged = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while host.is_running() {
+                assert!(Instant::now() < deadline, "no crash within 10 s\n{}", host.output());
+                let run = host.run_timer(FUNCTION).await.expect("timer run");
+                if run.succeeded {
+                    // A firing that wrote nothing acknowledged what this process wrote before (or had nothing
+                    // of its own): a single process never meets a conflict.
+                    unacknowledged = run.applied.get("changes").map(|m| ids_of(m)).unwrap_or_default();
+                }
+            }
+            assert!(host.output().contains("failpoint after-"), "{}", host.output());
+            // The acknowledgement of that batch is part of the same write as the next batch: after-fetch dies
+            // before that write, so the next owner re-delivers it; after-commit dies after it.
+            if kill == Kill::AfterFetch && !unacknowledged.is_empty() {
+                count(&unacknowledged, extra);
+                note.push_str(&format!(", before acknowledging {unacknowledged:?}"));
+            }
+        }
+        Kill::AfterWrittenAnswer => {
+            let batch = ids_of(&fire_until_delivered(host, FUNCTION).await);
+            count(&batch, extra);
+            note.push_str(&format!(", killed after the host wrote {batch:?}"));
+            host.kill();
+        }
+        Kill::AfterLostAnswer => {
+            let answer = invoke_until_answered(host, FUNCTION).await;
+            note.push_str(&format!(", killed after answering {:?}", ids_of(&answered_changes(&answer))));
+            host.kill();
+        }
+        Kill::WhileIdle => {
+            fire_until_delivered(host, FUNCTION).await;
+            drain(host, idle_firings).await;
+            host.kill();
+        }
+    }
+    note
+}

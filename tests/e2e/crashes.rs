@@ -19,21 +19,6 @@ use sql_pseudo_trigger::engine::failpoint;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// Where a round's handler process dies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Kill {
-    /// Changes fetched, nothing committed (failpoint `after-fetch`).
-    AfterFetch,
-    /// Batch recorded in flight, not answered (failpoint `after-commit`).
-    AfterCommit,
-    /// Batch answered and written by the host, not yet acknowledged (`kill -9` before the next invocation).
-    AfterWrittenAnswer,
-    /// Batch answered, then the instance died with the host before it wrote anything (`kill -9`).
-    AfterLostAnswer,
-    /// No crash: the process delivers until idle and is then killed while idle.
-    WhileIdle,
-}
-
 const KILLS: [Kill; 5] =
     [Kill::AfterFetch, Kill::AfterCommit, Kill::AfterWrittenAnswer, Kill::AfterLostAnswer, Kill::WhileIdle];
 
@@ -89,57 +74,12 @@ impl Stream {
         let first = self.next_id;
         self.next_id += rows;
         self.orders.insert(first..self.next_id).await;
-        let host = match kill {
-            Kill::AfterFetch => self.app.start_handler(&[(failpoint::ENV, "after-fetch")]).await,
-            Kill::AfterCommit => self.app.start_handler(&[(failpoint::ENV, "after-commit")]).await,
-            _ => start(&self.app).await,
+        let host = match kill.failpoint(None) {
+            Some(point) => self.app.start_handler(&[(failpoint::ENV, &point)]).await,
+            None => start(&self.app).await,
         };
         let mut note = format!("{}: {kill:?} after inserting {first}..{}", self.name, self.next_id);
-        match kill {
-            Kill::AfterFetch | Kill::AfterCommit => {
-                // Firings first finish what a dead process left (re-delivering its batch once its lease
-                // lapses) and then fetch the new orders, which is where this process aborts.
-                // The batch this process's host wrote last, while no later firing has acknowledged it.
-                let mut unacknowledged = Vec::new();
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while host.is_running() {
-                    assert!(Instant::now() < deadline, "no crash within 10 s: {:?}\n{}", self.trace, host.output());
-                    let run = host.run_timer(FUNCTION).await.expect("timer run");
-                    if run.succeeded {
-                        // A firing that wrote nothing acknowledged what this process wrote before (or had
-                        // nothing of its own): a single process never meets a conflict.
-                        unacknowledged = run.applied.get("changes").map(|m| ids_of(m)).unwrap_or_default();
-                    }
-                }
-                assert!(host.output().contains("failpoint after-"), "{}", host.output());
-                // The acknowledgement of that batch is part of the same write as the next batch: after-fetch
-                // dies before that write, so the next owner re-delivers it; after-commit dies after it.
-                if kill == Kill::AfterFetch && !unacknowledged.is_empty() {
-                    for id in &unacknowledged {
-                        *self.extra.entry(*id).or_insert(0) += 1;
-                    }
-                    note.push_str(&format!(", before acknowledging {unacknowledged:?}"));
-                }
-            }
-            Kill::AfterWrittenAnswer => {
-                let batch = fire_until_delivered(&host, FUNCTION).await;
-                for id in ids_of(&batch) {
-                    *self.extra.entry(id).or_insert(0) += 1;
-                }
-                note.push_str(&format!(", killed after the host wrote {:?}", ids_of(&batch)));
-                host.kill();
-            }
-            Kill::AfterLostAnswer => {
-                let answer = invoke_until_answered(&host, FUNCTION).await;
-                note.push_str(&format!(", killed after answering {:?}", ids_of(&answered_changes(&answer))));
-                host.kill();
-            }
-            Kill::WhileIdle => {
-                fire_until_delivered(&host, FUNCTION).await;
-                drain(&host, 20).await;
-                host.kill();
-            }
-        }
+        note.push_str(&kill_at(&host, kill, 20, &mut self.extra).await);
         self.written.extend(host.delivered("changes"));
         self.trace.push(note);
     }

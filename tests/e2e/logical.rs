@@ -766,22 +766,6 @@ async fn with_on_truncate_skip_a_truncate_logs_an_error_and_the_changes_after_it
 // 6. Hard kills during a drain with concurrent writers
 // ---------------------------------------------------------------------------------------------------------------
 
-/// Where a round's handler process dies (see crashes.rs, whose prediction of every order's count this
-/// follows).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kill {
-    /// Changes fetched, nothing committed: failpoint `after-fetch@2` (the second fetch that found changes).
-    AfterFetch,
-    /// The batch recorded (and the one before acknowledged), not answered: failpoint `after-commit@2`.
-    AfterCommit,
-    /// A batch answered and written by the host, not yet acknowledged: `kill -9` before the next invocation.
-    AfterWrittenAnswer,
-    /// A batch answered, then the instance died with the host before it wrote anything.
-    AfterLostAnswer,
-    /// Drained (the writer done), then killed while idle.
-    WhileIdle,
-}
-
 #[tokio::test]
 async fn kill_9_during_a_drain_with_concurrent_writers_loses_nothing_and_duplicates_only_written_unacknowledged_batches(
 ) {
@@ -832,51 +816,14 @@ async fn kill_9_during_a_drain_with_concurrent_writers_loses_nothing_and_duplica
                 }
             })
         };
-        let host = match kill {
-            Kill::AfterFetch => app.start_handler(&[(failpoint::ENV, "after-fetch@2")]).await,
-            Kill::AfterCommit => app.start_handler(&[(failpoint::ENV, "after-commit@2")]).await,
-            _ => start(&app).await,
+        let host = match kill.failpoint(Some(2)) {
+            Some(point) => app.start_handler(&[(failpoint::ENV, &point)]).await,
+            None => start(&app).await,
         };
-        let mut note = format!("{kill:?} (writer {from}..{to})");
-        match kill {
-            Kill::AfterFetch | Kill::AfterCommit => {
-                let mut unacknowledged = Vec::new();
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while host.is_running() {
-                    assert!(Instant::now() < deadline, "no crash within 10 s: {trace:?}\n{}", host.output());
-                    let run = host.run_timer(FUNCTION).await.expect("timer run");
-                    if run.succeeded {
-                        unacknowledged = run.applied.get("changes").map(|m| ids_of(m)).unwrap_or_default();
-                    }
-                }
-                assert!(host.output().contains("failpoint after-"), "{}", host.output());
-                if kill == Kill::AfterFetch && !unacknowledged.is_empty() {
-                    for id in &unacknowledged {
-                        *extra.entry(*id).or_insert(0) += 1;
-                    }
-                    note.push_str(&format!(", before acknowledging {unacknowledged:?}"));
-                }
-            }
-            Kill::AfterWrittenAnswer => {
-                let batch = fire_until_delivered(&host, FUNCTION).await;
-                for id in ids_of(&batch) {
-                    *extra.entry(id).or_insert(0) += 1;
-                }
-                note.push_str(&format!(", killed after the host wrote {:?}", ids_of(&batch)));
-                host.kill();
-            }
-            Kill::AfterLostAnswer => {
-                let answer = invoke_until_answered(&host, FUNCTION).await;
-                note.push_str(&format!(", killed after answering {:?}", ids_of(&answered_changes(&answer))));
-                host.kill();
-            }
-            Kill::WhileIdle => {
-                fire_until_delivered(&host, FUNCTION).await;
-                (&mut writer).await.expect("the writer");
-                drain(&host, 40).await;
-                host.kill();
-            }
+        if kill == Kill::WhileIdle {
+            (&mut writer).await.expect("the writer");
         }
+        let note = format!("{kill:?} (writer {from}..{to}){}", kill_at(&host, kill, 40, &mut extra).await);
         if kill != Kill::WhileIdle {
             writer.await.expect("the writer");
         }

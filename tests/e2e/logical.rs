@@ -1272,3 +1272,46 @@ async fn a_login_that_may_not_create_the_publication_or_the_slot_is_told_the_exa
     drop(restricted);
     let _ = db.db.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};")).await;
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Replay in LSN terms, and a schema change
+// ---------------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_replay_before_the_slot_is_refused_at_the_command_and_a_new_column_reaches_item() {
+    // GIVEN a function that delivered two rows, and a tick after them that released them at the slot
+    let db = Db::shared("logical_replay", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    let start_position = checkpoint(&app_name).await;
+    db.insert([1, 2]).await;
+    assert_eq!(ids_of(&drain_all(&host).await), [1, 2]);
+    run_ok(&host).await;
+    let current = checkpoint(&app_name).await;
+    assert!(resume_lsn(&current) > resume_lsn(&start_position), "{current} after {start_position}");
+
+    // WHEN an operator asks to replay from before the slot's position
+    let refused = cli(&app, &["state", "replay", FUNCTION, "--from", &start_position.to_string()])
+        .await
+        .expect_err("a replay before the slot is refused");
+
+    // THEN the command refuses, saying how far back it can go, and the state is untouched
+    assert!(refused.contains("cannot go back before"), "{refused}");
+    assert_eq!(checkpoint(&app_name).await, current);
+    // AND a replay from the current checkpoint is accepted
+    cli(&app, &["state", "replay", FUNCTION, "--from", &current.to_string()]).await.expect("replay at the checkpoint");
+
+    // WHEN a column is added and a row written with it
+    db.db.batch_execute("ALTER TABLE orders ADD COLUMN note text").await.expect("add a column");
+    db.db
+        .execute("INSERT INTO orders (id, customer, amount, note) VALUES (3, 'c3', 1, 'hello')", &[])
+        .await
+        .expect("insert with the new column");
+
+    // THEN the row arrives with the new column, and the log says the table's columns changed
+    let delivered = drain_all(&host).await;
+    assert_eq!(ids_of(&delivered), [1, 2, 3]);
+    assert_eq!(delivered[2]["Item"]["note"], json!("hello"), "{}", delivered[2]);
+    assert!(host.output().contains("columns of public.orders changed"), "{}", host.output());
+}

@@ -7,9 +7,9 @@
 //! decodes the messages here ([`pgoutput`]). Peeking consumes nothing: the slot moves only when a checkpoint is
 //! acknowledged ([`Source::acknowledged`]), so a crash anywhere re-reads and never loses. Why the SQL
 //! interface rather than the streaming replication protocol: a tick is a short request, not a session — the
-//! SQL interface needs no replication connection (Azure's connection poolers do not carry one), leaves no
-//! walsender behind between ticks, and shares the pool and TLS of every other statement (docs/postgres.md has
-//! the measurement).
+//! SQL interface needs no replication connection, leaves no walsender behind between ticks, and shares the
+//! pool, TLS and error handling of every other statement. The stream decodes faster (docs/postgres.md has the
+//! measurement), but a tick's time goes mostly elsewhere.
 //!
 //! # Positions
 //! See [`position`]: a change is placed by its transaction's commit LSN and its sequence number in it, which
@@ -170,7 +170,14 @@ impl PostgresLogical {
         let table = &self.spec.table;
         let quoted = table.pg();
         let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.error(e))?;
-        let (wal_level, login, replication): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+        let (wal_level, login, replication, version): (String, String, bool, i32) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        if version < 130_000 {
+            return Err(SourceError::Invalid(format!(
+                "postgres-logical needs PostgreSQL 13 or later (it reads pg_replication_slots.wal_status to tell an invalidated slot), and the server is version {}; use postgres-cursor, or upgrade",
+                version / 10_000
+            )));
+        }
         if wal_level != "logical" {
             return Err(SourceError::Invalid(format!(
                 "postgres-logical needs wal_level = logical, and the server runs with {wal_level}. On your own server: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL. On Azure Database for PostgreSQL flexible server: set the server parameter wal_level to LOGICAL and restart the server (docs/postgres.md). The login {login} also needs the REPLICATION attribute (ALTER ROLE \"{login}\" WITH REPLICATION)"
@@ -278,7 +285,8 @@ impl PostgresLogical {
                 self.options.slot
             )
         });
-        self.check_publication(&client, &quoted, &schema, &name, &columns, also.as_deref().unwrap_or_default()).await?;
+        let also = also.as_deref().unwrap_or_default();
+        self.check_publication(&client, &quoted, &schema, &name, &columns, also, version >= 150_000).await?;
         Ok(Shape {
             oid,
             items: sql::items(&quoted, &key, &item_columns),
@@ -297,6 +305,7 @@ impl PostgresLogical {
         name: &str,
         columns: &[(String, String, bool)],
         also: &str,
+        filters: bool,
     ) -> Result<(), SourceError> {
         let publication = &self.options.publication;
         let create = format!("CREATE PUBLICATION {publication} FOR TABLE {quoted}");
@@ -320,15 +329,17 @@ impl PostgresLogical {
                 "publication {publication} does not publish every operation (insert, update, delete, truncate), so some changes would never reach this function: ALTER PUBLICATION {publication} SET (publish = 'insert, update, delete, truncate')"
             )));
         }
-        let published =
-            client.query_opt(sql::PUBLISHED, &[publication, &schema, &name]).await.map_err(|e| self.error(e))?;
+        // Row filters and column lists exist from PostgreSQL 15; before, a published table is published whole.
+        let statement = if filters { sql::PUBLISHED } else { sql::PUBLISHED_WHOLE };
+        let published = client.query_opt(statement, &[publication, &schema, &name]).await.map_err(|e| self.error(e))?;
         let Some(published) = published else {
             return Err(SourceError::Invalid(format!(
                 "publication {publication} does not include {}: ALTER PUBLICATION {publication} ADD TABLE {quoted}",
                 self.spec.table
             )));
         };
-        let (unfiltered, attnames): (bool, Vec<String>) = (published.get(0), published.get(1));
+        let (unfiltered, attnames): (bool, Option<Vec<String>>) = (published.get(0), published.get(1));
+        let attnames = attnames.unwrap_or_else(|| columns.iter().map(|(c, _, _)| c.clone()).collect());
         if !unfiltered {
             return Err(SourceError::Invalid(format!(
                 "publication {publication} filters the rows of {} (a WHERE clause), so changes to other rows would never arrive; publish the table without a row filter",
@@ -365,7 +376,7 @@ impl PostgresLogical {
         let row = client.query_one(sql::CREATE_SLOT, &[slot]).await.map_err(|e| {
             if e.code().is_some_and(|c| c.code() == "42501") {
                 return SourceError::Invalid(format!(
-                    "this login may not create replication slot {slot}: give it the REPLICATION attribute (ALTER ROLE <login> WITH REPLICATION; on Azure Database for PostgreSQL flexible server the admin user may run it), or have a user with it run: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+                    "this login may not create replication slot {slot}: give it the REPLICATION attribute, which reading and advancing the slot need too (ALTER ROLE <login> WITH REPLICATION; on Azure Database for PostgreSQL flexible server the admin user may run it). The slot can also be created in advance: SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
                 ));
             }
             self.error(e)

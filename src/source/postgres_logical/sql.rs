@@ -4,9 +4,10 @@
 
 use crate::ident::Ident;
 
-/// The server's wal_level, the login, and whether the login may use replication slots.
+/// The server's wal_level, the login, whether the login may use replication slots, and the server's version.
 pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text,
-    coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)";
+    coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
+    current_setting('server_version_num')::int4";
 
 /// The table's oid, replica identity, schema and name; no row when it does not exist.
 pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text
@@ -37,6 +38,10 @@ pub const PUBLICATION: &str =
 
 /// Whether the publication has the table, with its row filter and column list (PostgreSQL 15 and later).
 pub const PUBLISHED: &str = "SELECT rowfilter IS NULL, attnames::text[] FROM pg_publication_tables
+    WHERE pubname = $1 AND schemaname = $2 AND tablename = $3";
+
+/// `PUBLISHED` before PostgreSQL 15, which has neither row filters nor column lists.
+pub const PUBLISHED_WHOLE: &str = "SELECT true, NULL::text[] FROM pg_publication_tables
     WHERE pubname = $1 AND schemaname = $2 AND tablename = $3";
 
 /// The slot as `pg_replication_slots` shows it; no row when it does not exist.

@@ -286,7 +286,7 @@ impl PostgresLogical {
             )
         });
         let also = also.as_deref().unwrap_or_default();
-        self.check_publication(&client, &quoted, &schema, &name, &columns, also, version >= 150_000).await?;
+        self.check_publication(&client, [&quoted, &schema, &name], &columns, also, version >= 150_000).await?;
         Ok(Shape {
             oid,
             items: sql::items(&quoted, &key, &item_columns),
@@ -295,14 +295,13 @@ impl PostgresLogical {
         })
     }
 
-    /// The publication must publish every operation of the table, every row and every column; created when
-    /// missing and the login may.
+    /// The publication must publish every operation of the table (`quoted`, in `schema` as `name`), every row
+    /// and every column; created when missing and the login may. `also` is appended to a refusal; `filters`:
+    /// the server has row filters and column lists (PostgreSQL 15 and later).
     async fn check_publication(
         &self,
         client: &deadpool_postgres::Client,
-        quoted: &str,
-        schema: &str,
-        name: &str,
+        [quoted, schema, name]: [&str; 3],
         columns: &[(String, String, bool)],
         also: &str,
         filters: bool,

@@ -32,6 +32,7 @@ use testbed::MemorySource;
 
 #[path = "mssql_sink_wire/tap.rs"]
 mod tap;
+mod tds_reader;
 
 use tap::{text, Rpc, Server, Wire};
 

@@ -35,6 +35,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+mod tds_reader;
+use tds_reader::Reader;
+
 fn golden_path(name: &str) -> String {
     format!("{}/tests/golden/mssql/{name}.sql", env!("CARGO_MANIFEST_DIR"))
 }
@@ -79,48 +82,6 @@ enum Wire {
 struct Sent {
     name: String,
     values: Vec<Wire>,
-}
-
-/// Reads little-endian fields off a byte slice.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> &[u8] {
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        head
-    }
-    fn u8(&mut self) -> u8 {
-        self.take(1)[0]
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take(2).try_into().expect("2 bytes"))
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take(4).try_into().expect("4 bytes"))
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take(8).try_into().expect("8 bytes"))
-    }
-    fn utf16(&mut self, bytes: usize) -> String {
-        let units: Vec<u16> = self.take(bytes).chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-        String::from_utf16(&units).expect("UTF-16")
-    }
-    /// A PLP value (MS-TDS 2.2.5.2.3): total length (or unknown), then chunks up to a zero terminator.
-    fn plp(&mut self) -> Option<Vec<u8>> {
-        if self.u64() == u64::MAX {
-            return None;
-        }
-        let mut out = Vec::new();
-        while !self.0.is_empty() {
-            let chunk = self.u32() as usize;
-            if chunk == 0 {
-                break;
-            }
-            out.extend_from_slice(self.take(chunk));
-        }
-        Some(out)
-    }
 }
 
 fn utf16(bytes: &[u8]) -> String {

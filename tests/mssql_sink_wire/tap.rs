@@ -13,6 +13,7 @@
 //!
 //! The mock picks its answer by finding a registered upper-case text inside an RPC's first packet, or as
 //! the whole text of a SQL batch; the tap applies the same rule to decide whether a request was registered.
+use crate::tds_reader::Reader;
 
 use mssql_mock_tds::{MockTdsServer, QueryResponse, TerminalError};
 use std::sync::{Arc, Mutex};
@@ -68,33 +69,6 @@ impl Rpc {
     /// `@P1`, `@P2`, ...: the statement's own parameters, after `stmt` and `params`.
     pub fn values(&self) -> Vec<Wire> {
         self.params.iter().skip(2).map(|(_, v)| v.clone()).collect()
-    }
-}
-
-/// Reads little-endian fields off a byte slice.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> &[u8] {
-        let (head, tail) = self.0.split_at(n);
-        self.0 = tail;
-        head
-    }
-    fn u8(&mut self) -> u8 {
-        self.take(1)[0]
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take(2).try_into().expect("2 bytes"))
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take(4).try_into().expect("4 bytes"))
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take(8).try_into().expect("8 bytes"))
-    }
-    fn utf16(&mut self, bytes: usize) -> String {
-        let units: Vec<u16> = self.take(bytes).chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-        String::from_utf16(&units).expect("UTF-16")
     }
 }
 

@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 mod tds_reader;
-use tds_reader::Reader;
+use tds_reader::{decode_rpc_after_headers, Reader, Wire};
 
 fn golden_path(name: &str) -> String {
     format!("{}/tests/golden/mssql/{name}.sql", env!("CARGO_MANIFEST_DIR"))
@@ -68,15 +68,6 @@ const SP_EXECUTESQL: u16 = 10;
 /// The one-line batch the mock answers for a statement nobody registered: an error naming the tap.
 const UNREGISTERED: &str = "-- UNREGISTERED STATEMENT";
 
-/// A value of an RPC parameter, as the tests read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Wire {
-    Int(i64),
-    Text(String),
-    Bytes(Vec<u8>),
-    Null,
-}
-
 /// A request the tap saw: which golden statement, and the values bound to `@P1`, `@P2`, ...
 #[derive(Debug, Clone)]
 struct Sent {
@@ -93,60 +84,10 @@ fn all_headers_len(payload: &[u8]) -> usize {
     u32::from_le_bytes(payload[..4].try_into().expect("ALL_HEADERS length")) as usize
 }
 
-/// Decodes an RPC request as tiberius encodes `sp_executesql`: the procedure id and its parameters in order
-/// (IntN, NVarChar short or PLP, BigVarBinary short or PLP).
+/// Decodes an RPC request as tiberius encodes `sp_executesql`: the procedure id and its parameters' values in order.
 fn decode_rpc(payload: &[u8]) -> Result<(u16, Vec<Wire>), String> {
-    let mut r = Reader(&payload[all_headers_len(payload)..]);
-    if r.u16() != 0xFFFF {
-        return Err("an RPC called by name".into());
-    }
-    let proc_id = r.u16();
-    let _options = r.u16();
-    let mut params = Vec::new();
-    while !r.0.is_empty() {
-        let name_len = r.u8() as usize;
-        let name = r.utf16(name_len * 2);
-        let _status = r.u8();
-        let value = match r.u8() {
-            0x26 => {
-                let _max = r.u8();
-                match r.u8() {
-                    0 => Wire::Null,
-                    4 => Wire::Int(i64::from(i32::from_le_bytes(r.take(4).try_into().expect("4")))),
-                    8 => Wire::Int(i64::from_le_bytes(r.take(8).try_into().expect("8"))),
-                    n => return Err(format!("{name}: IntN of {n} bytes")),
-                }
-            }
-            0xE7 => {
-                let max = r.u16();
-                let _collation = r.take(5);
-                let bytes = if max == 0xFFFF {
-                    r.plp()
-                } else {
-                    match r.u16() {
-                        0xFFFF => None,
-                        n => Some(r.take(n as usize).to_vec()),
-                    }
-                };
-                bytes.map_or(Wire::Null, |b| Wire::Text(utf16(&b)))
-            }
-            0xA5 => {
-                let max = r.u16();
-                let bytes = if max == 0xFFFF {
-                    r.plp()
-                } else {
-                    match r.u16() {
-                        0xFFFF => None,
-                        n => Some(r.take(n as usize).to_vec()),
-                    }
-                };
-                bytes.map_or(Wire::Null, Wire::Bytes)
-            }
-            other => return Err(format!("{name}: parameter type 0x{other:02X}, which the sources never send")),
-        };
-        params.push(value);
-    }
-    Ok((proc_id, params))
+    let (proc_id, params) = decode_rpc_after_headers(Reader(&payload[all_headers_len(payload)..]))?;
+    Ok((proc_id, params.into_iter().map(|(_, value)| value).collect()))
 }
 
 /// What the tap knows: the registered statements, what was sent, and what nobody registered.

@@ -13,7 +13,8 @@
 //!
 //! The mock picks its answer by finding a registered upper-case text inside an RPC's first packet, or as
 //! the whole text of a SQL batch; the tap applies the same rule to decide whether a request was registered.
-use crate::tds_reader::Reader;
+pub use crate::tds_reader::Wire;
+use crate::tds_reader::{decode_rpc_after_headers, Reader};
 
 use mssql_mock_tds::{MockTdsServer, QueryResponse, TerminalError};
 use std::sync::{Arc, Mutex};
@@ -37,14 +38,6 @@ const MOCK_DEFAULTS: [&str; 2] = ["SELECT 1", "SELECT CAST(1 AS BIGINT), 2, 3"];
 pub struct Sent {
     pub kind: u8,
     pub payload: Vec<u8>,
-}
-
-/// A value of an RPC parameter, as the test reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Wire {
-    Int(i64),
-    Text(String),
-    Null,
 }
 
 pub fn text(s: &str) -> Wire {
@@ -88,55 +81,15 @@ fn skip_all_headers(r: &mut Reader<'_>) {
     }
 }
 
-/// Decodes an RPC request as tiberius encodes `sp_executesql` (IntN and NVarChar values, short or PLP).
+/// Decodes an RPC request as tiberius encodes `sp_executesql` (IntN and NVarChar values, short or PLP; the sink
+/// never sends binary parameters, so one fails the test).
 pub fn decode_rpc(payload: &[u8]) -> Rpc {
     let mut r = Reader(payload);
     skip_all_headers(&mut r);
-    assert_eq!(r.u16(), 0xFFFF, "a procedure called by id");
-    let proc_id = r.u16();
-    let _options = r.u16();
-    let mut params = Vec::new();
-    while !r.0.is_empty() {
-        let name_len = r.u8() as usize;
-        let name = r.utf16(name_len * 2);
-        let _status = r.u8();
-        let value = match r.u8() {
-            0x26 => {
-                let _max = r.u8();
-                match r.u8() {
-                    0 => Wire::Null,
-                    4 => Wire::Int(i64::from(i32::from_le_bytes(r.take(4).try_into().expect("4")))),
-                    8 => Wire::Int(i64::from_le_bytes(r.take(8).try_into().expect("8"))),
-                    n => panic!("IntN of {n} bytes"),
-                }
-            }
-            0xE7 => {
-                let max = r.u16();
-                let _collation = r.take(5);
-                if max == 0xFFFF {
-                    if r.u64() == u64::MAX {
-                        Wire::Null
-                    } else {
-                        let mut s = String::new();
-                        loop {
-                            let chunk = r.u32() as usize;
-                            if chunk == 0 {
-                                break;
-                            }
-                            s.push_str(&r.utf16(chunk));
-                        }
-                        Wire::Text(s)
-                    }
-                } else {
-                    match r.u16() {
-                        0xFFFF => Wire::Null,
-                        n => Wire::Text(r.utf16(n as usize)),
-                    }
-                }
-            }
-            other => panic!("parameter {name} has type 0x{other:02X}, which the sink never sends"),
-        };
-        params.push((name, value));
+    let (proc_id, params) =
+        decode_rpc_after_headers(r).unwrap_or_else(|why| panic!("an RPC the tap cannot read: {why}"));
+    if let Some((name, _)) = params.iter().find(|(_, v)| matches!(v, Wire::Bytes(_))) {
+        panic!("parameter {name} is binary, which the sink never sends");
     }
     Rpc { proc_id, params }
 }

@@ -112,6 +112,17 @@ pub trait Source: Send + Sync + fmt::Debug {
     }
 }
 
+/// The columns of `Item`: the `columns` option when set, else every column of the table, in table order.
+pub(crate) fn item_column_names<'a>(
+    spec: &SourceSpec,
+    table_columns: impl Iterator<Item = &'a str>,
+) -> Result<Vec<Ident>, SourceError> {
+    match &spec.columns {
+        Some(cols) => Ok(cols.clone()),
+        None => table_columns.map(|n| Ident::new(n).map_err(SourceError::Invalid)).collect(),
+    }
+}
+
 /// What [`Source::fingerprint`] digests: the kind, the table, the cursor column (for the kinds that have one)
 /// and the key columns, one per line; the first 8 bytes of its SHA-256, in hex. The text is frozen: a stored
 /// state whose fingerprint no longer matches is refused, so changing it would stop every deployed function.

@@ -139,12 +139,7 @@ impl PostgresCursor {
             }
         };
 
-        let wanted: Vec<Ident> = match &self.spec.columns {
-            Some(cols) => cols.clone(),
-            None => {
-                columns.iter().map(|(n, _, _)| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
-            }
-        };
+        let wanted = super::item_column_names(&self.spec, columns.iter().map(|(n, _, _)| n.as_str()))?;
         let mut item_columns = Vec::new();
         for c in &wanted {
             let (_, _, typname) = find(c).ok_or_else(|| missing("column", c))?;

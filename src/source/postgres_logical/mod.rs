@@ -256,12 +256,7 @@ impl PostgresLogical {
                 "deleteItem row needs the whole old row in the WAL, which PostgreSQL writes only with REPLICA IDENTITY FULL: run {full}, or use deleteItem key"
             )));
         }
-        let wanted: Vec<Ident> = match &self.spec.columns {
-            Some(cols) => cols.clone(),
-            None => {
-                columns.iter().map(|(n, _, _)| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
-            }
-        };
+        let wanted = super::item_column_names(&self.spec, columns.iter().map(|(n, _, _)| n.as_str()))?;
         let mut item_columns = Vec::new();
         for c in &wanted {
             let (_, typname, _) = columns.iter().find(|(n, _, _)| n == c.as_str()).ok_or_else(|| {

@@ -13,7 +13,7 @@
 
 use crate::app::App;
 use crate::engine::TickError;
-use crate::ops::{self, OpsError, ResetTo};
+use crate::ops::{Action, OpsError};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -71,39 +71,19 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
             json!({ "error": format!("no SQL trigger function named {:?}", parts[0]), "functions": app.function_names() }),
         );
     };
-    let t = &*trigger;
-    let q = |k: &str| req.query.get(k).cloned();
-    let who = req.who.as_str();
-    let result: Result<Value, OpsError> = match (method, &parts[1..]) {
-        ("GET", []) => ops::show(t).await,
-        ("GET", ["status"]) => ops::status(t).await.map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
-        ("POST", ["pause"]) => ops::pause(t, who).await.map(|()| json!({ "function": t.name(), "paused": true })),
-        ("POST", ["resume"]) => ops::resume(t, who).await.map(|()| json!({ "function": t.name(), "paused": false })),
-        ("POST", ["reset"]) => match q("to").map(|to| ResetTo::parse(&to)) {
-            Some(Ok(to)) => ops::reset(t, to, q("confirm").as_deref() == Some("true"), who).await,
-            Some(Err(e)) => Err(e),
-            None => Err(OpsError::Invalid("reset needs to=earliest|now|<json position>".into())),
-        },
-        ("POST", ["replay"]) => match q("from").map(|f| serde_json::from_str::<Value>(&f)) {
-            Some(Ok(from)) => ops::replay(t, from, who).await,
-            Some(Err(e)) => Err(OpsError::Invalid(format!("from is not a JSON position: {e}"))),
-            None => Err(OpsError::Invalid("replay needs from=<json position>".into())),
-        },
-        ("GET", ["quarantine"]) => ops::quarantine_list(t).await,
-        ("GET", ["quarantine", batch]) => match batch.parse() {
-            Ok(b) => ops::quarantine_show(t, b).await,
-            Err(_) => Err(OpsError::Invalid(format!("{batch:?} is not a batch id"))),
-        },
-        ("POST", ["quarantine", batch, "retry"]) => match batch.parse() {
-            Ok(b) => ops::quarantine_retry(t, b, who).await,
-            Err(_) => Err(OpsError::Invalid(format!("{batch:?} is not a batch id"))),
-        },
-        _ => {
+    let action = match Action::from_route(method, &parts[1..], &req.query) {
+        Ok(Some(action)) => Ok(action),
+        Ok(None) => {
             return (
                 StatusCode::NOT_FOUND,
                 json!({ "error": format!("no admin route {method} /{}", req.path), "routes": ROUTES }),
             )
         }
+        Err(e) => Err(e),
+    };
+    let result = match action {
+        Ok(action) => trigger.operate(action, &req.who).await,
+        Err(e) => Err(e),
     };
     match result {
         Ok(body) => (StatusCode::OK, body),
@@ -139,6 +119,7 @@ mod tests {
     //! lives in memory: every route that needs only the state store answers for real.
     use super::*;
     use crate::config::{AppConfig, Env};
+    use crate::engine::document::{Origin, StateDoc};
     use crate::source::Position;
     use crate::state::MemoryStore;
     use std::sync::Arc;
@@ -166,8 +147,10 @@ mod tests {
     /// Writes a fresh state document for `Orders`, as its first tick would.
     async fn first_tick_state(app: &App) {
         let t = app.trigger("Orders").expect("Orders");
-        let mut doc = t.new_doc(Position::Null);
-        t.ledger().save(&mut doc, None, &app.owner).await.expect("save");
+        let origin = Origin { function: "Orders", source: "postgres-cursor:public.orders", fingerprint: "test" };
+        let doc = StateDoc::new(origin, Position::Null, &app.owner, time::OffsetDateTime::now_utc());
+        let bytes = serde_json::to_vec(&doc).expect("serializes");
+        app.store.save_if(t.state_key(), &bytes, None).await.expect("save");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::app::App;
 use crate::config::{AppConfig, ConfigErrors, Env, Mode};
-use crate::ops::{self, OpsError, ResetTo};
+use crate::ops::{self, Action, OpsError, ResetTo};
 use clap::Subcommand;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -88,36 +88,18 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
             .cloned()
             .ok_or_else(|| CliError::UnknownFunction { name: name.to_string(), known: app.function_names().join(", ") })
     };
-    let who = who();
-    Ok(match command {
-        StateCommand::Show { function } => ops::show(&*find(&function)?).await?,
-        StateCommand::Status { function } => {
-            serde_json::to_value(ops::status(&*find(&function)?).await?).unwrap_or(Value::Null)
-        }
-        StateCommand::Pause { function } => {
-            ops::pause(&*find(&function)?, &who).await?;
-            serde_json::json!({ "function": function, "paused": true })
-        }
-        StateCommand::Resume { function } => {
-            ops::resume(&*find(&function)?, &who).await?;
-            serde_json::json!({ "function": function, "paused": false })
-        }
-        StateCommand::Reset { function, to, confirm } => {
-            ops::reset(&*find(&function)?, ResetTo::parse(&to)?, confirm, &who).await?
-        }
-        StateCommand::Replay { function, from } => {
-            let from = serde_json::from_str(&from)
-                .map_err(|e| OpsError::Invalid(format!("--from {from:?} is not a JSON position: {e}")))?;
-            ops::replay(&*find(&function)?, from, &who).await?
-        }
+    let (function, action) = match command {
+        StateCommand::Show { function } => (function, Action::Show),
+        StateCommand::Status { function } => (function, Action::Status),
+        StateCommand::Pause { function } => (function, Action::Pause),
+        StateCommand::Resume { function } => (function, Action::Resume),
+        StateCommand::Reset { function, to, confirm } => (function, Action::Reset { to: ResetTo::parse(&to)?, confirm }),
+        StateCommand::Replay { function, from } => (function, Action::Replay { from: ops::position(&from, "--from")? }),
         StateCommand::Quarantine { command } => match command {
-            QuarantineCommand::List { function } => ops::quarantine_list(&*find(&function)?).await?,
-            QuarantineCommand::Show { function, batch_id } => {
-                ops::quarantine_show(&*find(&function)?, batch_id).await?
-            }
-            QuarantineCommand::Retry { function, batch_id } => {
-                ops::quarantine_retry(&*find(&function)?, batch_id, &who).await?
-            }
+            QuarantineCommand::List { function } => (function, Action::QuarantineList),
+            QuarantineCommand::Show { function, batch_id } => (function, Action::QuarantineShow { batch_id }),
+            QuarantineCommand::Retry { function, batch_id } => (function, Action::QuarantineRetry { batch_id }),
         },
-    })
+    };
+    Ok(find(&function)?.operate(action, &who()).await?)
 }

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod engine;
+pub mod failpoint;
 pub mod ident;
 pub mod ops;
 pub mod protocol;

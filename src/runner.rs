@@ -13,7 +13,7 @@
 
 use crate::app::App;
 use crate::config::DeliveryMode;
-use crate::engine::{Delivery, OutcomeKind, TickError, Trigger};
+use crate::engine::{OutcomeKind, RetryDirective, TickError, Trigger};
 use crate::sink::Sink;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,10 +77,7 @@ impl Streak {
 pub async fn run(app: Arc<App>, options: RunOptions, stop: watch::Receiver<bool>) -> RunSummary {
     let mut tasks = Vec::new();
     // Built for `handler run`, every trigger delivers through a sink (stdout JSON lines when none is named).
-    let sinks = app.triggers().filter_map(|t| match t.delivery() {
-        Delivery::Sink(sink) => Some((t.clone(), sink.clone())),
-        Delivery::Host => None,
-    });
+    let sinks = app.triggers().filter_map(|t| Some((t.clone(), t.sink()?.clone())));
     for (trigger, sink) in sinks {
         let app_name = app.config.app_name.clone();
         let stop = stop.clone();
@@ -170,11 +167,7 @@ pub async fn run_one(
             }
             // A rejected batch is retried until MaxAttempts quarantines it; other operator errors do not pass
             // by waiting, so a drain stops at them.
-            Err(e)
-                if options.once
-                    && e.kind() == crate::engine::ErrorKind::Operator
-                    && !matches!(e, TickError::Sink(_)) =>
-            {
+            Err(e) if options.once && e.directive() == RetryDirective::Stop => {
                 tracing::error!(function = %name, error = %e, hint = e.hint(), "tick failed; stopping this drain");
                 summary.stopped.push(Stopped { function: name.clone(), error: format!("{e} ({})", e.hint()) });
                 break;
@@ -185,7 +178,7 @@ pub async fn run_one(
                 tracing::warn!(function = %name, error = %e, hint = e.hint(), "tick failed; the batch will be delivered again");
                 // A rejected batch ends in quarantine (or a halt) by itself; an outage is waited out, up to a
                 // point for a drain.
-                if e.kind() == crate::engine::ErrorKind::Transient && !*stop.borrow() && streak.failed() {
+                if e.directive() == RetryDirective::RetryLater && !*stop.borrow() && streak.failed() {
                     let error = streak.gave_up(&e);
                     tracing::error!(function = %name, "{error}");
                     summary.stopped.push(Stopped { function: name.clone(), error });

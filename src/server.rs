@@ -3,7 +3,7 @@
 //! touches a database at start.
 
 use crate::app::App;
-use crate::engine::{Answer, ErrorKind, OutcomeKind};
+use crate::engine::{Answer, OutcomeKind, RetryDirective};
 use crate::protocol::{Attempt, InvocationRequest, InvocationResponse, Malformed, INVOCATION_ID_HEADER};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -240,10 +240,11 @@ async fn invoke(
                 (StatusCode::OK, Json(response)).into_response()
             }
             Err(e) => {
-                let kind = e.kind();
-                match kind {
-                    ErrorKind::Transient => tracing::warn!(error = %e, hint = e.hint(), "tick failed"),
-                    ErrorKind::Operator => tracing::error!(error = %e, hint = e.hint(), "tick failed"),
+                match e.directive() {
+                    RetryDirective::RetryLater => tracing::warn!(error = %e, hint = e.hint(), "tick failed"),
+                    RetryDirective::RetryCounted | RetryDirective::Stop => {
+                        tracing::error!(error = %e, hint = e.hint(), "tick failed")
+                    }
                 }
                 error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e} ({})", e.hint()), json!({}))
             }

@@ -1059,8 +1059,8 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
     );
     let (doc, _) = trigger.load().await.expect("load").expect("state written");
     let flight = doc.in_flight.expect("batch in flight");
-    assert_eq!(flight.from, json!({"phase": "changes", "base": 10}));
-    assert_eq!(flight.to, json!({"phase": "changes", "base": 42}));
+    assert_eq!(flight.range.from, json!({"phase": "changes", "base": 10}));
+    assert_eq!(flight.range.to, json!({"phase": "changes", "base": 42}));
     let _ = std::fs::remove_dir_all(&root);
 }
 

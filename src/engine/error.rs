@@ -22,6 +22,23 @@ pub enum TickError {
     /// Sink mode: the sink did not take the batch; it stays in flight and is delivered again.
     #[error("sink: {0}; the batch stays in flight and is delivered again")]
     Sink(#[from] SinkError),
+    /// `deliveryMode sink` on a trigger built without a sink: a batch recorded for it would never be delivered.
+    #[error("function {0} has deliveryMode sink but no sink to deliver to; add \"sink\" to its sqltrigger.json (postgres, mssql or webhook), or use deliveryMode deferred")]
+    SinkMissing(String),
+}
+
+/// What the driver of a tick (the server answering the host, the runner's loop) does after a failure: the one
+/// retry table, read by both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDirective {
+    /// Fail this attempt and try again at the next invocation (the runner: after a back-off). Likely to pass
+    /// by itself (network, throttling, restarts); nothing committed is lost and no failure is counted.
+    RetryLater,
+    /// Try again: the batch stays in flight and this failure counts toward `Sql_Trigger_MaxAttempts`, after
+    /// which the batch is quarantined or halts the function (a sink's rejection).
+    RetryCounted,
+    /// Needs an operator: the function makes no progress until this is fixed. A `--once` drain stops here.
+    Stop,
 }
 
 /// How the engine and the HTTP layer treat a failure.
@@ -34,27 +51,39 @@ pub enum ErrorKind {
 }
 
 impl TickError {
-    /// The retry table: every failure's class in one place.
-    pub fn kind(&self) -> ErrorKind {
+    /// The retry table: what every failure means, in one place.
+    pub fn directive(&self) -> RetryDirective {
         match self {
-            Self::Store(StoreError::Unavailable(_) | StoreError::Conflict) => ErrorKind::Transient,
-            Self::Source(SourceError::Unavailable(_)) => ErrorKind::Transient,
-            Self::Timeout(_) => ErrorKind::Transient,
-            Self::Sink(SinkError::Transient(_) | SinkError::Fenced { .. }) => ErrorKind::Transient,
-            Self::Sink(SinkError::Rejected(_)) => ErrorKind::Operator,
+            Self::Store(StoreError::Unavailable(_) | StoreError::Conflict) => RetryDirective::RetryLater,
+            Self::Source(SourceError::Unavailable(_)) => RetryDirective::RetryLater,
+            Self::Timeout(_) => RetryDirective::RetryLater,
+            Self::Sink(SinkError::Transient(_) | SinkError::Fenced { .. }) => RetryDirective::RetryLater,
+            Self::Sink(SinkError::Rejected(_)) => RetryDirective::RetryCounted,
             Self::Store(StoreError::Refused(_))
             | Self::Source(SourceError::Invalid(_) | SourceError::PositionLost(_))
             | Self::CorruptState { .. }
             | Self::FingerprintChanged { .. }
-            | Self::Halted { .. } => ErrorKind::Operator,
+            | Self::Halted { .. }
+            | Self::SinkMissing(_) => RetryDirective::Stop,
+        }
+    }
+
+    /// The failure's class for metrics and status: transient, or an operator's (a counted rejection included).
+    pub fn kind(&self) -> ErrorKind {
+        match self.directive() {
+            RetryDirective::RetryLater => ErrorKind::Transient,
+            RetryDirective::RetryCounted | RetryDirective::Stop => ErrorKind::Operator,
         }
     }
 
     /// A short hint for the log line, next to the message.
     pub fn hint(&self) -> &'static str {
-        match self.kind() {
-            ErrorKind::Transient => "transient: the next invocation retries; nothing committed is lost",
-            ErrorKind::Operator => "needs an operator: the function makes no progress until this is fixed",
+        match self.directive() {
+            RetryDirective::RetryLater => "transient: the next invocation retries; nothing committed is lost",
+            RetryDirective::RetryCounted => {
+                "needs an operator: the batch is delivered again until Sql_Trigger_MaxAttempts quarantines it or halts the function"
+            }
+            RetryDirective::Stop => "needs an operator: the function makes no progress until this is fixed",
         }
     }
 }

@@ -100,9 +100,7 @@ impl Ledger {
     /// Marks a write of `doc` by `by` (a fresh `write_id`, so no two writes are byte-identical and content-hash
     /// etags stay unique) and serializes it.
     fn stamp(&self, doc: &mut StateDoc, by: &str) -> Vec<u8> {
-        doc.write_id = uuid::Uuid::new_v4().to_string();
-        doc.updated_at = self.clock.now();
-        doc.updated_by = by.to_string();
+        doc.stamp(by, self.clock.now());
         serde_json::to_vec(doc).expect("state documents serialize")
     }
 

@@ -6,30 +6,37 @@
 //! - [`Ledger`]: the only reader and writer of the state and quarantine documents (typed, stamped, CAS);
 //! - [`decide`]: the pure decisions, functions of the document, this process's memory, the invocation and
 //!   `now` from the engine's clock: acknowledge by proof, re-deliver, quarantine, lease, fence;
-//! - `tick`: what every tick shares (the remembered document, the checks, the recorded tick of `immediate`
-//!   delivery and of a sink, quarantine);
-//! - `host_tick`: deferred delivery, acknowledged by proof (docs/architecture.md, "Acknowledge by proof");
-//! - `sink_tick`: the handler's own delivery: record, deliver, acknowledge; reconciliation, chaining, the
-//!   heartbeat.
+//! - `tick`: a tick as a value ([`tick::Tick`]): the document it started from, its etag, `now` and its answer,
+//!   with the checks every delivery shares, `commit`, `quarantine` and `halt`;
+//! - `host_tick`: deferred delivery over a tick, acknowledged by proof (docs/architecture.md, "Acknowledge by
+//!   proof");
+//! - `recorded`: immediate delivery, and the recording step of a sink's tick, over a tick;
+//! - `sink_tick`: the handler's own delivery: deliver, acknowledge; reconciliation, chaining, the heartbeat;
+//! - `operate`: operator actions and status, over the ledger.
 //!
-//! A [`Trigger`] owns its delivery ([`Delivery`]): the host's output bindings, or a sink. What the process
-//! remembers between ticks (the document it wrote last, the batches it answered, a batch fetched ahead or
-//! chained) is one [`Memory`], held by the tick lock, so one tick at a time reads and changes it.
+//! One invocation reads downward: `server.rs` → [`Trigger::invoke`] (this file: which delivery, the remembered
+//! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `tick.rs` (`commit`) →
+//! `ledger.rs`. No file calls back into the one that called it.
+//!
+//! A [`Trigger`] owns its delivery ([`Delivery`]): the host's output bindings (deferred or immediate), or a
+//! sink. What the process remembers between ticks (the document it wrote last, the batches it answered, a batch
+//! fetched ahead or chained) is one [`Memory`], held by the tick lock, so one tick at a time reads and changes it.
 
 pub mod decide;
 pub mod document;
 mod error;
-pub mod failpoint;
 mod host_tick;
 mod ledger;
 mod observe;
+pub mod operate;
 mod outputs;
+mod recorded;
 mod sink_tick;
 mod tick;
 
-pub use error::{ErrorKind, TickError};
+pub use error::{ErrorKind, RetryDirective, TickError};
 pub use ledger::{Ledger, Saved};
-pub use observe::{TickObserver, TickRecord};
+pub use observe::{TickObserver, TickRecord, TickStats};
 pub use outputs::MappedOutputs;
 
 use crate::change::Change;
@@ -37,38 +44,48 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{DeliveryMode, FunctionConfig};
 use crate::protocol::Attempt;
 use crate::sink::Sink;
-use crate::source::Source;
+use crate::source::{Position, Source, SourceError};
 use crate::state::{Etag, StateStore};
 use document::StateDoc;
+use recorded::Acknowledge;
 use std::sync::Arc;
-use time::OffsetDateTime;
+use tick::{Opened, Tick};
 use tokio::sync::{Mutex, OnceCell};
 
-/// Who drives a tick, and so how its batch is acknowledged.
-#[derive(Debug, Clone, Copy)]
-enum Via<'a> {
-    /// The host's invocation, in deferred delivery: acknowledged by proof (`host_tick`).
-    Host(&'a Attempt),
-    /// The host's invocation, in immediate delivery: acknowledged before answering.
-    Immediate,
-    /// A sink tick (`sink_tick`, and every tick of `handler run`): acknowledged after the sink took it.
-    Sink,
-}
-
-/// Where a trigger's batches go.
+/// Where a trigger's batches go, and so how each is acknowledged: the one answer to "who drives a tick".
 #[derive(Clone)]
 pub enum Delivery {
-    /// To the host, which writes them to the function's output bindings (deferred or immediate delivery).
-    Host,
-    /// To a sink, by the handler itself (sink delivery; every function of `handler run`).
+    /// To the host's output bindings, acknowledged by proof (`host_tick`).
+    Deferred,
+    /// To the host's output bindings, acknowledged before answering (`recorded`).
+    Immediate,
+    /// To a sink, by the handler itself, acknowledged after the sink took it (`sink_tick`; every function of
+    /// `handler run`).
     Sink(Arc<dyn Sink>),
+    /// `deliveryMode sink` with no sink given: every tick refuses (a batch recorded for a sink that does not
+    /// exist would never be delivered). Configuration loading never builds one; only a program that builds a
+    /// trigger by hand can.
+    SinkMissing,
+}
+
+impl Delivery {
+    /// The delivery `mode` means for a trigger that has no sink.
+    fn of(mode: DeliveryMode) -> Self {
+        match mode {
+            DeliveryMode::Deferred => Self::Deferred,
+            DeliveryMode::Immediate => Self::Immediate,
+            DeliveryMode::Sink => Self::SinkMissing,
+        }
+    }
 }
 
 impl std::fmt::Debug for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Host => f.write_str("Host"),
+            Self::Deferred => f.write_str("Deferred"),
+            Self::Immediate => f.write_str("Immediate"),
             Self::Sink(sink) => write!(f, "Sink({})", sink.describe()),
+            Self::SinkMissing => f.write_str("SinkMissing"),
         }
     }
 }
@@ -149,24 +166,23 @@ pub struct Trigger {
     observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
 }
 
-/// This process's view of its ticks, for status and metrics.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct TickStats {
-    pub ticks: u64,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub at: Option<OffsetDateTime>,
-    pub outcome: String,
-    pub rows: usize,
-    pub duration_ms: f64,
-    pub store_operations: u64,
-    pub failures_transient: u64,
-    pub failures_operator: u64,
-    /// Deletes left out because an output binding receives rows (reported in the invocation's logs too).
-    pub deletes_not_sent: u64,
+impl Memory {
+    /// The batch fetched ahead, if it starts at `checkpoint` and was fetched less than `fresh_for` before `now`
+    /// (on the engine's clock); taken either way.
+    fn take_ahead(
+        &mut self,
+        checkpoint: &Position,
+        now: time::OffsetDateTime,
+        fresh_for: std::time::Duration,
+    ) -> Option<crate::source::Fetched> {
+        let ahead = self.ahead.take()?;
+        (ahead.after == *checkpoint && now - ahead.at < fresh_for).then_some(ahead.fetched)
+    }
 }
 
 impl Trigger {
-    /// A trigger that answers the host (deferred or immediate delivery); [`Trigger::with_sink`] gives it a sink.
+    /// A trigger that answers the host (deferred or immediate delivery, by its configuration);
+    /// [`Trigger::with_sink`] gives it a sink.
     pub fn new(
         config: FunctionConfig,
         app_name: &str,
@@ -176,10 +192,10 @@ impl Trigger {
     ) -> Self {
         let ledger = Arc::new(Ledger::new(store, app_name, &config.name, Arc::new(SystemClock)));
         Self {
+            delivery: Delivery::of(config.settings.delivery_mode),
             config,
             source,
             ledger,
-            delivery: Delivery::Host,
             owner,
             memory: Mutex::new(Memory::default()),
             validated: OnceCell::new(),
@@ -204,20 +220,22 @@ impl Trigger {
         &self.config.name
     }
 
+    /// The function's configuration (plain data: the server decodes invocations against its retry policy).
     pub fn config(&self) -> &FunctionConfig {
         &self.config
     }
 
+    /// The trigger's source, for tests and tools that drive it directly (the faces call the verbs above).
     pub fn source(&self) -> &Arc<dyn Source> {
         &self.source
     }
 
-    pub fn delivery(&self) -> &Delivery {
-        &self.delivery
-    }
-
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
+    /// The sink this trigger delivers through, if it does.
+    pub fn sink(&self) -> Option<&Arc<dyn Sink>> {
+        match &self.delivery {
+            Delivery::Sink(sink) => Some(sink),
+            _ => None,
+        }
     }
 
     pub fn state_key(&self) -> &str {
@@ -230,6 +248,11 @@ impl Trigger {
 
     fn clock(&self) -> &Arc<dyn Clock> {
         self.ledger.clock()
+    }
+
+    /// The app name space of this function's state key (`{app}/{function}.json`; neither part holds a '/').
+    fn app(&self) -> &str {
+        self.state_key().rsplit_once('/').map_or("", |(app, _)| app)
     }
 
     /// The state document and its etag, through the ledger.
@@ -252,96 +275,145 @@ impl Trigger {
     /// One invocation by the host: a tick that answers the host's bindings, or one that delivers through the
     /// trigger's sink (and answers no outputs).
     pub async fn invoke(&self, attempt: &Attempt) -> Result<Answer, TickError> {
-        match &self.delivery {
-            Delivery::Host => {
-                let outcome = self.tick(attempt).await?;
-                let outputs = self.outputs(&outcome.changes);
-                Ok(Answer { outcome, outputs })
-            }
-            Delivery::Sink(sink) => {
-                let outcome = self.tick_into(sink.as_ref()).await?;
-                Ok(Answer { outcome, outputs: MappedOutputs::default() })
-            }
-        }
+        let outcome = self.tick(attempt).await?;
+        let outputs = match &self.delivery {
+            Delivery::Sink(_) => MappedOutputs::default(),
+            _ => self.outputs(&outcome.changes),
+        };
+        Ok(Answer { outcome, outputs })
     }
 
-    /// Runs one tick for the host's `attempt` within the function's time budget.
+    /// Runs one tick for the host's `attempt` within the function's time budget, by the trigger's delivery.
     pub async fn tick(&self, attempt: &Attempt) -> Result<TickOutcome, TickError> {
+        match &self.delivery {
+            Delivery::Sink(sink) => return self.tick_into(sink.as_ref()).await,
+            Delivery::SinkMissing => return Err(TickError::SinkMissing(self.config.name.clone())),
+            Delivery::Deferred | Delivery::Immediate => {}
+        }
         let mut memory = self.memory.lock().await;
         // What a retry says about earlier answers is taken in before anything here can fail: if this tick fails
         // too (the store or the database is down), the batch it named stays owed in this process's memory, and
         // the next invocation answers it again.
-        let named = match self.config.settings.delivery_mode {
-            DeliveryMode::Deferred => memory.answered.note(attempt, self.clock().now()),
-            DeliveryMode::Immediate | DeliveryMode::Sink => decide::Named::Nothing,
+        let named = match self.delivery {
+            Delivery::Deferred => memory.answered.note(attempt, self.clock().now()),
+            _ => decide::Named::Nothing,
         };
         let line = decide::named_line(&named, attempt, self.config.proof_window);
         if let Some(line) = &line {
             tracing::warn!(function = %self.config.name, invocation = %attempt.id, "{line}");
         }
-        let via = match self.config.settings.delivery_mode {
-            DeliveryMode::Deferred => Via::Host(attempt),
-            DeliveryMode::Immediate => Via::Immediate,
-            DeliveryMode::Sink => Via::Sink,
+        let mode = match self.delivery {
+            Delivery::Deferred => Mode::Deferred(attempt),
+            _ => Mode::Recorded(Acknowledge::AtOnce),
         };
-        let mut result = self.timed(self.tick_inner(&mut memory, via)).await;
+        let mut result = self.timed(self.run(&mut memory, mode)).await;
         if let (Ok(out), Some(line)) = (result.as_mut(), line) {
             out.logs.insert(0, line);
         }
         result
     }
 
-    /// Runs a tick's work within the function's time budget and records what it did (stats, observer).
-    /// Called with the tick lock held.
-    async fn timed(
-        &self,
-        work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
-    ) -> Result<TickOutcome, TickError> {
-        let started = std::time::Instant::now();
-        let ops_before = self.ledger.store_operations();
-        let budget = self.config.settings.tick_timeout;
-        let result = match tokio::time::timeout(budget, work).await {
-            Ok(result) => result,
-            Err(_) => Err(TickError::Timeout(budget)),
-        };
-        let store_operations = self.ledger.store_operations() - ops_before;
-        let duration = started.elapsed();
-        if let Some(observer) = self.observer.get() {
-            observer.tick_finished(&TickRecord {
-                function: &self.config.name,
-                outcome: result.as_ref().map(|o| o.kind).map_err(TickError::kind),
-                rows: result.as_ref().map_or(0, |o| o.changes.len()),
-                duration,
-                store_operations,
-            });
+    /// Runs one tick in sink mode: fetch, record the batch in flight (CAS), deliver it to `sink`, acknowledge it
+    /// (CAS). See `sink_tick` for the order and what each failure means.
+    pub async fn tick_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        let mut memory = self.memory.lock().await;
+        self.timed(self.deliver_into(&mut memory, sink)).await
+    }
+
+    async fn deliver_into(&self, memory: &mut Memory, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
+        if let Some(out) = sink_tick::take_chained(self, memory) {
+            return sink_tick::deliver(self, memory, sink, out).await;
         }
-        let mut stats = self.stats.lock().expect("stats lock");
-        stats.ticks += 1;
-        stats.at = Some(self.clock().now());
-        stats.duration_ms = duration.as_secs_f64() * 1000.0;
-        stats.store_operations = store_operations;
-        match result {
-            Ok(mut outcome) => {
-                outcome.store_operations = store_operations;
-                stats.rows = outcome.changes.len();
-                stats.outcome = format!("{:?}", outcome.kind);
-                Ok(outcome)
+        let mode = Mode::Recorded(Acknowledge::AfterSink);
+        let mut out = self.run(memory, mode).await?;
+        if let Some(logs) = sink_tick::reconcile(self, memory, sink, &mut out).await? {
+            // The document now starts where the destination ends: no second reconciliation.
+            out = self.run(memory, mode).await?;
+            out.logs.splice(0..0, logs);
+        }
+        sink_tick::deliver(self, memory, sink, out).await
+    }
+
+    /// On a clean stop of `handler run`: withdraws a chained batch never delivered (see `sink_tick`).
+    pub async fn withdraw_chained(&self) -> Result<bool, TickError> {
+        let mut memory = self.memory.lock().await;
+        sink_tick::withdraw_chained(self, &mut memory).await
+    }
+
+    /// One tick, starting from the document this process wrote last when it has it.
+    ///
+    /// Skipping the read is safe because every decision a tick makes either ends in a conditional write, which
+    /// fails if anyone (another instance, an operator) wrote since, or writes nothing and is then checked: a
+    /// tick from the remembered document that wrote nothing reads the document, and its answer stands only if
+    /// the etag is still the remembered one; otherwise the tick runs again on what was read. Nothing of a
+    /// discarded run is observable: it answered nothing and recorded nothing. A delivering tick in a drain then
+    /// costs one write instead of a read and a write; an empty tick still costs one read, so a pause, resume,
+    /// reset or replay by an operator is seen at the next tick even on a quiet table.
+    async fn run(&self, memory: &mut Memory, mode: Mode<'_>) -> Result<TickOutcome, TickError> {
+        self.validated.get_or_try_init(|| self.source.validate()).await?;
+        let Some((doc, etag)) = memory.written.take() else {
+            if let Some((doc, etag)) = self.load().await? {
+                return self.run_on(memory, doc, Some(etag), mode).await;
             }
-            Err(e) => {
-                stats.rows = 0;
-                stats.outcome = "Failed".into();
-                match e.kind() {
-                    ErrorKind::Transient => stats.failures_transient += 1,
-                    ErrorKind::Operator => stats.failures_operator += 1,
+            let start = self.source.start_position(self.config.source.start_from).await?;
+            return self.run_on(memory, Tick::new_doc(self, start), None, mode).await;
+        };
+        let out = match self.run_on(memory, doc, Some(etag.clone()), mode).await {
+            // A refusal read off the remembered document (a halt this process recorded, say) is decided again on
+            // the stored one: an operator may have lifted it since, or another instance may have moved on (a
+            // source that releases what a checkpoint passed then refuses the older position).
+            Err(
+                TickError::Halted { .. }
+                | TickError::FingerprintChanged { .. }
+                | TickError::Source(SourceError::PositionLost(_)),
+            ) => {
+                if let Some((doc, fresh)) = self.load().await? {
+                    return self.run_on(memory, doc, Some(fresh), mode).await;
                 }
-                Err(e)
+                TickOutcome::default()
+            }
+            other => other?,
+        };
+        if out.committed.is_some() {
+            return Ok(out);
+        }
+        match self.load().await? {
+            Some((doc, fresh)) if fresh == etag => {
+                memory.written = Some((doc, fresh));
+                Ok(out)
+            }
+            Some((doc, fresh)) => {
+                let line = "the state changed since this process last wrote it (another instance or an operator wrote); acting on the state as it is now";
+                tracing::info!(function = %self.config.name, "{line}");
+                let mut out = self.run_on(memory, doc, Some(fresh), mode).await?;
+                out.logs.insert(0, line.to_string());
+                Ok(out)
+            }
+            None => {
+                let start = self.source.start_position(self.config.source.start_from).await?;
+                self.run_on(memory, Tick::new_doc(self, start), None, mode).await
             }
         }
     }
 
-    /// Tells `observer` about every later tick. Only the first observer set is kept: `false` if one was already.
-    pub fn observe(&self, observer: Arc<dyn TickObserver>) -> bool {
-        self.observer.set(observer).is_ok()
+    /// One tick on `doc` as read at `etag` (`None`: a document never written): the shared checks, then the
+    /// delivery.
+    async fn run_on(
+        &self,
+        memory: &mut Memory,
+        doc: StateDoc,
+        etag: Option<Etag>,
+        mode: Mode<'_>,
+    ) -> Result<TickOutcome, TickError> {
+        let mut tick = match Tick::open(self, memory, doc, etag).await? {
+            Opened::Ready(tick) => tick,
+            Opened::Answered(out) => return Ok(*out),
+        };
+        match mode {
+            Mode::Deferred(attempt) => host_tick::deferred(&mut tick, attempt).await?,
+            Mode::Recorded(ack) => recorded::record(&mut tick, ack).await?,
+        }
+        Ok(tick.out)
     }
 
     /// Start-up checks, run in the background once the handler is listening (the host's readiness probe must
@@ -357,9 +429,28 @@ impl Trigger {
         Ok(())
     }
 
+    /// Tells `observer` about every later tick. Only the first observer set is kept: `false` if one was already.
+    pub fn observe(&self, observer: Arc<dyn TickObserver>) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
     /// What the last tick of this process did, and failures so far by kind.
     pub fn last_tick(&self) -> Option<TickStats> {
         let stats = self.stats.lock().expect("stats lock");
         (stats.ticks > 0).then(|| stats.clone())
     }
+
+    /// The changes a quarantine document holds.
+    async fn quarantined_changes(&self, key: &str) -> Result<Vec<Change>, TickError> {
+        let doc = self.ledger.load_quarantine(key).await?;
+        doc.decode_changes().map_err(|detail| TickError::CorruptState { key: key.to_string(), detail })
+    }
+}
+
+/// How a tick's batch is acknowledged: by proof (the host's deferred delivery), or recorded (immediate, or a
+/// sink's record step).
+#[derive(Debug, Clone, Copy)]
+enum Mode<'a> {
+    Deferred(&'a Attempt),
+    Recorded(Acknowledge),
 }

@@ -15,7 +15,7 @@
 use crate::common::*;
 use crate::support::AppFolder;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::engine::failpoint;
+use sql_pseudo_trigger::failpoint;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

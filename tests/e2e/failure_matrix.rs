@@ -10,7 +10,7 @@
 use crate::common::*;
 use serde_json::{json, Value};
 use sql_pseudo_trigger::engine::document::QuarantineDoc;
-use sql_pseudo_trigger::engine::failpoint;
+use sql_pseudo_trigger::failpoint;
 use sql_pseudo_trigger::state::StateStore;
 use std::collections::BTreeMap;
 use testbed::driver::AttemptOutcome;
@@ -65,7 +65,7 @@ async fn case_a_handler_failure_redelivers_the_batch() {
     let (doc, _) = state(&store, &app_name).await;
     assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
     let flight = doc.in_flight.as_ref().expect("batch 1 in flight");
-    assert_eq!((flight.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
+    assert_eq!((flight.range.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
 
     // WHEN a later firing finds a new order
     orders.insert([4]).await;
@@ -93,7 +93,7 @@ async fn case_b_handler_success_then_commit_failure_loses_nothing() {
     let batch_1 = fire_until_delivered(&host, FUNCTION).await;
     assert_eq!(ids_of(&batch_1), vec![1, 2, 3]);
     let (before, etag_before) = state(&store, &app_name).await;
-    assert_eq!(before.in_flight.as_ref().map(|f| f.batch_id), Some(1));
+    assert_eq!(before.in_flight.as_ref().map(|f| f.range.batch_id), Some(1));
 
     // WHEN the state store goes down before the next invocation, which would acknowledge batch 1 and deliver
     // orders 4-5 in one commit
@@ -328,7 +328,7 @@ async fn case_g_an_ambiguous_commit_is_redelivered_not_acknowledged() {
     let (doc, _) = state(&store, &app_name).await;
     assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
     let flight = doc.in_flight.clone().expect("batch 1 in flight");
-    assert_eq!((flight.batch_id, flight.rows, flight.deliveries, doc.counters.batches), (1, 3, 1, 0));
+    assert_eq!((flight.range.batch_id, flight.range.rows, flight.deliveries, doc.counters.batches), (1, 3, 1, 0));
 
     // WHEN a new handler process starts and the timer fires
     let host = start(&app).await;
@@ -341,7 +341,7 @@ async fn case_g_an_ambiguous_commit_is_redelivered_not_acknowledged() {
     assert_eq!(ids_of(&run.applied["changes"]), vec![1, 2, 3]);
     let (doc, _) = state(&store, &app_name).await;
     assert!(doc.checkpoint.is_null(), "acknowledged without proof: {:?}", doc.checkpoint);
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batch_id, f.deliveries)), Some((1, 2)));
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.deliveries)), Some((1, 2)));
 
     // AND after the next firing acknowledges it, every order was written exactly once
     drain(&host, 5).await;
@@ -403,7 +403,7 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_mid_tick_is_refused_by_cas_and_
     // AND the document is still process 2's: batch 1 in flight under the higher fencing token, not acknowledged
     let (doc, etag) = state(&store, &app_name).await;
     let lease = doc.lease.clone().expect("a lease");
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batch_id, f.owner.clone())), Some((1, lease.owner.clone())));
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.owner.clone())), Some((1, lease.owner.clone())));
     assert_eq!((lease.token, doc.counters.takeovers), (2, 1));
     assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
 
@@ -515,7 +515,7 @@ async fn case_i_with_poison_action_halt_the_function_stops_at_the_poison_batch()
     let (doc, _) = state(&store, &app_name).await;
     assert!(doc.halted.as_deref().is_some_and(|h| h.contains("halt")), "{:?}", doc.halted);
     assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
-    assert_eq!(doc.in_flight.as_ref().map(|f| f.batch_id), Some(1));
+    assert_eq!(doc.in_flight.as_ref().map(|f| f.range.batch_id), Some(1));
 }
 
 /// First attempts until one gets no HTTP answer at all (the process died in the tick); returns that error.

@@ -18,7 +18,7 @@ use crate::operations::handler_cli;
 use crate::support::{self, AppFolder};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::engine::failpoint;
+use sql_pseudo_trigger::failpoint;
 use sql_pseudo_trigger::state::{Etag, StateStore};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

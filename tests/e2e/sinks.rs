@@ -13,7 +13,7 @@ use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
-use sql_pseudo_trigger::engine::failpoint;
+use sql_pseudo_trigger::failpoint;
 use sql_pseudo_trigger::sink::{self, Sink, SinkBatch, SinkError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -514,7 +514,7 @@ async fn lose_state_mid_stream(prefix: &str, sink_extra: Value) -> AfterLoss {
     let (before, _) = state(&store, &app_name).await;
     // Sink mode acknowledges in the tick that delivers; while a backlog drains that acknowledgement also
     // records the next batch in flight, which the process delivers at its next tick from memory.
-    let chained_rows = before.in_flight.as_ref().map_or(0, |f| f.rows as usize);
+    let chained_rows = before.in_flight.as_ref().map_or(0, |f| f.range.rows as usize);
     assert!(copy_rows(&orders).await.len() + chained_rows <= 40);
     assert_eq!(before.lease.as_ref().map(|l| l.token), Some(2), "the second process wrote under token 2");
 

@@ -349,7 +349,7 @@ async fn case_a_a_failed_host_write_is_redelivered_on_retry_and_acknowledged_by_
     let doc = world.state().await;
     assert_eq!(checkpoint(&doc), None);
     let flight = doc.in_flight.expect("still in flight");
-    assert_eq!((flight.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
+    assert_eq!((flight.range.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
 
     // AND a later normal invocation acknowledges it
     let next = p.answer(NORMAL, Output::Written).await;
@@ -378,14 +378,14 @@ async fn case_b_an_acknowledgement_that_fails_to_commit_leaves_the_batch_unackno
     assert!(matches!(err, TickError::Store(StoreError::Unavailable(_))), "{err}");
     assert_eq!(err.kind(), ErrorKind::Transient);
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.batch_id)), (None, Some(1)));
+    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.range.batch_id)), (None, Some(1)));
 
     // AND the host's retry names the attempt that failed inside the handler, which carried no batch: it is no
     // evidence against batch 1, so batch 2 goes out and no failure is counted
     let again = p.answer(retry(1), Output::Written).await;
     assert_answer(&again, OutcomeKind::Delivered, Some(2), &rows(3..=4, v2));
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| (f.batch_id, f.failures))), (Some((v1, 2)), Some((2, 0))));
+    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| (f.range.batch_id, f.failures))), (Some((v1, 2)), Some((2, 0))));
     p.answer(NORMAL, Output::Written).await;
     assert_eq!(checkpoint(&world.state().await), Some((v2, 4)));
     assert_eq!(world.batches(), vec![rows(1..=2, v1), rows(3..=4, v2)]);
@@ -561,7 +561,7 @@ async fn case_g_an_ambiguous_commit_is_resolved_by_redelivering_not_by_acknowled
     // THEN the tick fails (the host gets no batch 2), though the store holds batch 2 in flight
     assert!(matches!(&err, TickError::Store(e) if e.is_ambiguous()), "{err}");
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.batch_id)), (Some((v1, 2)), Some(2)));
+    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.range.batch_id)), (Some((v1, 2)), Some(2)));
 
     // AND the next normal invocation of the same process re-delivers batch 2 instead of acknowledging it
     let a = p.answer(NORMAL, Output::Written).await;
@@ -580,7 +580,7 @@ async fn case_g_an_ambiguous_first_commit_is_redelivered_too() {
     let v = world.upsert(1..=2);
     p.store.fail_next(StoreOp::Save, Fault::Ambiguous, 1);
     p.error(NORMAL).await;
-    assert_eq!(world.state().await.in_flight.map(|f| f.batch_id), Some(1));
+    assert_eq!(world.state().await.in_flight.map(|f| f.range.batch_id), Some(1));
 
     // WHEN the next normal invocation runs
     let a = p.answer(NORMAL, Output::Written).await;
@@ -659,7 +659,7 @@ async fn case_i_a_poison_batch_is_quarantined_after_max_attempts_and_later_batch
     assert_eq!((q.batch_id, q.failures, quarantined), (1, 3, rows(1..=2, v1)));
     let doc = world.state().await;
     assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine.iter().map(|e| (e.batch_id, e.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(doc.quarantine.iter().map(|e| (e.range.batch_id, e.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
     assert_eq!(checkpoint(&doc), Some((v1, 2)), "the checkpoint passed the poison batch");
 
     // AND later batches flow
@@ -727,7 +727,7 @@ async fn a_manual_run_during_a_retry_delay_does_not_acknowledge_the_failed_batch
     assert_answer(&manual, OutcomeKind::Delivered, Some(2), &rows(3..=4, v2));
     let doc = world.state().await;
     assert_eq!(checkpoint(&doc), None, "batch 1 is not acknowledged by a manual run");
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batches, f.rows)), Some((2, 4)));
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batches, f.range.rows)), Some((2, 4)));
 
     // WHEN the timer's retry comes, naming the failed attempt
     clock.advance(Duration::from_secs(3));
@@ -795,7 +795,7 @@ async fn a_restart_delivers_again_every_batch_not_yet_proven_in_pages_of_max_bat
         clock.advance(Duration::from_secs(5));
         p1.answer(NORMAL, Output::Written).await;
     }
-    assert_eq!(world.state().await.in_flight.map(|f| (f.batches, f.rows)), Some((3, 6)));
+    assert_eq!(world.state().await.in_flight.map(|f| (f.batches, f.range.rows)), Some((3, 6)));
     drop(p1);
 
     // WHEN the restarted process is invoked (its host lost any retry that was pending)
@@ -894,7 +894,7 @@ async fn a_batch_that_always_fails_is_quarantined_once_its_failures_last_the_poi
     let doc = world.state().await;
     let failing_for = Duration::from_secs(firings * 85);
     assert!(failing_for >= poison_after && failing_for <= poison_after + Duration::from_secs(85 * 2));
-    assert_eq!(doc.quarantine.iter().map(|q| (q.batch_id, q.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(doc.quarantine.iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
     let mut next = p.answer(NORMAL, Output::Written).await;
     if next.rows.is_empty() {
         next = p.answer(NORMAL, Output::Written).await;
@@ -1290,7 +1290,7 @@ async fn invoke(
         assert!(cp >= l.high_water, "checkpoint moved backward: {:?} -> {cp:?}", l.high_water);
         l.high_water = cp;
         if let Some(flight) = &doc.in_flight {
-            assert_eq!(position(&flight.from), cp, "a batch in flight starts at the checkpoint");
+            assert_eq!(position(&flight.range.from), cp, "a batch in flight starts at the checkpoint");
         }
     }
     let me = (node.slot, node.generation);
@@ -1300,7 +1300,7 @@ async fn invoke(
             Err(e) => format!("ERR {e}"),
         };
         let cp = doc.as_ref().map(checkpoint);
-        let fl = doc.as_ref().and_then(|d| d.in_flight.as_ref().map(|f| (f.batch_id, f.batches, f.to.clone())));
+        let fl = doc.as_ref().and_then(|d| d.in_flight.as_ref().map(|f| (f.range.batch_id, f.batches, f.range.to.clone())));
         eprintln!(
             "{me:?} retry={}/{:?} out={output:?} -> {summary} | cp={cp:?} flight={fl:?} mem={:?}",
             retry.retry_count,
@@ -1310,7 +1310,7 @@ async fn invoke(
                 .map(|u| u.span.clone())
                 .unwrap_or_default()
                 .iter()
-                .map(|s| (s.batch_id, s.owed, s.invocations.iter().map(|i| i[..8].to_string()).collect::<Vec<_>>()))
+                .map(|s| (s.range.batch_id, s.owed, s.invocations.iter().map(|i| i[..8].to_string()).collect::<Vec<_>>()))
                 .collect::<Vec<_>>()
         );
     }

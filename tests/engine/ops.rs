@@ -139,13 +139,13 @@ async fn an_action_that_loses_the_race_to_a_tick_leaves_the_ticks_batch_in_fligh
     assert!(matches!(err, OpsError::Conflict(_)), "{err:?}");
     assert_eq!(*answered.lock().expect("answered"), vec![4, 5]);
     let in_flight = w.doc().await.in_flight.expect("the tick's batch is in flight");
-    assert_eq!((in_flight.batch_id, in_flight.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
+    assert_eq!((in_flight.range.batch_id, in_flight.range.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
 
     // WHEN the pause is run again THEN it holds and keeps the batch in flight
     pause(&w.trigger, "operator").await.expect("pause");
     let doc = w.doc().await;
     assert!(doc.paused);
-    assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(2));
+    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(2));
 }
 
 #[tokio::test]

@@ -198,7 +198,7 @@ async fn a_stop_during_an_outage_leaves_the_batch_in_flight_for_the_next_process
     // THEN it stops after that attempt, and the batch is still in flight: not acknowledged, not quarantined
     assert_eq!((summary.delivered, sink.attempts().len()), (0, 1));
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(1));
+    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(1));
     assert_eq!(doc.counters.quarantined, 0);
 }
 
@@ -218,7 +218,7 @@ async fn a_poison_last_batch_is_quarantined_and_a_once_run_still_ends() {
     assert_eq!(summary.failed_deliveries, 2);
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
     assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine.iter().map(|q| (q.batch_id, q.rows)).collect::<Vec<_>>(), vec![(2, 5)]);
+    assert_eq!(doc.quarantine.iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(2, 5)]);
     assert!(doc.in_flight.is_none());
 
     // AND a later row is delivered by the next run, as a first attempt
@@ -334,7 +334,7 @@ async fn a_drain_gives_up_on_a_destination_that_stays_down_naming_it_and_leaves_
     // AND batch 1 is still in flight for the next run, never quarantined however often it failed
     assert!(sink.attempts().len() > 2, "attempted more than MaxAttempts times: {:?}", sink.attempts());
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!(doc.in_flight.map(|f| f.batch_id), Some(1));
+    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(1));
     assert_eq!(doc.counters.quarantined, 0);
 }
 

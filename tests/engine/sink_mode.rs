@@ -210,7 +210,7 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
         assert_eq!(e.kind(), sql_pseudo_trigger::engine::ErrorKind::Operator);
         let doc = w.state().await;
         let flight = doc.in_flight.expect("still in flight");
-        assert_eq!((flight.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
+        assert_eq!((flight.range.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
     }
     w.source.upsert([4], 2);
 
@@ -220,7 +220,7 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
     assert_eq!(sink.taken(), vec![4]);
     let doc = w.state().await;
     assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine[0].batch_id, 1);
+    assert_eq!(doc.quarantine[0].range.batch_id, 1);
 }
 
 #[tokio::test]
@@ -285,7 +285,7 @@ async fn a_fence_no_owner_of_this_document_wrote_is_raised_past_and_the_batch_de
     assert!(out.changes.is_empty());
     assert!(out.logs.iter().any(|l| l.contains("raised to 8")), "{:?}", out.logs);
     let doc = w.state().await;
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batch_id, f.failures)), Some((2, 0)));
+    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.failures)), Some((2, 0)));
     // AND the next tick delivers batch 2 again under token 8, and acknowledges it
     let again = p.trigger.tick_into(&sink).await.expect("tick");
     assert_eq!(again.batch_id, Some(2));
@@ -583,7 +583,7 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
     let flight = doc.in_flight.expect("in flight");
     *sink.recorded.lock().expect("recorded") =
-        Resume { fence: 1, applied: Some(Applied { batch_id: 1, from: flight.from.clone(), to: flight.to.clone() }) };
+        Resume { fence: 1, applied: Some(Applied { batch_id: 1, from: flight.range.from.clone(), to: flight.range.to.clone() }) };
 
     // WHEN another process takes it over
     let p2 = w.process("p2", expired);
@@ -671,7 +671,7 @@ async fn a_clean_stop_withdraws_a_chained_batch_so_the_next_instance_starts_at_o
     let sink = ScriptedSink::default();
     p1.trigger.tick_into(&sink).await.expect("tick");
     let recorded = w.state().await.in_flight.expect("batch 2 recorded with batch 1's acknowledgement");
-    assert_eq!((recorded.batch_id, recorded.rows, recorded.owner.as_str()), (2, 100, "p1"));
+    assert_eq!((recorded.range.batch_id, recorded.range.rows, recorded.owner.as_str()), (2, 100, "p1"));
 
     // WHEN p1 stops cleanly
     assert!(p1.trigger.withdraw_chained().await.expect("withdraw"));
@@ -701,7 +701,7 @@ async fn a_crash_with_a_chained_batch_in_flight_hands_it_to_the_next_owner_and_l
     let p1 = w.process("p1", expired.clone());
     let sink = ScriptedSink::default();
     p1.trigger.tick_into(&sink).await.expect("tick");
-    assert_eq!(w.state().await.in_flight.map(|f| f.batch_id), Some(2));
+    assert_eq!(w.state().await.in_flight.map(|f| f.range.batch_id), Some(2));
     drop(p1);
 
     // WHEN another instance drains

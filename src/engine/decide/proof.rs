@@ -23,6 +23,7 @@
 //! before it ends. The state document records the span as one batch in flight, owned by this process under
 //! its lease; another process cannot prove any of it and delivers it all again from the checkpoint.
 
+use crate::change::BatchRange;
 use crate::protocol::{Attempt, RetryContext};
 use crate::source::Position;
 use std::collections::VecDeque;
@@ -32,12 +33,7 @@ use time::OffsetDateTime;
 /// A batch this process answered to the host, not yet proven written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sent {
-    pub batch_id: u64,
-    /// After this position (exclusive)...
-    pub from: Position,
-    /// ...up to this one (inclusive).
-    pub to: Position,
-    pub rows: u64,
+    pub range: BatchRange,
     /// An operator's retry of a quarantined batch: its quarantine document's key. Its changes come from there,
     /// and it lies before the checkpoint, outside the span.
     pub quarantined: Option<String>,
@@ -69,41 +65,28 @@ const IDS_KEPT: usize = 16;
 
 impl Sent {
     /// A batch first answered to `attempt` at `now`.
-    pub fn new(batch_id: u64, from: Position, to: Position, rows: u64, attempt: &Attempt, now: OffsetDateTime) -> Self {
-        let mut sent = Self::owed_range(batch_id, from, to, rows, now, now, 0, 0, None);
+    pub fn new(range: BatchRange, attempt: &Attempt, now: OffsetDateTime) -> Self {
+        let mut sent = Self::owed_range(range, now);
         sent.answered(attempt, now);
         sent
     }
 
-    /// A range to deliver (again) that nobody has answered yet in this process: the span another process
-    /// answered (adopted on a takeover or after a restart), or the rest of a range split into pages.
-    #[allow(clippy::too_many_arguments)]
-    pub fn owed_range(
-        batch_id: u64,
-        from: Position,
-        to: Position,
-        rows: u64,
-        first_answered_at: OffsetDateTime,
-        answered_at: OffsetDateTime,
-        deliveries: u32,
-        failures: u32,
-        failing_since: Option<OffsetDateTime>,
-    ) -> Self {
+    /// A range to deliver (again) that nobody has answered yet in this process, as of `now`: the span another
+    /// process answered (adopted on a takeover or after a restart: `decide::adopt` carries its history over),
+    /// or the rest of a range split into pages.
+    pub fn owed_range(range: BatchRange, now: OffsetDateTime) -> Self {
         Self {
-            batch_id,
-            from,
-            to,
-            rows,
+            range,
             quarantined: None,
             invocations: Vec::new(),
-            first_answered_at,
-            answered_at,
-            deliveries,
+            first_answered_at: now,
+            answered_at: now,
+            deliveries: 0,
             owed: true,
             final_answer: false,
-            failures,
-            failing_since,
-            failures_recorded: failures,
+            failures: 0,
+            failing_since: None,
+            failures_recorded: 0,
             settled: false,
             answered_by: None,
         }
@@ -213,14 +196,14 @@ impl Answered {
         if let Some(sent) = self.all_mut().find(|s| names(s)) {
             let sent = Arc::make_mut(sent);
             sent.failed(now);
-            return Named::Batch(sent.batch_id);
+            return Named::Batch(sent.range.batch_id);
         }
         match self.history.iter().position(names).and_then(|i| self.history.remove(i)) {
             Some(mut sent) => {
                 let late = Arc::make_mut(&mut sent);
                 late.settled = false;
                 late.failed(now);
-                let batch_id = late.batch_id;
+                let batch_id = late.range.batch_id;
                 self.late.push(sent);
                 Named::Late(batch_id)
             }
@@ -264,13 +247,9 @@ impl Answered {
 
     /// Where the next new batch starts: after the span, or at the checkpoint.
     pub fn frontier<'a>(&'a self, checkpoint: &'a Position) -> &'a Position {
-        self.span.back().map_or(checkpoint, |s| &s.to)
+        self.span.back().map_or(checkpoint, |s| &s.range.to)
     }
 
-    /// The earliest proof time of what is remembered, for status: when the checkpoint can next move.
-    pub fn oldest_answer(&self) -> Option<OffsetDateTime> {
-        self.span.iter().chain(&self.retries).map(|s| s.answered_at).min()
-    }
 }
 
 #[cfg(test)]
@@ -291,7 +270,7 @@ mod tests {
     }
 
     fn sent(batch_id: u64, from: i64, to: i64, id: &str) -> Arc<Sent> {
-        Arc::new(Sent::new(batch_id, json!(from), json!(to), (to - from) as u64, &attempt(id, 0, None), T0))
+        Arc::new(Sent::new(BatchRange::new(batch_id, json!(from), json!(to), (to - from) as u64), &attempt(id, 0, None), T0))
     }
 
     #[test]
@@ -302,9 +281,9 @@ mod tests {
         let named = mem.note(&attempt("r1", 1, Some("a")), T0 + Duration::seconds(5));
         // THEN only that batch is owed, with one failure
         assert_eq!(named, Named::Batch(1));
-        let owed: Vec<_> = mem.span.iter().map(|s| (s.batch_id, s.owed, s.failures)).collect();
+        let owed: Vec<_> = mem.span.iter().map(|s| (s.range.batch_id, s.owed, s.failures)).collect();
         assert_eq!(owed, vec![(1, true, 1), (2, false, 0)]);
-        assert_eq!(mem.owed().map(|s| s.batch_id), Some(1));
+        assert_eq!(mem.owed().map(|s| s.range.batch_id), Some(1));
     }
 
     #[test]
@@ -336,7 +315,7 @@ mod tests {
         Arc::make_mut(&mut mem.span[0]).owed = false;
         // At the window the first is proven, the second a minute later
         let (proven, _) = mem.take_proven(T0 + WINDOW, WINDOW);
-        assert_eq!(proven.iter().map(|s| s.batch_id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(proven.iter().map(|s| s.range.batch_id).collect::<Vec<_>>(), vec![1]);
         assert_eq!(mem.frontier(&json!(0)), &json!(20));
         assert_eq!(mem.take_proven(T0 + WINDOW + Duration::minutes(1), WINDOW).0.len(), 1);
         assert_eq!(mem.frontier(&json!(20)), &json!(20));
@@ -351,12 +330,12 @@ mod tests {
         // WHEN a retry names its answer after all
         assert_eq!(mem.note(&attempt("r", 1, Some("a")), T0 + WINDOW * 2), Named::Late(1));
         // THEN it is owed again, outside the span, until a window after its new answer
-        assert_eq!(mem.owed().map(|s| (s.batch_id, s.failures)), Some((1, 1)));
+        assert_eq!(mem.owed().map(|s| (s.range.batch_id, s.failures)), Some((1, 1)));
         let retry = attempt("r", 1, Some("a"));
         mem.owed().expect("owed").answered(&retry, T0 + WINDOW * 2);
         assert!(mem.span.is_empty() && !mem.is_empty());
         mem.take_proven(T0 + WINDOW * 3, WINDOW);
-        assert!(mem.is_empty() && mem.history.iter().any(|s| s.batch_id == 1));
+        assert!(mem.is_empty() && mem.history.iter().any(|s| s.range.batch_id == 1));
     }
 
     #[test]

@@ -94,8 +94,9 @@ impl Renewal {
             let held = self.held.lock().expect("heartbeat lock");
             (held.doc.clone(), held.etag.clone())
         };
-        let Some(lease) = doc.lease.as_mut() else { return false };
-        lease.expires_at = self.ledger.clock().now() + self.lease;
+        if !doc.extend_lease(self.ledger.clock().now() + self.lease) {
+            return false;
+        }
         match self.ledger.save(&mut doc, Some(&etag), &self.owner).await {
             Ok(Saved::Written(etag)) => {
                 self.adopt(doc, etag);

@@ -19,10 +19,10 @@
 //! or halt); `Transient` is not counted (a destination outage must not quarantine batches); `Fenced` means a
 //! newer owner already wrote, which is treated like a lost compare-and-swap: nothing acknowledged or counted,
 //! unless the state document shows that no owner of it wrote the destination's token (see
-//! [`Trigger::raise_fence`]): then the token is raised past it and the next tick delivers the batch again.
+//! `raise_fence`): then the token is raised past it and the next tick delivers the batch again.
 //!
 //! A delivering tick costs two conditional writes (record, acknowledge), plus a read when this process did not
-//! write the state last (see `Trigger::tick_inner`) and one write per heartbeat; while a backlog drains, one
+//! write the state last (see `Trigger::record`) and one write per heartbeat; while a backlog drains, one
 //! write (see "Chaining").
 //!
 //! # Chaining
@@ -68,259 +68,207 @@
 mod heartbeat;
 mod reconcile;
 
-use super::decide;
-use super::document::{InFlight, StateDoc};
-use super::{failpoint, Memory, OutcomeKind, TickError, TickOutcome, Trigger, Via};
+pub(super) use reconcile::reconcile;
+
+use super::tick::Tick;
+use super::{Memory, OutcomeKind, TickError, TickOutcome, Trigger};
+use crate::change::{BatchRange, Change};
+use crate::failpoint;
 use crate::sink::{Sink, SinkBatch, SinkError};
 use crate::source::{Fetched, Position};
-use crate::state::Etag;
 use heartbeat::{Heartbeat, Heldover};
-use std::time::Instant;
 
-impl Trigger {
-    /// Runs one tick in sink mode: fetch, record the batch in flight (CAS), deliver it to `sink`, acknowledge
-    /// it (CAS). See the module docs for the order and what each failure means.
-    pub async fn tick_into(&self, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        let mut memory = self.memory.lock().await;
-        self.timed(self.deliver_into(&mut memory, sink)).await
-    }
-
-    /// The batch fetched ahead, if it starts where the next batch starts and is fresh; taken either way.
-    pub(super) fn take_ahead(&self, memory: &mut Memory, checkpoint: &Position) -> Option<Fetched> {
-        let ahead = memory.ahead.take()?;
-        (ahead.after == *checkpoint && ahead.at.elapsed() < self.config.settings.lease_duration)
-            .then_some(ahead.fetched)
-    }
-
-    /// The app name space of this function's state key (`{app}/{function}.json`; neither part holds a '/').
-    fn app(&self) -> &str {
-        self.state_key().rsplit_once('/').map_or("", |(app, _)| app)
-    }
-
-    async fn deliver_into(&self, memory: &mut Memory, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        if let Some(out) = self.take_chained(memory) {
-            return self.deliver_batch(memory, sink, out).await;
-        }
-        let mut out = self.tick_inner(memory, Via::Sink).await?;
-        if let Some(logs) = self.reconcile(memory, sink, &mut out).await? {
-            // The document now starts where the destination ends: no second reconciliation.
-            out = self.tick_inner(memory, Via::Sink).await?;
-            out.logs.splice(0..0, logs);
-        }
-        self.deliver_batch(memory, sink, out).await
-    }
-
-    /// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver
-    /// without touching the state store, if the document this process wrote last still records it under this
-    /// process's lease with at least half the lease left (so the heartbeat starts well before it could lapse).
-    /// Taken either way: a chained batch not used now goes the ordinary way (re-fetched, re-recorded).
-    fn take_chained(&self, memory: &mut Memory) -> Option<TickOutcome> {
-        let chained = memory.chained.take()?;
-        let (doc, etag) = memory.written.clone()?;
-        let flight = doc.in_flight.as_ref().filter(|f| f.batch_id == chained.batch_id && f.owner == self.owner)?;
-        let lease = doc.lease.as_ref().filter(|l| l.owner == self.owner)?;
-        let left = lease.expires_at - self.clock().now();
-        if left < self.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
-            return None;
-        }
-        let mut out = TickOutcome {
-            kind: OutcomeKind::Delivered,
-            batch_id: Some(flight.batch_id),
-            fence: lease.token,
-            ..TickOutcome::default()
-        };
-        out.logs.push(format!(
-            "delivering batch {} with {} change(s), recorded in flight with the previous batch's acknowledgement",
-            flight.batch_id,
-            chained.changes.len()
-        ));
-        out.changes = chained.changes;
-        out.committed = Some((doc, etag));
-        Some(out)
-    }
-
-    /// On a clean stop: a batch recorded in flight with the last acknowledgement and never delivered is
-    /// withdrawn (nothing in flight, the lease released), so the next instance starts at once instead of
-    /// waiting out this one's lease. `Ok(false)`: there was none, or the state moved on (then nothing is
-    /// written and the batch is delivered by whoever holds the state, as after a crash).
-    pub async fn withdraw_chained(&self) -> Result<bool, TickError> {
-        let mut memory = self.memory.lock().await;
-        let Some(chained) = memory.chained.take() else { return Ok(false) };
-        let Some((mut doc, etag)) = memory.written.clone() else { return Ok(false) };
-        if doc.in_flight.as_ref().is_none_or(|f| f.batch_id != chained.batch_id || f.owner != self.owner) {
-            return Ok(false);
-        }
-        doc.in_flight = None;
-        if let Some(lease) = doc.lease.as_mut().filter(|l| l.owner == self.owner) {
-            lease.expires_at = self.clock().now();
-        }
-        let mut out = TickOutcome::default();
-        self.commit(&mut memory, &mut doc, Some(&etag), &mut out).await
-    }
-
-    /// Delivers the batch `tick_inner` recorded in flight, if any, and acknowledges it.
-    async fn deliver_batch(
-        &self,
-        memory: &mut Memory,
-        sink: &dyn Sink,
-        mut out: TickOutcome,
-    ) -> Result<TickOutcome, TickError> {
-        let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
-        let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
-
-        let heartbeat = Heartbeat::start(self, doc, etag);
-        let batch = SinkBatch {
-            app: self.app(),
-            function: &self.config.name,
-            batch_id,
-            fence: out.fence,
-            changes: &out.changes,
-            range: Some((&flight.from, &flight.to)),
-        };
-        let limit = self.config.settings.max_batch_size;
-        let draining = out.changes.len() >= limit && flight.quarantined.is_none();
-        let (delivered, ahead) = tokio::join!(
-            async {
-                // A re-fetched range whose rows all moved on since holds nothing: there is nothing to hand
-                // over, and acknowledging it is right (its rows come again later with their newer values).
-                if batch.changes.is_empty() {
-                    Ok(())
-                } else {
-                    sink.deliver(&batch).await
-                }
-            },
-            async {
-                match draining {
-                    true => self.source.fetch(&flight.to, limit).await.ok().filter(|f| !f.changes.is_empty()),
-                    false => None,
-                }
-            }
-        );
-        let Heldover { mut doc, etag, lost } = heartbeat.stop().await;
-
-        match delivered {
-            Ok(()) => {
-                failpoint::hit("after-sink");
-                let now = self.clock().now();
-                decide::acknowledge(&mut doc, &flight, now);
-                // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining"
-                // in the module docs), unless an operator queued quarantined batches, which go first.
-                let chainable = doc.retry_quarantined.is_empty() && !doc.paused && doc.halted.is_none();
-                let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
-                let next = chain.map(|fetched| {
-                    let next = InFlight::first_delivery(
-                        doc.next_batch_id,
-                        flight.to.clone(),
-                        fetched.last.clone().unwrap_or(Position::Null),
-                        fetched.changes.len() as u64,
-                        &self.owner,
-                        now,
-                    );
-                    doc.next_batch_id += 1;
-                    doc.in_flight = Some(next.clone());
-                    decide::take_lease(&mut doc, &self.owner, self.config.settings.lease_duration, now);
-                    Chained { batch_id: next.batch_id, changes: fetched.changes }
-                });
-                let mut ack = TickOutcome::default();
-                if self.commit(memory, &mut doc, Some(&etag), &mut ack).await? {
-                    memory.chained = next;
-                    if let Some(fetched) = keep {
-                        let after = flight.to.clone();
-                        memory.ahead = Some(Ahead { after, fetched, at: Instant::now() });
-                    }
-                    out.logs.push(format!(
-                        "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
-                        out.changes.len(),
-                        sink.describe()
-                    ));
-                } else {
-                    let why = lost.map(|l| format!(" ({l})")).unwrap_or_default();
-                    out.logs.push(format!(
-                        "batch {batch_id} was delivered to {}, but the state changed before its acknowledgement{why}; it will be delivered again and the sink absorbs the duplicate",
-                        sink.describe()
-                    ));
-                }
-                Ok(out)
-            }
-            Err(SinkError::Fenced { ours, stored }) => {
-                if lost.is_none() {
-                    // The destination's token may come from an earlier document of this function (see
-                    // "Resuming from the destination" for a new one; a document restored from a copy has
-                    // acknowledged batches and is not reconciled): then the token is raised, and the next
-                    // tick delivers the batch again under it, as a batch whose delivery is not proven.
-                    if let Some(token) = self.raise_fence_on(memory, doc, &etag, (batch_id, ours, stored)).await? {
-                        out.kind = OutcomeKind::Conflict;
-                        out.changes.clear();
-                        out.logs.push(format!(
-                            "batch {batch_id} not written: {} holds fencing token {stored}, above this state document's {ours}; no owner of this document wrote it, so the token was raised to {token} and the next tick delivers the batch again",
-                            sink.describe()
-                        ));
-                        return Ok(out);
-                    }
-                }
-                let line = format!(
-                    "batch {batch_id} not written: {} has seen fencing token {stored} from a newer owner (this instance holds {ours}); it lost its lease and delivers nothing",
-                    sink.describe()
-                );
-                tracing::warn!(function = %self.config.name, batch_id, "{line}");
-                out.kind = OutcomeKind::Conflict;
-                out.changes.clear();
-                out.logs.push(line);
-                Ok(out)
-            }
-            Err(e) => {
-                if let (SinkError::Rejected(_), Some(f)) = (&e, doc.in_flight.as_mut()) {
-                    // A known failure of this batch: durable, so that MaxAttempts counts across processes.
-                    f.failures += 1;
-                    let mut scratch = TickOutcome::default();
-                    if let Err(store) = self.commit(memory, &mut doc, Some(&etag), &mut scratch).await {
-                        tracing::warn!(function = %self.config.name, batch_id, error = %store,
-                            "could not record the sink's rejection; this failure is not counted");
-                    }
-                }
-                Err(TickError::Sink(e))
-            }
-        }
-    }
-
-    /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced by token `stored`: see
-    /// [`decide::raise_fence`]. When the document allows it, the token goes above the destination's with one
-    /// conditional write, and the answer is the token to deliver the same batch under again (not counted as a
-    /// failure); `None`: this instance was deposed, or the state moved on, and it delivers nothing more of it.
-    async fn raise_fence_on(
-        &self,
-        memory: &mut Memory,
-        mut doc: StateDoc,
-        etag: &Etag,
-        (batch_id, ours, stored): (u64, u64, u64),
-    ) -> Result<Option<u64>, TickError> {
-        let lease = self.config.settings.lease_duration;
-        let Some(token) =
-            decide::raise_fence(&mut doc, &self.owner, (batch_id, ours, stored), lease, self.clock().now())
-        else {
-            return Ok(None);
-        };
-        let mut out = TickOutcome::default();
-        if !self.commit(memory, &mut doc, Some(etag), &mut out).await? {
-            return Ok(None);
-        }
-        tracing::warn!(function = %self.config.name, batch_id,
-            "the sink holds fencing token {stored}, above this state document's {ours}, which no owner of this document wrote: the document is newer than the sink's record (deleted, lost or restored, its tokens restarted); delivering under token {token}");
-        Ok(Some(token))
-    }
-}
-
-/// A batch recorded in flight by the write that acknowledged the batch before it: its id and its changes.
+/// A batch recorded in flight by the write that acknowledged the batch before it, and its changes.
 #[derive(Debug)]
 pub(super) struct Chained {
-    batch_id: u64,
-    changes: Vec<crate::change::Change>,
+    range: BatchRange,
+    changes: Vec<Change>,
 }
 
-/// A batch fetched ahead: the changes after `after`, fetched at `at`.
+/// A batch fetched ahead: the changes after `after`, fetched at `at` (on the engine's clock).
 #[derive(Debug)]
 pub(super) struct Ahead {
-    after: Position,
-    fetched: Fetched,
-    at: Instant,
+    pub after: Position,
+    pub fetched: Fetched,
+    pub at: time::OffsetDateTime,
+}
+
+/// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver without
+/// touching the state store, if the document this process wrote last still records it under this process's
+/// lease with at least half the lease left (so the heartbeat starts well before it could lapse). Taken either
+/// way: a chained batch not used now goes the ordinary way (re-fetched, re-recorded).
+pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<TickOutcome> {
+    let chained = memory.chained.take()?;
+    let (doc, etag) = memory.written.clone()?;
+    let owner = &trigger.owner;
+    let flight =
+        doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
+    let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
+    let left = lease.expires_at - trigger.clock().now();
+    if left < trigger.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
+        return None;
+    }
+    let mut out = TickOutcome {
+        kind: OutcomeKind::Delivered,
+        batch_id: Some(flight.range.batch_id),
+        fence: lease.token,
+        ..TickOutcome::default()
+    };
+    out.logs.push(format!(
+        "delivering batch {} with {} change(s), recorded in flight with the previous batch's acknowledgement",
+        flight.range.batch_id,
+        chained.changes.len()
+    ));
+    out.changes = chained.changes;
+    out.committed = Some((doc, etag));
+    Some(out)
+}
+
+/// On a clean stop: a batch recorded in flight with the last acknowledgement and never delivered is withdrawn
+/// (nothing in flight, the lease released), so the next instance starts at once instead of waiting out this
+/// one's lease. `Ok(false)`: there was none, or the state moved on (then nothing is written and the batch is
+/// delivered by whoever holds the state, as after a crash).
+pub(super) async fn withdraw_chained(trigger: &Trigger, memory: &mut Memory) -> Result<bool, TickError> {
+    let Some(chained) = memory.chained.take() else { return Ok(false) };
+    let Some((doc, etag)) = memory.written.clone() else { return Ok(false) };
+    let mut tick = Tick::on_written(trigger, memory, doc, etag);
+    if !tick.doc.withdraw(chained.range.batch_id, &trigger.owner, tick.now) {
+        return Ok(false);
+    }
+    tick.commit().await
+}
+
+/// Delivers the batch the recording tick put in flight, if any, and acknowledges it.
+pub(super) async fn deliver(
+    trigger: &Trigger,
+    memory: &mut Memory,
+    sink: &dyn Sink,
+    mut out: TickOutcome,
+) -> Result<TickOutcome, TickError> {
+    let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
+    let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
+
+    let heartbeat = Heartbeat::start(trigger, doc, etag);
+    let batch = SinkBatch {
+        app: trigger.app(),
+        function: &trigger.config.name,
+        batch_id,
+        fence: out.fence,
+        changes: &out.changes,
+        range: Some((&flight.range.from, &flight.range.to)),
+    };
+    let limit = trigger.config.settings.max_batch_size;
+    let draining = out.changes.len() >= limit && flight.quarantined.is_none();
+    let (delivered, ahead) = tokio::join!(
+        async {
+            // A re-fetched range whose rows all moved on since holds nothing: there is nothing to hand over,
+            // and acknowledging it is right (its rows come again later with their newer values).
+            if batch.changes.is_empty() {
+                Ok(())
+            } else {
+                sink.deliver(&batch).await
+            }
+        },
+        async {
+            match draining {
+                true => trigger.source.fetch(&flight.range.to, limit).await.ok().filter(|f| !f.changes.is_empty()),
+                false => None,
+            }
+        }
+    );
+    let Heldover { doc, etag, lost } = heartbeat.stop().await;
+    let mut ack = Tick::on_written(trigger, memory, doc, etag);
+
+    match delivered {
+        Ok(()) => {
+            failpoint::hit("after-sink");
+            ack.doc.acknowledge(&flight, ack.now);
+            // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the
+            // module docs), unless an operator queued quarantined batches, which go first.
+            let chainable = ack.doc.retry_quarantined.is_empty() && !ack.doc.paused && ack.doc.halted.is_none();
+            let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
+            let next = chain.map(|fetched| {
+                let last = fetched.last.clone().unwrap_or(Position::Null);
+                let rows = fetched.changes.len() as u64;
+                let range = BatchRange::new(ack.doc.allocate_batch_id(), flight.range.to.clone(), last, rows);
+                let next = super::document::InFlight::first_delivery(range.clone(), &trigger.owner, ack.now);
+                ack.doc.record_in_flight(next);
+                ack.doc.take_lease(&trigger.owner, trigger.config.settings.lease_duration, ack.now);
+                Chained { range, changes: fetched.changes }
+            });
+            if ack.commit().await? {
+                ack.memory.chained = next;
+                if let Some(fetched) = keep {
+                    let after = flight.range.to.clone();
+                    ack.memory.ahead = Some(Ahead { after, fetched, at: ack.now });
+                }
+                out.logs.push(format!(
+                    "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
+                    out.changes.len(),
+                    sink.describe()
+                ));
+            } else {
+                let why = lost.map(|l| format!(" ({l})")).unwrap_or_default();
+                out.logs.push(format!(
+                    "batch {batch_id} was delivered to {}, but the state changed before its acknowledgement{why}; it will be delivered again and the sink absorbs the duplicate",
+                    sink.describe()
+                ));
+            }
+            Ok(out)
+        }
+        Err(SinkError::Fenced { ours, stored }) => {
+            if lost.is_none() {
+                // The destination's token may come from an earlier document of this function (see "Resuming
+                // from the destination" for a new one; a document restored from a copy has acknowledged batches
+                // and is not reconciled): then the token is raised, and the next tick delivers the batch again
+                // under it, as a batch whose delivery is not proven.
+                if let Some(token) = raise_fence(&mut ack, (batch_id, ours, stored)).await? {
+                    out.kind = OutcomeKind::Conflict;
+                    out.changes.clear();
+                    out.logs.push(format!(
+                        "batch {batch_id} not written: {} holds fencing token {stored}, above this state document's {ours}; no owner of this document wrote it, so the token was raised to {token} and the next tick delivers the batch again",
+                        sink.describe()
+                    ));
+                    return Ok(out);
+                }
+            }
+            let line = format!(
+                "batch {batch_id} not written: {} has seen fencing token {stored} from a newer owner (this instance holds {ours}); it lost its lease and delivers nothing",
+                sink.describe()
+            );
+            tracing::warn!(function = %trigger.config.name, batch_id, "{line}");
+            out.kind = OutcomeKind::Conflict;
+            out.changes.clear();
+            out.logs.push(line);
+            Ok(out)
+        }
+        Err(e) => {
+            // A known failure of this batch: durable, so that MaxAttempts counts across processes.
+            if matches!(e, SinkError::Rejected(_)) && ack.doc.record_failure() {
+                if let Err(store) = ack.commit().await {
+                    tracing::warn!(function = %trigger.config.name, batch_id, error = %store,
+                        "could not record the sink's rejection; this failure is not counted");
+                }
+            }
+            Err(TickError::Sink(e))
+        }
+    }
+}
+
+/// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced by token `stored`: see
+/// `StateDoc::raise_fence`. When the document allows it, the token goes above the destination's with one
+/// conditional write, and the answer is the token to deliver the same batch under again (not counted as a
+/// failure); `None`: this instance was deposed, or the state moved on, and it delivers nothing more of it.
+async fn raise_fence(ack: &mut Tick<'_>, (batch_id, ours, stored): (u64, u64, u64)) -> Result<Option<u64>, TickError> {
+    let trigger = ack.trigger;
+    let lease = trigger.config.settings.lease_duration;
+    let Some(token) = ack.doc.raise_fence(&trigger.owner, (batch_id, ours, stored), lease, ack.now) else {
+        return Ok(None);
+    };
+    if !ack.commit().await? {
+        return Ok(None);
+    }
+    tracing::warn!(function = %trigger.config.name, batch_id,
+        "the sink holds fencing token {stored}, above this state document's {ours}, which no owner of this document wrote: the document is newer than the sink's record (deleted, lost or restored, its tokens restarted); delivering under token {token}");
+    Ok(Some(token))
 }

@@ -197,7 +197,7 @@ impl Dialect for Postgres {
                 .await
                 .map_err(err)?;
         }
-        crate::engine::failpoint::hit("sink-before-commit");
+        crate::failpoint::hit("sink-before-commit");
         tx.commit().await.map_err(err)?;
         tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
             superseded = plan.superseded, deletes = plan.deletes.len(), table = %target.table,

@@ -1,0 +1,328 @@
+//! Operator actions on a function's state: show, status, pause, resume, reset, replay and the quarantine, as
+//! one [`Action`] applied by [`Trigger::operate`], the one dispatcher that the CLI (`handler state ...`) and
+//! the admin routes both call (`crate::ops` parses their words into an `Action`).
+//!
+//! Each action is one compare-and-swap write of the state document through the ledger, exactly like a tick's,
+//! so an action racing a tick or another operator fails with a clear conflict instead of overwriting either.
+//! Every write is logged with who asked.
+
+use super::document::{Origin, StateDoc};
+use super::tick::Tick;
+use super::{Saved, TickError, Trigger};
+use crate::source::{Lag, Position, SourceError, StartFrom};
+use crate::state::{Etag, StoreError};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("function {0} has no state yet: it has not run; nothing to change")]
+    NoState(String),
+    #[error("the state of {0} changed while the operation ran (a tick or another operator wrote it); run it again")]
+    Conflict(String),
+    #[error("{0}")]
+    NeedsConfirmation(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Tick(#[from] TickError),
+}
+
+impl From<StoreError> for OpsError {
+    fn from(e: StoreError) -> Self {
+        Self::Tick(TickError::Store(e))
+    }
+}
+
+/// Where `reset` moves the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResetTo {
+    Earliest,
+    Now,
+    Position(Position),
+}
+
+impl ResetTo {
+    /// `earliest`, `now`, or a position as JSON (e.g. `["1042","17"]`).
+    pub fn parse(text: &str) -> Result<Self, OpsError> {
+        match text.trim() {
+            "earliest" => Ok(Self::Earliest),
+            "now" => Ok(Self::Now),
+            other => serde_json::from_str(other).map(Self::Position).map_err(|e| {
+                OpsError::Invalid(format!(
+                    "{other:?} is not earliest, now or a JSON position such as [\"1042\",\"17\"] ({e}); `handler state show` prints the current one"
+                ))
+            }),
+        }
+    }
+}
+
+/// One operator action, parsed from the CLI's words or an admin route.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// The state document and the quarantine documents in the store.
+    Show,
+    /// [`Status`].
+    Status,
+    /// Ticks answer empty batches until `Resume`.
+    Pause,
+    /// Clears a pause and a poison halt (the halting batch is then delivered once more).
+    Resume,
+    /// Moves the checkpoint; needs `confirm`: it can skip or repeat changes.
+    Reset { to: ResetTo, confirm: bool },
+    /// Re-delivers everything after `from`, under new batch ids.
+    Replay { from: Position },
+    QuarantineList,
+    QuarantineShow { batch_id: u64 },
+    /// Queues a quarantined batch for re-delivery before new changes.
+    QuarantineRetry { batch_id: u64 },
+}
+
+impl Trigger {
+    /// Applies `action`, asked by `who`, and answers what the CLI prints and the admin route returns.
+    pub async fn operate(&self, action: Action, who: &str) -> Result<Value, OpsError> {
+        match action {
+            Action::Show => show(self).await,
+            Action::Status => status(self).await.map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
+            Action::Pause => {
+                change(self, who, "pause", StateDoc::pause).await?;
+                Ok(json!({ "function": self.name(), "paused": true }))
+            }
+            Action::Resume => {
+                change(self, who, "resume", StateDoc::resume).await?;
+                Ok(json!({ "function": self.name(), "paused": false }))
+            }
+            Action::Reset { to, confirm } => reset(self, to, confirm, who).await,
+            Action::Replay { from } => replay(self, from, who).await,
+            Action::QuarantineList => quarantine_list(self).await,
+            Action::QuarantineShow { batch_id } => quarantine_show(self, batch_id).await,
+            Action::QuarantineRetry { batch_id } => quarantine_retry(self, batch_id, who).await,
+        }
+    }
+
+    /// What [`Status`] reports, typed (metrics read it).
+    pub async fn status(&self) -> Result<Status, OpsError> {
+        status(self).await
+    }
+}
+
+/// What `status` reports: enough for a dashboard and for scaling decisions.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub function: String,
+    pub source: String,
+    pub delivery_mode: crate::config::DeliveryMode,
+    pub paused: bool,
+    pub halted: Option<String>,
+    /// Changes readable after the checkpoint (the batch in flight included).
+    pub pending: u64,
+    /// `ceil(pending / Sql_Trigger_MaxChangesPerWorker)`, as the official trigger's scale controller computes.
+    pub target_workers: u64,
+    /// The lag: seconds the oldest undelivered change has waited (the first change after the checkpoint, the
+    /// batch in flight included, and changes the late-commit guard still holds back); 0 when nothing waits.
+    /// `None` when the source cannot date its changes; `lag_unknown_reason` then says why and what to change.
+    pub lag_seconds: Option<f64>,
+    pub lag_unknown_reason: Option<String>,
+    /// Seconds since the checkpoint last moved, while changes are pending; 0 when nothing is pending. Unlike
+    /// the lag, it says whether the function is moving at all: a function that keeps delivering a backlog
+    /// older than an hour has a large lag and a small `seconds_since_progress`.
+    pub seconds_since_progress: f64,
+    /// Changes acknowledged per second over the last minutes (a decayed average, `engine::decide::Pace`);
+    /// `None` until a function has acknowledged batches for a few seconds.
+    pub pace_per_second: Option<f64>,
+    /// `pending / pace_per_second`: how long the pending changes take at the observed pace. 0 when nothing is
+    /// pending; `None` when changes wait and the pace is unknown or zero (the function is not moving).
+    pub seconds_to_drain: Option<f64>,
+    /// The most the host's timer lets this function deliver: `Sql_Trigger_MaxBatchSize` changes per firing
+    /// times the schedule's firings per second (one batch per firing, as the timer never overlaps itself).
+    /// `None` under `handler run`, which has no timer.
+    pub ceiling_per_second: Option<f64>,
+    /// What is in flight: in deferred delivery, every batch answered and not yet proven written (`batches`,
+    /// `rows`, the first answered at `since`); `failures` are the first batch's known failures.
+    pub in_flight: Option<Value>,
+    /// Deferred delivery: how long after its last answer a batch is taken as written (docs/architecture.md).
+    pub proof_window_ms: Option<u64>,
+    pub counters: Value,
+    pub quarantined: usize,
+    /// State-store operations this process performed so far.
+    pub store_operations: u64,
+    pub last_tick: Option<super::TickStats>,
+    /// What the source reports about itself (`Source::health`): for postgres-logical, the replication slot and
+    /// the WAL it retains. Absent for sources with nothing to say; `{"error": ...}` when it could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_health: Option<Value>,
+}
+
+async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
+    t.load().await?.ok_or_else(|| OpsError::NoState(t.name().to_string()))
+}
+
+/// Applies one transition to the stored document and writes it back.
+async fn change(t: &Trigger, who: &str, action: &str, transition: impl FnOnce(&mut StateDoc)) -> Result<(), OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    transition(&mut doc);
+    save(t, &mut doc, Some(&etag), who, action).await
+}
+
+/// Writes an operator's change through the ledger (the same compare-and-swap a tick makes).
+async fn save(t: &Trigger, doc: &mut StateDoc, etag: Option<&Etag>, who: &str, action: &str) -> Result<(), OpsError> {
+    match t.ledger.save(doc, etag, &format!("operator {who}")).await? {
+        Saved::Written(_) => {
+            tracing::info!(function = %t.name(), who = %who, action = %action, "operator action applied");
+            Ok(())
+        }
+        Saved::Conflict => Err(OpsError::Conflict(t.name().to_string())),
+    }
+}
+
+/// Reads one change after a position an operator typed, so that a position the source cannot read is refused
+/// now, with the state untouched, instead of being stored and failing every tick until someone resets it.
+async fn check_position(t: &Trigger, position: &Position) -> Result<(), OpsError> {
+    match t.source.fetch(position, 1).await {
+        Ok(_) => Ok(()),
+        Err(e @ (SourceError::Invalid(_) | SourceError::PositionLost(_))) => Err(OpsError::Invalid(format!(
+            "position {position} cannot be read from {}: {e}; `handler state show` prints the current checkpoint, whose shape a position must have",
+            t.source.name()
+        ))),
+        Err(e) => Err(TickError::from(e).into()),
+    }
+}
+
+/// The state document and the quarantine documents in the store.
+async fn show(t: &Trigger) -> Result<Value, OpsError> {
+    let state = t.load().await?.map(|(doc, _)| doc);
+    let quarantine = t.ledger.list_quarantine().await?;
+    Ok(json!({ "function": t.name(), "state_key": t.state_key(), "state": state, "quarantine_documents": quarantine }))
+}
+
+async fn status(t: &Trigger) -> Result<Status, OpsError> {
+    let doc = t.load().await?.map(|(doc, _)| doc);
+    // A function that never ran starts where its first tick will: `startFrom`, not the beginning of the table.
+    let checkpoint = match doc.as_ref() {
+        Some(d) => d.checkpoint.clone(),
+        None => t.source.start_position(t.config.source.start_from).await.map_err(TickError::from)?,
+    };
+    let pending = t.source.pending(&checkpoint).await.map_err(TickError::from)?;
+    let per_worker = t.config.settings.max_changes_per_worker.max(1);
+    let now = t.ledger.clock().now();
+    let since = doc.as_ref().and_then(|d| d.progress_at.or(Some(d.updated_at)));
+    let seconds_since_progress = match (pending, since) {
+        (0, _) | (_, None) => 0.0,
+        (_, Some(at)) => (now - at).as_seconds_f64().max(0.0),
+    };
+    let pace_per_second = doc.as_ref().and_then(|d| d.pace.as_ref()).and_then(|p| p.per_second(now));
+    let seconds_to_drain = match (pending, pace_per_second) {
+        (0, _) => Some(0.0),
+        (_, Some(pace)) if pace > 0.0 => Some(pending as f64 / pace),
+        _ => None,
+    };
+    let ceiling_per_second = t.config.schedule.as_ref().map(|schedule| {
+        let from = time::PrimitiveDateTime::new(now.date(), now.time());
+        t.config.settings.max_batch_size as f64 * schedule.firings_per_second(from)
+    });
+    // The lag is extra information: a failure to read it is reported in the answer, never fails the status.
+    let (lag_seconds, lag_unknown_reason) = match t.source.oldest_pending_age(&checkpoint).await {
+        Ok(Lag::CaughtUp) => (Some(0.0), None),
+        Ok(Lag::Behind(age)) => (Some(age.as_secs_f64()), None),
+        Ok(Lag::Unknown(reason)) => (None, Some(reason)),
+        Err(e) => (None, Some(format!("the lag could not be read: {e}"))),
+    };
+    let source_health = match t.source.health().await {
+        Ok(health) => health,
+        Err(e) => Some(json!({ "error": e.to_string() })),
+    };
+    Ok(Status {
+        function: t.name().to_string(),
+        source: t.source.name(),
+        delivery_mode: t.config.settings.delivery_mode,
+        paused: doc.as_ref().is_some_and(|d| d.paused),
+        halted: doc.as_ref().and_then(|d| d.halted.clone()),
+        pending,
+        target_workers: pending.div_ceil(per_worker),
+        lag_seconds,
+        lag_unknown_reason,
+        seconds_since_progress,
+        pace_per_second,
+        seconds_to_drain,
+        ceiling_per_second,
+        in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
+            json!({
+                "batch_id": f.range.batch_id, "batches": f.batches, "rows": f.range.rows, "deliveries": f.deliveries,
+                "failures": f.failures, "owner": f.owner,
+                "since": f.first_delivered_at.format(&time::format_description::well_known::Rfc3339).ok(),
+            })
+        }),
+        proof_window_ms: (t.config.settings.delivery_mode == crate::config::DeliveryMode::Deferred)
+            .then_some(t.config.proof_window.as_millis() as u64),
+        counters: doc.as_ref().map(|d| serde_json::to_value(&d.counters).unwrap_or(Value::Null)).unwrap_or(Value::Null),
+        quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
+        store_operations: t.ledger.store_operations(),
+        last_tick: t.last_tick(),
+        source_health,
+    })
+}
+
+/// Moves the checkpoint, drops the batch in flight, clears a halt, and adopts the configured source's
+/// fingerprint (the way out of a "source changed" refusal). Needs `confirm`: it can skip or repeat changes.
+async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Value, OpsError> {
+    if !confirm {
+        return Err(OpsError::NeedsConfirmation(format!(
+            "reset moves the checkpoint of {} and may skip or repeat changes; repeat with --confirm (admin route: confirm=true)",
+            t.name()
+        )));
+    }
+    let position = match to {
+        ResetTo::Earliest => t.source.start_position(StartFrom::Earliest).await.map_err(TickError::from)?,
+        ResetTo::Now => t.source.start_position(StartFrom::Now).await.map_err(TickError::from)?,
+        ResetTo::Position(p) => {
+            check_position(t, &p).await?;
+            p
+        }
+    };
+    let loaded = t.load().await;
+    let (mut doc, etag) = match loaded {
+        Ok(Some((doc, etag))) => (doc, Some(etag)),
+        Ok(None) | Err(TickError::CorruptState { .. }) => (Tick::new_doc(t, position.clone()), None),
+        Err(e) => return Err(e.into()),
+    };
+    // A document that does not parse is replaced, under its etag.
+    let etag = match etag {
+        None => t.ledger.etag().await?,
+        some => some,
+    };
+    let (source, fingerprint) = (t.source.name(), t.source.fingerprint());
+    doc.reset(position.clone(), Origin { function: t.name(), source: &source, fingerprint: &fingerprint });
+    save(t, &mut doc, etag.as_ref(), who, "reset").await?;
+    Ok(json!({ "function": t.name(), "checkpoint": position }))
+}
+
+/// Re-delivers everything after `from`, under new batch ids. Changes after the current checkpoint are not
+/// skipped, so this needs no confirmation: at worst it repeats.
+async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    check_position(t, &from).await?;
+    let previous = doc.replay(from.clone());
+    save(t, &mut doc, Some(&etag), who, "replay").await?;
+    Ok(json!({ "function": t.name(), "checkpoint": from, "previous_checkpoint": previous }))
+}
+
+async fn quarantine_list(t: &Trigger) -> Result<Value, OpsError> {
+    let keys = t.ledger.list_quarantine().await?;
+    let recent = t.load().await?.map(|(d, _)| d.quarantine).unwrap_or_default();
+    Ok(json!({ "function": t.name(), "documents": keys, "recent": recent }))
+}
+
+async fn quarantine_show(t: &Trigger, batch_id: u64) -> Result<Value, OpsError> {
+    let doc = t.ledger.load_quarantine(&t.ledger.quarantine_key(batch_id)).await?;
+    Ok(serde_json::to_value(doc).unwrap_or(Value::Null))
+}
+
+/// Queues a quarantined batch for re-delivery before new changes. The checkpoint does not move.
+async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<Value, OpsError> {
+    // Fail early, with the key, if there is no such document.
+    t.ledger.load_quarantine(&t.ledger.quarantine_key(batch_id)).await?;
+    let (mut doc, etag) = load(t).await?;
+    doc.queue_quarantine_retry(batch_id);
+    save(t, &mut doc, Some(&etag), who, "quarantine retry").await?;
+    Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined }))
+}

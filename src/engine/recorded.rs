@@ -1,0 +1,125 @@
+//! The tick of the deliveries that do not wait for the host's proof: a sink's, whose batch is recorded in
+//! flight under a lease and acknowledged once the sink took it (`sink_tick`), and `immediate`, which
+//! acknowledges before answering (the mode's at-most-once promise). A batch found in flight (a sink tick that
+//! did not finish, another instance's) is always delivered again, unless it is poison.
+
+use super::decide::{self, Stuck};
+use super::document::InFlight;
+use super::tick::{Tick, ADVANCE_EVERY};
+use super::{OutcomeKind, TickError};
+use crate::change::BatchRange;
+use crate::failpoint;
+use crate::source::{Fetched, Position};
+
+/// How a recorded batch is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Acknowledge {
+    /// At once, before answering (immediate delivery).
+    AtOnce,
+    /// After the sink took it: recorded in flight under this process's lease until then.
+    AfterSink,
+}
+
+/// One recorded tick: resolve a batch left in flight, else take an operator's retry of a quarantined batch or
+/// fetch the next batch, and record it with one conditional write.
+pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), TickError> {
+    let settings = &tick.trigger.config.settings;
+    if let Some(flight) = tick.doc.in_flight.clone() {
+        match decide::stuck(&flight, settings.max_attempts, settings.poison_action) {
+            Stuck::Redeliver => return redeliver(tick, ack, flight).await,
+            Stuck::Halt(poison) => return tick.halt(&poison).await,
+            Stuck::Quarantine(poison) => {
+                let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref()).await?;
+                tick.quarantine(&poison, changes).await?;
+                tick.doc.pass_quarantined(&flight);
+            }
+        }
+    }
+
+    // A quarantined batch an operator asked to retry goes before new changes; it does not move the checkpoint,
+    // which passed it when it was quarantined.
+    let mut fetched_advance = None;
+    let (fetched, from, quarantined) = match tick.doc.take_quarantine_retry() {
+        Some(batch_id) => {
+            tick.dirty = true;
+            let key = tick.trigger.ledger.quarantine_key(batch_id);
+            let q = tick.trigger.ledger.load_quarantine(&key).await?;
+            let changes =
+                q.decode_changes().map_err(|detail| TickError::CorruptState { key: key.clone(), detail })?;
+            (Fetched { changes, last: Some(q.to.clone()), advance: None }, q.from, Some(key))
+        }
+        None => {
+            let checkpoint = tick.doc.checkpoint.clone();
+            let mut fetched = match tick.memory.take_ahead(&checkpoint, tick.now, settings.lease_duration) {
+                Some(fetched) => fetched,
+                None => tick.trigger.source.fetch(&checkpoint, settings.max_batch_size).await?,
+            };
+            fetched_advance = fetched.advance.take();
+            (fetched, checkpoint, None)
+        }
+    };
+    if fetched.changes.is_empty() {
+        if let Some(advance) = fetched_advance {
+            tick.dirty |= tick.doc.advance_quiet(advance, tick.now, ADVANCE_EVERY);
+        }
+        tick.commit_if_dirty().await?;
+        return Ok(());
+    }
+    failpoint::hit("after-fetch");
+    let last = fetched.last.clone().unwrap_or(Position::Null);
+    let range = BatchRange::new(tick.doc.allocate_batch_id(), from, last, fetched.changes.len() as u64);
+    let flight = InFlight { quarantined, ..InFlight::first_delivery(range, &tick.trigger.owner, tick.now) };
+    let batch_id = flight.range.batch_id;
+    record_delivery(tick, flight, ack);
+    if !tick.commit().await? {
+        return Ok(());
+    }
+    failpoint::hit("after-commit");
+    let line = format!("delivering batch {batch_id} with {} change(s)", fetched.changes.len());
+    tick.answer(OutcomeKind::Delivered, batch_id, fetched.changes, line);
+    Ok(())
+}
+
+/// Records that `flight` is being delivered: in flight under a lease (a sink's tick), or acknowledged at once.
+fn record_delivery(tick: &mut Tick<'_>, flight: InFlight, ack: Acknowledge) {
+    match ack {
+        Acknowledge::AtOnce => tick.doc.acknowledge(&flight, tick.now),
+        Acknowledge::AfterSink => {
+            tick.doc.record_in_flight(flight);
+            tick.doc.take_lease(&tick.trigger.owner, tick.trigger.config.settings.lease_duration, tick.now);
+        }
+    }
+}
+
+/// Sends a batch in flight again: the same range as the rows are now, or the stored changes of a quarantined
+/// batch.
+async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> Result<(), TickError> {
+    let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref()).await?;
+    let owner = tick.trigger.owner.clone();
+    let why = if flight.owner != owner {
+        format!("it was answered by {} and its outcome is unknown", flight.owner)
+    } else {
+        "its delivery was not acknowledged".to_string()
+    };
+    tick.doc.count_redelivery(&flight, &owner);
+    let again = InFlight {
+        owner,
+        deliveries: flight.deliveries + 1,
+        final_attempt: false,
+        last_delivered_at: tick.now,
+        ..flight.clone()
+    };
+    record_delivery(tick, again, ack);
+    if !tick.commit().await? {
+        return Ok(());
+    }
+    let line = format!(
+        "re-delivering batch {} with {} change(s) because {why} (delivery {}, {} known failure(s))",
+        flight.range.batch_id,
+        changes.len(),
+        flight.deliveries + 1,
+        flight.failures
+    );
+    tick.answer(OutcomeKind::Redelivered, flight.range.batch_id, changes, line);
+    Ok(())
+}

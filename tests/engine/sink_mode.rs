@@ -323,22 +323,24 @@ async fn a_crash_between_the_sink_and_the_acknowledgement_redelivers_the_batch_t
 }
 
 #[tokio::test]
-async fn a_stray_host_style_tick_in_sink_mode_never_acknowledges_from_memory() {
-    // GIVEN a batch recorded by `tick` (which answers without delivering anywhere)
+async fn a_host_style_tick_on_a_sink_mode_trigger_without_a_sink_refuses_and_records_nothing() {
+    // GIVEN a function configured for sink delivery whose trigger was built without a sink
     let w = World::default();
     w.source.upsert(1..=2, 1);
     let p = w.process("p1", settings());
-    let answered = p.trigger.tick(&testbed::attempts::first()).await.expect("tick");
-    assert_eq!(answered.batch_id, Some(1));
 
-    // WHEN the next ticks run, with and without a sink
-    let stray = p.trigger.tick(&testbed::attempts::first()).await.expect("tick");
+    // WHEN the host-style tick runs (it has nowhere to deliver), then a tick through a sink
+    let refused = p.trigger.tick(&testbed::attempts::first()).await.expect_err("nowhere to deliver");
+    let after_refusal = w.store.load("app/orders.json").await.expect("load");
     let sink = ScriptedSink::default();
     let delivered = p.trigger.tick_into(&sink).await.expect("tick");
 
-    // THEN batch 1 is never taken as delivered until a sink took it
-    assert_eq!(stray.kind, OutcomeKind::Redelivered);
-    assert_eq!((delivered.kind, delivered.batch_id), (OutcomeKind::Redelivered, Some(1)));
+    // THEN the refusal names the fix and records no batch (before, it recorded batch 1 in flight and answered
+    // it to nobody); the sink tick then delivers batch 1 as new and acknowledges it
+    assert!(matches!(refused, TickError::SinkMissing(_)), "{refused}");
+    assert!(refused.to_string().contains("add \"sink\""), "{refused}");
+    assert!(after_refusal.is_none(), "nothing written by a refused tick");
+    assert_eq!((delivered.kind, delivered.batch_id), (OutcomeKind::Delivered, Some(1)));
     assert_eq!(sink.taken(), ids(1..=2));
     assert!(w.state().await.in_flight.is_none());
 }
@@ -578,8 +580,8 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     let expired = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
     let p1 = w.process("p1", expired.clone());
     let sink = RecordingSink::default();
-    let recorded = p1.trigger.tick(&testbed::attempts::first()).await.expect("tick records batch 1");
-    assert_eq!(recorded.batch_id, Some(1));
+    let outage = ScriptedSink::with([Step::Transient]);
+    p1.trigger.tick_into(&outage).await.expect_err("the sink is down after batch 1 is recorded");
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
     let flight = doc.in_flight.expect("in flight");
     *sink.recorded.lock().expect("recorded") =

@@ -93,7 +93,9 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
         StateCommand::Status { function } => (function, Action::Status),
         StateCommand::Pause { function } => (function, Action::Pause),
         StateCommand::Resume { function } => (function, Action::Resume),
-        StateCommand::Reset { function, to, confirm } => (function, Action::Reset { to: ResetTo::parse(&to)?, confirm }),
+        StateCommand::Reset { function, to, confirm } => {
+            (function, Action::Reset { to: ResetTo::parse(&to)?, confirm })
+        }
         StateCommand::Replay { function, from } => (function, Action::Replay { from: ops::position(&from, "--from")? }),
         StateCommand::Quarantine { command } => match command {
             QuarantineCommand::List { function } => (function, Action::QuarantineList),

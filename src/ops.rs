@@ -21,7 +21,9 @@ impl Action {
             ("POST", ["pause"]) => Self::Pause,
             ("POST", ["resume"]) => Self::Resume,
             ("POST", ["reset"]) => match q("to") {
-                Some(to) => Self::Reset { to: ResetTo::parse(to)?, confirm: q("confirm").map(String::as_str) == Some("true") },
+                Some(to) => {
+                    Self::Reset { to: ResetTo::parse(to)?, confirm: q("confirm").map(String::as_str) == Some("true") }
+                }
                 None => return Err(OpsError::Invalid("reset needs to=earliest|now|<json position>".into())),
             },
             ("POST", ["replay"]) => match q("from") {
@@ -38,7 +40,8 @@ impl Action {
 
 /// A position as JSON text, named as the face spells its argument (`from`, `--from`).
 pub fn position(text: &str, argument: &str) -> Result<Position, OpsError> {
-    serde_json::from_str(text).map_err(|e| OpsError::Invalid(format!("{argument} {text:?} is not a JSON position: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| OpsError::Invalid(format!("{argument} {text:?} is not a JSON position: {e}")))
 }
 
 /// The state document and the quarantine documents in the store.

@@ -86,9 +86,8 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     }
     let (proven, proven_retries) = answered.take_proven(tick.now, duration(trigger.config.proof_window));
     // (Proven late batches lie before the checkpoint and were counted when first proven.)
-    let ranges = |sent: &[Arc<Sent>]| -> Vec<(BatchRange, bool)> {
-        sent.iter().map(|s| (s.range.clone(), s.settled)).collect()
-    };
+    let ranges =
+        |sent: &[Arc<Sent>]| -> Vec<(BatchRange, bool)> { sent.iter().map(|s| (s.range.clone(), s.settled)).collect() };
     let (proven, proven_retries) = (ranges(&proven), ranges(&proven_retries));
     tick.dirty |= tick.doc.acknowledge_proven(&proven, &proven_retries, tick.now);
 
@@ -129,7 +128,11 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
 
 /// The first owed batch, answered again: one page at a time, since an adopted span (or a batch answered under a
 /// larger MaxBatchSize) can hold more than one answer may carry.
-async fn owed_reply(tick: &mut Tick<'_>, answered: &mut Answered, attempt: &Attempt) -> Result<Option<Reply>, TickError> {
+async fn owed_reply(
+    tick: &mut Tick<'_>,
+    answered: &mut Answered,
+    attempt: &Attempt,
+) -> Result<Option<Reply>, TickError> {
     let limit = tick.trigger.config.settings.max_batch_size;
     let mut page = None;
     if let Some(index) = answered.owed_in_span() {
@@ -171,7 +174,11 @@ async fn owed_reply(tick: &mut Tick<'_>, answered: &mut Answered, attempt: &Atte
 }
 
 /// Nothing owed: an operator's retry of a quarantined batch, else the next batch after the span.
-async fn next_reply(tick: &mut Tick<'_>, answered: &mut Answered, attempt: &Attempt) -> Result<Option<Reply>, TickError> {
+async fn next_reply(
+    tick: &mut Tick<'_>,
+    answered: &mut Answered,
+    attempt: &Attempt,
+) -> Result<Option<Reply>, TickError> {
     let retry =
         tick.doc.retry_quarantined.iter().copied().find(|id| !answered.retries.iter().any(|r| r.range.batch_id == *id));
     if let Some(batch_id) = retry {

@@ -69,13 +69,22 @@ pub enum Action {
     /// Clears a pause and a poison halt (the halting batch is then delivered once more).
     Resume,
     /// Moves the checkpoint; needs `confirm`: it can skip or repeat changes.
-    Reset { to: ResetTo, confirm: bool },
+    Reset {
+        to: ResetTo,
+        confirm: bool,
+    },
     /// Re-delivers everything after `from`, under new batch ids.
-    Replay { from: Position },
+    Replay {
+        from: Position,
+    },
     QuarantineList,
-    QuarantineShow { batch_id: u64 },
+    QuarantineShow {
+        batch_id: u64,
+    },
     /// Queues a quarantined batch for re-delivery before new changes.
-    QuarantineRetry { batch_id: u64 },
+    QuarantineRetry {
+        batch_id: u64,
+    },
 }
 
 impl Trigger {

@@ -140,7 +140,8 @@ impl<'a> Tick<'a> {
     /// instance stops, and the tick fails with it. `Ok(())`: another writer moved first (the answer says so),
     /// and the next tick acts on what they did.
     pub async fn halt(&mut self, poison: &Poison) -> Result<(), TickError> {
-        let reason = format!("{}; halted at it (Sql_Trigger_PoisonAction=halt)", decide::poison_reason(poison, self.now));
+        let reason =
+            format!("{}; halted at it (Sql_Trigger_PoisonAction=halt)", decide::poison_reason(poison, self.now));
         let function = self.trigger.config.name.clone();
         tracing::error!(function = %function, batch_id = poison.range.batch_id, "{reason}");
         self.doc.halt(reason.clone());

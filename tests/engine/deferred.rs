@@ -385,7 +385,10 @@ async fn case_b_an_acknowledgement_that_fails_to_commit_leaves_the_batch_unackno
     let again = p.answer(retry(1), Output::Written).await;
     assert_answer(&again, OutcomeKind::Delivered, Some(2), &rows(3..=4, v2));
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| (f.range.batch_id, f.failures))), (Some((v1, 2)), Some((2, 0))));
+    assert_eq!(
+        (checkpoint(&doc), doc.in_flight.map(|f| (f.range.batch_id, f.failures))),
+        (Some((v1, 2)), Some((2, 0)))
+    );
     p.answer(NORMAL, Output::Written).await;
     assert_eq!(checkpoint(&world.state().await), Some((v2, 4)));
     assert_eq!(world.batches(), vec![rows(1..=2, v1), rows(3..=4, v2)]);
@@ -1300,7 +1303,8 @@ async fn invoke(
             Err(e) => format!("ERR {e}"),
         };
         let cp = doc.as_ref().map(checkpoint);
-        let fl = doc.as_ref().and_then(|d| d.in_flight.as_ref().map(|f| (f.range.batch_id, f.batches, f.range.to.clone())));
+        let fl =
+            doc.as_ref().and_then(|d| d.in_flight.as_ref().map(|f| (f.range.batch_id, f.batches, f.range.to.clone())));
         eprintln!(
             "{me:?} retry={}/{:?} out={output:?} -> {summary} | cp={cp:?} flight={fl:?} mem={:?}",
             retry.retry_count,
@@ -1310,7 +1314,11 @@ async fn invoke(
                 .map(|u| u.span.clone())
                 .unwrap_or_default()
                 .iter()
-                .map(|s| (s.range.batch_id, s.owed, s.invocations.iter().map(|i| i[..8].to_string()).collect::<Vec<_>>()))
+                .map(|s| (
+                    s.range.batch_id,
+                    s.owed,
+                    s.invocations.iter().map(|i| i[..8].to_string()).collect::<Vec<_>>()
+                ))
                 .collect::<Vec<_>>()
         );
     }

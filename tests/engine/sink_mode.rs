@@ -584,8 +584,10 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     p1.trigger.tick_into(&outage).await.expect_err("the sink is down after batch 1 is recorded");
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
     let flight = doc.in_flight.expect("in flight");
-    *sink.recorded.lock().expect("recorded") =
-        Resume { fence: 1, applied: Some(Applied { batch_id: 1, from: flight.range.from.clone(), to: flight.range.to.clone() }) };
+    *sink.recorded.lock().expect("recorded") = Resume {
+        fence: 1,
+        applied: Some(Applied { batch_id: 1, from: flight.range.from.clone(), to: flight.range.to.clone() }),
+    };
 
     // WHEN another process takes it over
     let p2 = w.process("p2", expired);

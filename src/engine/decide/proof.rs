@@ -249,7 +249,6 @@ impl Answered {
     pub fn frontier<'a>(&'a self, checkpoint: &'a Position) -> &'a Position {
         self.span.back().map_or(checkpoint, |s| &s.range.to)
     }
-
 }
 
 #[cfg(test)]
@@ -270,7 +269,11 @@ mod tests {
     }
 
     fn sent(batch_id: u64, from: i64, to: i64, id: &str) -> Arc<Sent> {
-        Arc::new(Sent::new(BatchRange::new(batch_id, json!(from), json!(to), (to - from) as u64), &attempt(id, 0, None), T0))
+        Arc::new(Sent::new(
+            BatchRange::new(batch_id, json!(from), json!(to), (to - from) as u64),
+            &attempt(id, 0, None),
+            T0,
+        ))
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! two writes are byte-identical and content-hash etags stay unique.
 
 mod pace;
+mod quarantine;
 
 pub use pace::{Pace, PACE_HORIZON};
+pub use quarantine::{QuarantineDoc, QuarantineEntry, QUARANTINE_KEPT};
 
 use crate::change::BatchRange;
 use crate::source::Position;
@@ -387,9 +389,6 @@ impl StateDoc {
     }
 }
 
-/// How many quarantine entries the state document keeps; older ones stay listed in the store.
-pub const QUARANTINE_KEPT: usize = 50;
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct InFlight {
     /// The batch (its id, `from` the checkpoint it was fetched after, `to` its last change, and its rows). In
@@ -470,33 +469,5 @@ pub struct Counters {
     pub takeovers: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct QuarantineEntry {
-    #[serde(flatten)]
-    pub range: BatchRange,
-    /// The store key of the quarantine document holding the batch's changes.
-    pub key: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub at: OffsetDateTime,
-}
-
-/// What a quarantine document holds: enough to inspect and to re-deliver the batch.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct QuarantineDoc {
-    pub function: String,
-    pub batch_id: u64,
-    pub from: Position,
-    pub to: Position,
-    pub failures: u32,
-    pub reason: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub at: OffsetDateTime,
-    /// The changes as they were when quarantined.
-    pub changes: Box<serde_json::value::RawValue>,
-}
-
-impl QuarantineDoc {
-    pub fn decode_changes(&self) -> Result<Vec<crate::change::Change>, String> {
-        serde_json::from_str(self.changes.get()).map_err(|e| format!("the stored changes do not decode: {e}"))
-    }
-}
+#[cfg(test)]
+mod tests;

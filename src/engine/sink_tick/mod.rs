@@ -101,8 +101,7 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Tic
     let chained = memory.chained.take()?;
     let (doc, etag) = memory.written.clone()?;
     let owner = &trigger.owner;
-    let flight =
-        doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
+    let flight = doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
     let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
     let left = lease.expires_at - trigger.clock().now();
     if left < trigger.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {

@@ -58,6 +58,11 @@ impl Ledger {
         &self.key
     }
 
+    /// The app name space of the state key (`{app}/{function}.json`; neither part holds a '/').
+    pub fn app(&self) -> &str {
+        self.key.rsplit_once('/').map_or("", |(app, _)| app)
+    }
+
     pub fn quarantine_prefix(&self) -> &str {
         &self.quarantine_prefix
     }

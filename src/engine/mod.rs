@@ -166,19 +166,6 @@ pub struct Trigger {
     observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
 }
 
-impl Memory {
-    /// The batch fetched ahead, if it starts at `checkpoint` and was fetched less than `fresh_for` before `now`
-    /// (on the engine's clock); taken either way.
-    fn take_ahead(
-        &mut self,
-        checkpoint: &Position,
-        now: time::OffsetDateTime,
-        fresh_for: std::time::Duration,
-    ) -> Option<crate::source::Fetched> {
-        let ahead = self.ahead.take()?;
-        (ahead.after == *checkpoint && now - ahead.at < fresh_for).then_some(ahead.fetched)
-    }
-}
 
 impl Trigger {
     /// A trigger that answers the host (deferred or immediate delivery, by its configuration);
@@ -246,14 +233,6 @@ impl Trigger {
         self.ledger.quarantine_prefix()
     }
 
-    fn clock(&self) -> &Arc<dyn Clock> {
-        self.ledger.clock()
-    }
-
-    /// The app name space of this function's state key (`{app}/{function}.json`; neither part holds a '/').
-    fn app(&self) -> &str {
-        self.state_key().rsplit_once('/').map_or("", |(app, _)| app)
-    }
 
     /// The state document and its etag, through the ledger.
     pub async fn load(&self) -> Result<Option<(StateDoc, Etag)>, TickError> {
@@ -295,7 +274,7 @@ impl Trigger {
         // too (the store or the database is down), the batch it named stays owed in this process's memory, and
         // the next invocation answers it again.
         let named = match self.delivery {
-            Delivery::Deferred => memory.answered.note(attempt, self.clock().now()),
+            Delivery::Deferred => memory.answered.note(attempt, self.ledger.clock().now()),
             _ => decide::Named::Nothing,
         };
         let line = decide::named_line(&named, attempt, self.config.proof_window);
@@ -438,12 +417,6 @@ impl Trigger {
     pub fn last_tick(&self) -> Option<TickStats> {
         let stats = self.stats.lock().expect("stats lock");
         (stats.ticks > 0).then(|| stats.clone())
-    }
-
-    /// The changes a quarantine document holds.
-    async fn quarantined_changes(&self, key: &str) -> Result<Vec<Change>, TickError> {
-        let doc = self.ledger.load_quarantine(key).await?;
-        doc.decode_changes().map_err(|detail| TickError::CorruptState { key: key.to_string(), detail })
     }
 }
 

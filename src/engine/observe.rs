@@ -74,7 +74,7 @@ impl Trigger {
         }
         let mut stats = self.stats.lock().expect("stats lock");
         stats.ticks += 1;
-        stats.at = Some(self.clock().now());
+        stats.at = Some(self.ledger.clock().now());
         stats.duration_ms = duration.as_secs_f64() * 1000.0;
         stats.store_operations = store_operations;
         match result {

@@ -49,7 +49,7 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         }
         None => {
             let checkpoint = tick.doc.checkpoint.clone();
-            let mut fetched = match tick.memory.take_ahead(&checkpoint, tick.now, settings.lease_duration) {
+            let mut fetched = match take_ahead(tick, &checkpoint) {
                 Some(fetched) => fetched,
                 None => tick.trigger.source.fetch(&checkpoint, settings.max_batch_size).await?,
             };
@@ -121,4 +121,12 @@ async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> R
     );
     tick.answer(OutcomeKind::Redelivered, flight.range.batch_id, changes, line);
     Ok(())
+}
+
+/// The batch a sink tick fetched ahead (while its sink wrote the batch before), if it starts at `checkpoint` and
+/// was fetched less than one lease duration ago on the engine's clock; taken either way.
+fn take_ahead(tick: &mut Tick<'_>, checkpoint: &Position) -> Option<Fetched> {
+    let ahead = tick.memory.ahead.take()?;
+    let fresh = tick.now - ahead.at < tick.trigger.config.settings.lease_duration;
+    (ahead.after == *checkpoint && fresh).then_some(ahead.fetched)
 }

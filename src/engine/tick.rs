@@ -58,7 +58,7 @@ impl<'a> Tick<'a> {
             out.logs.push("function is paused by an operator; answering an empty batch".into());
             return Ok(Opened::Answered(Box::new(out)));
         }
-        let now = trigger.clock().now();
+        let now = trigger.ledger.clock().now();
         if let Some(lease) = decide::lease_held_by_another(&doc, &trigger.owner, now) {
             // Another instance took the batches in flight over (this process's lease lapsed): it delivers
             // them all again, so nothing this process remembers is still its to prove.
@@ -85,7 +85,7 @@ impl<'a> Tick<'a> {
     /// sink took, a withdrawal, a reconciliation. No checks: the process acts on its own last write, and the
     /// conditional write fails if anyone wrote since.
     pub fn on_written(trigger: &'a Trigger, memory: &'a mut Memory, doc: StateDoc, etag: Etag) -> Self {
-        let now = trigger.clock().now();
+        let now = trigger.ledger.clock().now();
         Tick { trigger, memory, doc, etag: Some(etag), now, dirty: false, out: TickOutcome::default() }
     }
 
@@ -94,7 +94,7 @@ impl<'a> Tick<'a> {
         let source = trigger.source.name();
         let fingerprint = trigger.source.fingerprint();
         let origin = Origin { function: &trigger.config.name, source: &source, fingerprint: &fingerprint };
-        StateDoc::new(origin, checkpoint, &trigger.owner, trigger.clock().now())
+        StateDoc::new(origin, checkpoint, &trigger.owner, trigger.ledger.clock().now())
     }
 
     /// Writes the document through the ledger if it is still at the tick's etag, and remembers it as this
@@ -190,7 +190,8 @@ impl<'a> Tick<'a> {
     /// its document).
     pub async fn changes_of(&self, range: &BatchRange, quarantined: Option<&str>) -> Result<Vec<Change>, TickError> {
         if let Some(key) = quarantined {
-            return self.trigger.quarantined_changes(key).await;
+            let doc = self.trigger.ledger.load_quarantine(key).await?;
+            return doc.decode_changes().map_err(|detail| TickError::CorruptState { key: key.to_string(), detail });
         }
         let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
         Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)

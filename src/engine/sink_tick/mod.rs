@@ -103,7 +103,7 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Tic
     let owner = &trigger.owner;
     let flight = doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
     let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
-    let left = lease.expires_at - trigger.clock().now();
+    let left = lease.expires_at - trigger.ledger.clock().now();
     if left < trigger.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
         return None;
     }
@@ -149,7 +149,7 @@ pub(super) async fn deliver(
 
     let heartbeat = Heartbeat::start(trigger, doc, etag);
     let batch = SinkBatch {
-        app: trigger.app(),
+        app: trigger.ledger.app(),
         function: &trigger.config.name,
         batch_id,
         fence: out.fence,

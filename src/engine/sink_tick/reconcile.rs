@@ -22,7 +22,7 @@ pub(in crate::engine) async fn reconcile(
         return Ok(None);
     }
     let Some(Resume { fence, applied }) =
-        sink.resume_position(trigger.app(), &trigger.config.name).await.map_err(TickError::Sink)?
+        sink.resume_position(trigger.ledger.app(), &trigger.config.name).await.map_err(TickError::Sink)?
     else {
         return Ok(None);
     };

@@ -27,6 +27,9 @@ mod target;
 mod upsert;
 mod webhook;
 
+/// The SQL Server sink with a smaller parameter bound, for the wire tests only (see its documentation).
+#[doc(hidden)]
+pub use mssql::packing_rows_into as mssql_packing_rows_into;
 pub use mssql::MssqlSink;
 pub use postgres::PostgresSink;
 pub use stdout::StdoutSink;

@@ -30,7 +30,7 @@ use super::table::{Dialect, TableSink};
 use super::target::Target;
 use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
-use crate::config::Env;
+use crate::config::TableTarget;
 use crate::db::mssql::{describe, Failed, Failure, Param, Pool, Settings};
 use crate::ident::{Ident, TableName};
 use serde_json::Value;
@@ -45,17 +45,17 @@ fn quotes_a_value(code: u32) -> bool {
 /// The SQL Server sink.
 pub type MssqlSink = TableSink<Mssql>;
 
-/// Reads the options and parses the connection string without connecting.
-pub fn from_options(options: &Value, env: &Env) -> Result<MssqlSink, String> {
-    packing_rows_into(options, env, sql::MAX_ROW_PARAMS)
+/// Builds the sink `spec` names and parses its connection string, without connecting.
+pub fn new(spec: &TableTarget) -> Result<MssqlSink, String> {
+    packing_rows_into(spec, sql::MAX_ROW_PARAMS)
 }
 
-/// [`from_options`], with a request's rows in at most `max_row_params` parameters (cut to 1 to
-/// [`sql::MAX_ROW_PARAMS`], SQL Server's bound, which every sink the handler builds uses). For the wire tier: it
-/// sends the reviewed packed delivery (`tests/golden/mssql_sink/delivery_packed.sql`, four statements in two
-/// parameters) as tiberius puts it on the wire, where the real bound would take over 2,092 statements.
-pub fn packing_rows_into(options: &Value, env: &Env, max_row_params: usize) -> Result<MssqlSink, String> {
-    let target = Target::from_options(options, env, sql::ROWS_PER_STATEMENT)?;
+/// [`new`], with a request's rows in at most `max_row_params` parameters (cut to 1 to [`sql::MAX_ROW_PARAMS`],
+/// SQL Server's bound, which every sink the handler builds uses). For the wire tier: it sends the reviewed
+/// packed delivery (`tests/golden/mssql_sink/delivery_packed.sql`, four statements in two parameters) as
+/// tiberius puts it on the wire, where the real bound would take over 2,092 statements.
+pub fn packing_rows_into(spec: &TableTarget, max_row_params: usize) -> Result<MssqlSink, String> {
+    let target = Target::new(spec, sql::ROWS_PER_STATEMENT);
     let settings = Settings::parse(&target.setting, &target.connection)?;
     let max_row_params = max_row_params.clamp(1, sql::MAX_ROW_PARAMS);
     Ok(TableSink::new(target, Mssql { pool: Pool::new(settings), max_row_params }))

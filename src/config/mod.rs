@@ -23,11 +23,9 @@ pub use outputs::{OutputRoute, OutputShape, OutputShapes};
 pub use postgres_trust::PostgresTrust;
 pub use secret::Secret;
 pub use settings::{DeliveryMode, MessageFormat, PoisonAction, TriggerSettings};
-pub use sink_spec::{
-    beside, SinkSpec, TableTarget, WebhookSpec, DEFAULT_CHECKPOINT_TABLE, DEFAULT_FENCE_TABLE, MAX_ROWS_PER_STATEMENT,
-};
+pub use sink_spec::{beside, SinkSpec, TableTarget, WebhookSpec};
 pub use source_options::{
-    context_bytes, ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
+    ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
     PostgresLogicalOptions, RowversionOptions,
 };
 pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};

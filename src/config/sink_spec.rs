@@ -29,10 +29,10 @@ const TABLE_KEYS: &[&str] = &[
     "maxRowsPerStatement",
 ];
 
-pub const DEFAULT_FENCE_TABLE: &str = "sql_pseudo_trigger_fence";
-pub const DEFAULT_CHECKPOINT_TABLE: &str = "sql_pseudo_trigger_checkpoint";
+const DEFAULT_FENCE_TABLE: &str = "sql_pseudo_trigger_fence";
+const DEFAULT_CHECKPOINT_TABLE: &str = "sql_pseudo_trigger_checkpoint";
 /// Beyond this a statement's parameter grows without making the write faster.
-pub const MAX_ROWS_PER_STATEMENT: u64 = 100_000;
+const MAX_ROWS_PER_STATEMENT: u64 = 100_000;
 
 /// A function's sink, by kind.
 #[derive(Debug, Clone)]

@@ -253,7 +253,7 @@ pub(super) fn change_tracking(
 
 /// `0x0A0B...` is hex; anything else is the UTF-8 bytes of the text (what `CAST('text' AS varbinary(128))`
 /// stores for ASCII text; for `N'text'` contexts, which are UTF-16, give the hex form).
-pub fn context_bytes(text: &str) -> Result<Vec<u8>, String> {
+fn context_bytes(text: &str) -> Result<Vec<u8>, String> {
     let bytes = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
         Some(hex) => {
             if hex.is_empty() || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {

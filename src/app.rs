@@ -2,10 +2,9 @@
 //! state store, and the sink of each function that names one. Building it opens no connection; sources,
 //! stores and sinks connect on first use.
 
-use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, DeliveryMode, Mode, SourceKind, StateStoreKind};
+use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, SourceOptions, StateStoreKind};
 use crate::db::postgres::PostgresTls;
 use crate::engine::Trigger;
-use crate::sink::{Sink, StdoutSink};
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
 use crate::source::postgres_logical::PostgresLogical;
@@ -50,16 +49,9 @@ impl App {
         for f in &config.functions {
             let file = format!("{}/sqltrigger.json", f.name);
             let source = source(f, &postgres_tls).map_err(|e| ConfigError::new(file, e.to_string()));
-            // The trigger owns its delivery: a sink when sqltrigger.json names one for sink delivery, and under
-            // `handler run` always (stdout JSON lines when none is named); the host's bindings otherwise.
-            let wants_sink = config.mode == Mode::Runner || f.settings.delivery_mode == DeliveryMode::Sink;
-            let sink = match f.source.options.get("sink") {
-                Some(options) if wants_sink => {
-                    crate::sink::from_options(&f.name, Some(options), &config.env, &postgres_tls).map(Some)
-                }
-                None if config.mode == Mode::Runner => Ok(Some(Arc::new(StdoutSink::new()) as Arc<dyn Sink>)),
-                _ => Ok(None),
-            };
+            // The trigger owns its delivery: the sink the configuration chose (for sink delivery, and under
+            // `handler run` always); the host's bindings otherwise.
+            let sink = f.sink.as_ref().map(|spec| crate::sink::build(&f.name, spec, &postgres_tls)).transpose();
             match (source, sink) {
                 (Ok(source), Ok(sink)) => {
                     let trigger = Trigger::new(f.clone(), &config.app_name, source, store.clone(), owner.clone());
@@ -93,11 +85,11 @@ impl App {
 
 /// The change source a function watches (no connection is opened here).
 fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
-    Ok(match f.source.kind {
-        SourceKind::PostgresCursor => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
-        SourceKind::PostgresLogical => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
-        SourceKind::MssqlChangeTracking => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
-        SourceKind::MssqlRowversion => Arc::new(MssqlRowversion::new(f.source.clone())?),
+    Ok(match &f.source.options {
+        SourceOptions::PostgresCursor(_) => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
+        SourceOptions::PostgresLogical(_) => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
+        SourceOptions::MssqlChangeTracking(_) => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
+        SourceOptions::MssqlRowversion(_) => Arc::new(MssqlRowversion::new(f.source.clone())?),
     })
 }
 

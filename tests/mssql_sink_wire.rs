@@ -13,11 +13,11 @@
 //!
 //! Every statement the sink can send is sent here: the catalog read, both bookkeeping tables' DDL, every
 //! shape of delivery (exactly once and at least once, deletes, upserts, plain inserts, IDENTITY_INSERT,
-//! nested JSON, parameters packed past SQL Server's bound), and both resume reads. The mock is strict
-//! (`tap.rs`): a request no test registered an answer for fails the test. Answers are registered under a
-//! short upper-case fragment unique to one statement (the sink's statements use lower-case identifiers, so
-//! a whole statement cannot be registered as the source's wire tests do), DDL batches under their whole
-//! text.
+//! nested JSON, parameters packed past SQL Server's bound, and the reviewed packed text at a bound of two),
+//! and both resume reads. The mock is strict (`tap.rs`): a request no test registered an answer for fails the
+//! test. Answers are registered under a short upper-case fragment unique to one statement (the sink's
+//! statements use lower-case identifiers, so a whole statement cannot be registered as the source's wire
+//! tests do), DDL batches under their whole text.
 
 use mssql_mock_tds::{ColumnDefinition as Col, ColumnValue as V, QueryResponse, Row, SqlDataType as T, TerminalError};
 use serde_json::{json, Value};
@@ -284,6 +284,41 @@ async fn a_batch_of_more_statements_than_sql_server_takes_parameters_shares_para
     assert!(statement.contains("USING OPENJSON(@P7, N'$[0]') WITH"), "{}", &statement[..2000]);
     assert!(statement.contains("USING OPENJSON(@P1106, N'$[1]') WITH"));
     assert!(!statement.contains("@P1107"));
+}
+
+#[tokio::test]
+async fn the_golden_packed_delivery_is_one_request_whose_statements_read_their_own_array_of_a_shared_parameter() {
+    // GIVEN the golden table and a sink writing two rows per statement whose requests may carry only two row
+    // parameters: the reviewed packed text shows SQL Server's bound at that size (at 2,092 it would take over
+    // 2,092 statements)
+    let server = Server::start().await;
+    server.answer(CATALOG, catalog(ORDER_LINES_COLUMNS)).await;
+    accept_bookkeeping(&server, "[Sales Ünïcode]", false);
+    server.answer(DELIVERY, status(0, None)).await;
+    let options = json!({ "type": "mssql", "tableName": ORDER_LINES, "connectionStringSetting": "TargetDb",
+        "maxRowsPerStatement": 2 });
+    let env = Env::from_pairs([("TargetDb".to_string(), server.connection_string())]);
+    let sink = sink::mssql_packing_rows_into(&options, &env, 2).unwrap_or_else(|e| panic!("a valid sink: {e}"));
+
+    // WHEN a delete and five inserts are delivered: four statements (the delete, then 2 + 2 + 1 rows)
+    let items: Vec<String> =
+        (1..=5).map(|i| format!(r#"{{"Id":{i},"Line":1,"order":"o{i}","Qty \"x\"":1.5,"Photo":"AQID"}}"#)).collect();
+    let mut changes = vec![change(Operation::Delete, r#"{"Id":-1,"Line":1}"#)];
+    changes.extend(items.iter().map(|i| change(Operation::Insert, i)));
+    deliver(&sink, 1, 1, &changes, None).await.expect("written");
+
+    // THEN the request is the golden packed delivery: sp_executesql's two parameters, the six fixed ones and
+    // two row parameters, each an array of two statements' arrays, read by path
+    let deliveries = server.tap.rpcs_with(DELIVERY);
+    assert_eq!(deliveries.len(), 1);
+    let request = &deliveries[0];
+    assert_eq!(request.statement(), golden("delivery_packed.sql"));
+    assert_eq!(request.params.len(), 2 + 6 + 2);
+    let values = request.values();
+    assert_eq!(values[6], text(&format!(r#"[[{{"Id":-1,"Line":1}}],[{},{}]]"#, items[0], items[1])));
+    assert_eq!(values[7], text(&format!("[[{},{}],[{}]]", items[2], items[3], items[4])));
+    assert_eq!(server.tap.batches(), vec![golden("create_fence.sql")]);
+    server.assert_no_client_transactions();
 }
 
 #[tokio::test]

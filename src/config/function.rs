@@ -5,10 +5,13 @@
 
 use super::host_policy::{proof_window, FunctionTimeout, RetryPolicy, UNBOUNDED_TIMEOUT_ASSUMED};
 use super::ncrontab::Schedule;
+use super::outputs::OutputShapes;
 use super::settings::{DeliveryMode, MessageFormat, Resolver, TriggerSettings};
+use super::sink_spec::SinkSpec;
 use super::source_spec::{resolve_references, resolve_text, source_spec, SourceSpec};
 use super::{read_json, valid_path_part, ConfigError, Env};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -73,16 +76,20 @@ pub struct FunctionConfig {
     pub proof_window: Duration,
     pub source: SourceSpec,
     pub settings: TriggerSettings,
+    /// `outputs` in sqltrigger.json: the shape of each output binding it names (the host's bindings deliver).
+    pub output_shapes: OutputShapes,
+    /// Where the handler delivers itself: the `"sink"` of sqltrigger.json under deliveryMode sink, and under
+    /// `handler run` always (stdout when none is named). `None`: the host's output bindings deliver.
+    pub sink: Option<SinkSpec>,
+    /// How many partitions split the function's changes: 1. sqltrigger.json has no `"partitions"` key yet (the
+    /// next issue reads it here), so it is refused as unknown.
+    pub partitions: NonZeroU32,
 }
 
 impl FunctionConfig {
     /// What each output binding receives (`outputs` in sqltrigger.json over the defaults by binding type).
-    /// Checked at load, so the fallback to the defaults is never taken for a loaded configuration.
     pub fn output_routes(&self) -> Vec<super::OutputRoute> {
-        let file = format!("{}/sqltrigger.json", self.name);
-        super::outputs::routes(&self.outputs, &self.source.options, &file)
-            .or_else(|_| super::outputs::routes(&self.outputs, &Map::new(), &file))
-            .unwrap_or_default()
+        super::outputs::routes(&self.outputs, &self.output_shapes)
     }
 }
 
@@ -269,6 +276,17 @@ pub(super) fn load(
             ));
         }
     }
+    // The handler delivers itself in sink mode, and under `handler run` always; the sink of a function the
+    // host's bindings deliver is never built, so it is not read either.
+    let raw_sink = options.get("sink");
+    let sink = match raw_sink {
+        Some(raw) if !host || settings.delivery_mode == DeliveryMode::Sink => {
+            SinkSpec::parse(raw, env).map_err(|e| errors.push(ConfigError::new(format!("sink in {trig_file}"), e))).ok()
+        }
+        None if !host => Some(SinkSpec::Stdout),
+        _ => None,
+    };
+    let mut output_shapes = OutputShapes::default();
     if settings.delivery_mode == DeliveryMode::Sink {
         // The handler answers no outputs in sink mode: a mapping would silently do nothing.
         if options.contains_key("outputs") {
@@ -278,20 +296,22 @@ pub(super) fn load(
             ));
         }
         // Under the host stdout is the host's log, not a destination.
-        let sink_type = options.get("sink").map(|s| s.get("type").and_then(Value::as_str).unwrap_or(""));
-        if host && matches!(sink_type, None | Some("stdout")) {
+        if host && matches!((raw_sink, &sink), (None, _) | (_, Some(SinkSpec::Stdout))) {
             errors.push(ConfigError::new(
                 format!("sink in {trig_file}"),
                 "deliveryMode sink under the Functions host needs a sink to deliver to: add \"sink\": {\"type\": \"postgres\", \"tableName\": ..., \"connectionStringSetting\": ...} (or mssql, webhook)",
             ));
         }
-    } else if options.get("sink").and_then(|s| s.get("exactlyOnce")) == Some(&Value::Bool(true)) {
+    } else if raw_sink.and_then(|s| s.get("exactlyOnce")) == Some(&Value::Bool(true)) {
         errors.push(ConfigError::new(
             format!("sink in {trig_file}"),
             "exactlyOnce needs deliveryMode sink: the batch's checkpoint is written in the sink's transaction; set \"deliveryMode\": \"sink\"",
         ));
-    } else if let Err(problems) = super::outputs::routes(&outputs, &options, &trig_file) {
-        errors.extend(problems);
+    } else {
+        match super::outputs::check(&outputs, options.get("outputs"), &trig_file) {
+            Ok(shapes) => output_shapes = shapes,
+            Err(problems) => errors.extend(problems),
+        }
     }
     let schedule = match (&timer_schedule, host) {
         (Some(text), true) => match resolve_text(text, env)
@@ -356,5 +376,8 @@ pub(super) fn load(
         proof_window,
         source: source?,
         settings,
+        output_shapes,
+        sink,
+        partitions: NonZeroU32::MIN,
     })
 }

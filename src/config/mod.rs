@@ -11,17 +11,24 @@ mod outputs;
 mod postgres_trust;
 mod secret;
 pub mod settings;
+mod sink_spec;
+mod source_options;
 mod source_spec;
 
 pub use function::{AdminFunction, FunctionConfig, OutputBinding};
 pub use host_policy::{
     parse_timespan, proof_window, FunctionTimeout, RetryPolicy, RetryStrategy, PROOF_SLACK, UNBOUNDED_TIMEOUT_ASSUMED,
 };
-pub use outputs::{OutputRoute, OutputShape};
+pub use outputs::{OutputRoute, OutputShape, OutputShapes};
 pub use postgres_trust::PostgresTrust;
 pub use secret::Secret;
 pub use settings::{DeliveryMode, MessageFormat, PoisonAction, TriggerSettings};
-pub use source_spec::{SourceKind, SourceSpec, StartFrom};
+pub use sink_spec::{beside, SinkSpec, TableTarget, WebhookSpec};
+pub use source_options::{
+    ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
+    PostgresLogicalOptions, RowversionOptions,
+};
+pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -15,8 +15,8 @@
 //! With `messageFormat` `json` values are always objects or arrays, never bare strings: the host base64-decodes
 //! strings for some bindings. (`text` sends strings on purpose, safe from that step: see `engine::outputs`.)
 //! A blob output gets each batch as one blob at its `path`, so [`check_blob_paths`] requires `{rand-guid}`.
-//! The mapping is derived from the configuration each time it is needed (it is a few entries), so the
-//! typed `FunctionConfig` keeps the shape other modules construct.
+//! `outputs` is checked at load into [`OutputShapes`]; the routes are derived from it and the bindings each
+//! time they are needed (a few entries).
 
 use super::{ConfigError, Env, OutputBinding};
 use serde_json::{Map, Value};
@@ -57,17 +57,28 @@ pub struct OutputRoute {
     pub collector: bool,
 }
 
-/// The routes of every output binding: `outputs` where it names one, the default by type otherwise.
-/// `Err` lists every problem, each naming the binding and what to change.
-pub fn routes(
+/// `outputs` in sqltrigger.json, checked against function.json's output bindings: the shape of each binding it
+/// names. Empty (every binding gets its type's default) when the key is absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputShapes(Vec<(String, OutputShape)>);
+
+impl OutputShapes {
+    fn get(&self, binding: &str) -> Option<OutputShape> {
+        self.0.iter().find(|(name, _)| name == binding).map(|(_, shape)| *shape)
+    }
+}
+
+/// Reads `outputs` (the key's value, when present) against `bindings`. `Err` lists every problem, each naming
+/// the binding and what to change.
+pub fn check(
     bindings: &[OutputBinding],
-    options: &Map<String, Value>,
+    configured: Option<&Value>,
     file: &str,
-) -> Result<Vec<OutputRoute>, Vec<ConfigError>> {
+) -> Result<OutputShapes, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let setting = |binding: &str| format!("outputs.{binding} in {file}");
     let empty = Map::new();
-    let configured = match options.get("outputs") {
+    let configured = match configured {
         None => &empty,
         Some(Value::Object(m)) => m,
         Some(_) => {
@@ -89,17 +100,15 @@ pub fn routes(
             ));
         }
     }
-    let mut routes = Vec::with_capacity(bindings.len());
+    let mut shapes = Vec::new();
     for b in bindings {
-        let shape = match configured.get(&b.name) {
-            None => OutputShape::default_for(&b.kind),
-            Some(entry) => match parse_entry(entry) {
-                Ok(shape) => shape,
-                Err(problem) => {
-                    errors.push(ConfigError::new(setting(&b.name), problem));
-                    continue;
-                }
-            },
+        let Some(entry) = configured.get(&b.name) else { continue };
+        let shape = match parse_entry(entry) {
+            Ok(shape) => shape,
+            Err(problem) => {
+                errors.push(ConfigError::new(setting(&b.name), problem));
+                continue;
+            }
         };
         if b.kind.eq_ignore_ascii_case("sql") && shape != OutputShape::Rows {
             errors.push(ConfigError::new(
@@ -108,14 +117,25 @@ pub fn routes(
             ));
             continue;
         }
-        let collector = COLLECTOR_TYPES.iter().any(|t| t.eq_ignore_ascii_case(&b.kind));
-        routes.push(OutputRoute { binding: b.name.clone(), shape, collector });
+        shapes.push((b.name.clone(), shape));
     }
     if errors.is_empty() {
-        Ok(routes)
+        Ok(OutputShapes(shapes))
     } else {
         Err(errors)
     }
+}
+
+/// The routes of every output binding: the shape `shapes` gives it, the default by type otherwise.
+pub fn routes(bindings: &[OutputBinding], shapes: &OutputShapes) -> Vec<OutputRoute> {
+    bindings
+        .iter()
+        .map(|b| OutputRoute {
+            binding: b.name.clone(),
+            shape: shapes.get(&b.name).unwrap_or_else(|| OutputShape::default_for(&b.kind)),
+            collector: COLLECTOR_TYPES.iter().any(|t| t.eq_ignore_ascii_case(&b.kind)),
+        })
+        .collect()
 }
 
 /// A blob output binding writes the whole batch as one blob at its `path`, which the host resolves on every
@@ -199,13 +219,11 @@ mod tests {
         ]
     }
 
-    fn options(v: Value) -> Map<String, Value> {
-        v.as_object().cloned().expect("an object")
-    }
-
     #[test]
     fn defaults_send_changes_to_message_bindings_and_rows_to_sql() {
-        let r = routes(&bindings(), &Map::new(), "f/sqltrigger.json").expect("valid");
+        let shapes = check(&bindings(), None, "f/sqltrigger.json").expect("valid");
+        assert_eq!(shapes, OutputShapes::default());
+        let r = routes(&bindings(), &shapes);
         let shapes: Vec<(&str, OutputShape, bool)> =
             r.iter().map(|r| (r.binding.as_str(), r.shape, r.collector)).collect();
         assert_eq!(
@@ -220,8 +238,8 @@ mod tests {
 
     #[test]
     fn a_mapping_overrides_the_default_per_binding() {
-        let o = options(json!({"outputs": {"q": {"shape": "batch"}, "archive": {"shape": "rows"}}}));
-        let r = routes(&bindings(), &o, "f/sqltrigger.json").expect("valid");
+        let o = json!({"q": {"shape": "batch"}, "archive": {"shape": "rows"}});
+        let r = routes(&bindings(), &check(&bindings(), Some(&o), "f/sqltrigger.json").expect("valid"));
         assert_eq!(r[0].shape, OutputShape::Batch);
         assert_eq!(r[2].shape, OutputShape::Rows);
     }
@@ -262,10 +280,10 @@ mod tests {
 
     #[test]
     fn every_mistake_is_reported_naming_the_binding() {
-        let o = options(json!({"outputs": {
+        let o = json!({
             "nope": {"shape": "rows"}, "q": {"shape": "lines"}, "copy": {"shape": "changes"}, "archive": "batch"
-        }}));
-        let errors = routes(&bindings(), &o, "f/sqltrigger.json").unwrap_err();
+        });
+        let errors = check(&bindings(), Some(&o), "f/sqltrigger.json").unwrap_err();
         let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(errors.len(), 4, "{text:#?}");
         assert!(text[0].starts_with("outputs.nope in f/sqltrigger.json: names output binding \"nope\""), "{}", text[0]);

@@ -1,6 +1,9 @@
 //! What a function watches: the source half of `sqltrigger.json`, with `%Name%` app-setting references
-//! resolved.
+//! resolved, typed once at load (the kinds' own keys in `source_options`).
 
+use super::source_options::{
+    self, ChangeTrackingOptions, CursorGuard, PostgresCursorOptions, PostgresLogicalOptions, RowversionOptions,
+};
 use super::{ConfigError, ConfigErrors, Env, Secret};
 use crate::ident::{Ident, TableName};
 use serde_json::{Map, Value};
@@ -40,27 +43,44 @@ impl SourceKind {
     }
 }
 
-/// What to watch and how; the source module interprets the optional parts for its kind.
+/// What each kind of source reads besides its table and connection: the kind, with its own keys typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceOptions {
+    PostgresCursor(PostgresCursorOptions),
+    PostgresLogical(PostgresLogicalOptions),
+    MssqlChangeTracking(ChangeTrackingOptions),
+    MssqlRowversion(RowversionOptions),
+}
+
+impl SourceOptions {
+    pub fn kind(&self) -> SourceKind {
+        match self {
+            Self::PostgresCursor(_) => SourceKind::PostgresCursor,
+            Self::PostgresLogical(_) => SourceKind::PostgresLogical,
+            Self::MssqlChangeTracking(_) => SourceKind::MssqlChangeTracking,
+            Self::MssqlRowversion(_) => SourceKind::MssqlRowversion,
+        }
+    }
+}
+
+/// What to watch and how, typed at load: what every source reads, and its kind with the kind's own keys.
 #[derive(Debug, Clone)]
 pub struct SourceSpec {
-    pub kind: SourceKind,
     pub table: TableName,
     pub connection_setting: String,
     pub connection: Secret,
-    pub cursor_column: Option<Ident>,
-    /// `xid8`, `lag` or `none`; the source picks a default from the cursor column's type.
-    pub cursor_guard: Option<String>,
-    pub safety_lag: Duration,
-    pub inserted_column: Option<Ident>,
-    pub soft_delete_column: Option<Ident>,
     pub primary_key: Option<Vec<Ident>>,
     pub columns: Option<Vec<Ident>>,
     pub start_from: StartFrom,
-    /// The whole resolved `sqltrigger.json`, for kind-specific options.
-    pub options: Map<String, Value>,
+    /// The kind of source and its own keys.
+    pub options: SourceOptions,
 }
 
 impl SourceSpec {
+    pub fn kind(&self) -> SourceKind {
+        self.options.kind()
+    }
+
     /// Reads the source half of a `sqltrigger.json` given as JSON (`%Name%` references resolved), against the app
     /// settings in `env`, reporting every problem at once: for tests and tools that state a function as its
     /// author writes it, through the same parser the handler uses.
@@ -171,12 +191,16 @@ pub(super) fn source_spec(
     let soft_delete_column = ident("softDeleteColumn", &mut problem);
     let primary_key = ident_list("primaryKey", &mut problem);
     let columns = ident_list("columns", &mut problem);
-    let cursor_guard = text("cursorGuard");
-    if let Some(g) = &cursor_guard {
-        if !matches!(g.as_str(), "xid8" | "lag" | "none") {
+    let cursor_guard = match text("cursorGuard").as_deref() {
+        None => None,
+        Some("xid8") => Some(CursorGuard::Xid8),
+        Some("lag") => Some(CursorGuard::Lag),
+        Some("none") => Some(CursorGuard::Unguarded),
+        Some(g) => {
             problem("cursorGuard", format!("{g:?} is not a guard; use xid8, lag or none"));
+            None
         }
-    }
+    };
     let safety_lag = match o.get("safetyLagMs") {
         None => Duration::from_millis(5000),
         Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
@@ -208,20 +232,36 @@ pub(super) fn source_spec(
     if kind == SourceKind::PostgresCursor && cursor_column.is_none() && o.get("cursorColumn").is_none() {
         problem("cursorColumn", "is required for postgres-cursor: an xid8 (recommended), bigint or timestamp column that every insert and update sets".into());
     }
+    let options = match kind {
+        SourceKind::PostgresCursor => cursor_column.map(|cursor_column| {
+            SourceOptions::PostgresCursor(PostgresCursorOptions {
+                cursor_column,
+                cursor_guard,
+                safety_lag,
+                inserted_column,
+                soft_delete_column,
+            })
+        }),
+        SourceKind::PostgresLogical => {
+            source_options::postgres_logical(o, file, errors).map(SourceOptions::PostgresLogical)
+        }
+        SourceKind::MssqlChangeTracking => {
+            source_options::change_tracking(o, file, errors).map(SourceOptions::MssqlChangeTracking)
+        }
+        SourceKind::MssqlRowversion => Some(SourceOptions::MssqlRowversion(RowversionOptions {
+            cursor_column,
+            inserted_column,
+            soft_delete_column,
+        })),
+    };
     Some(SourceSpec {
-        kind,
         table: table?,
         connection_setting: connection_setting?,
         connection: connection?,
-        cursor_column,
-        cursor_guard,
-        safety_lag,
-        inserted_column,
-        soft_delete_column,
         primary_key,
         columns,
         start_from,
-        options: o.clone(),
+        options: options?,
     })
 }
 

@@ -120,7 +120,7 @@ mod outputs {
 
     /// Loads an app with one PostgreSQL function whose function.json also has `extra` output bindings and
     /// whose sqltrigger.json has `options` merged in.
-    fn load(extra: serde_json::Value, options: serde_json::Value) -> Result<AppConfig, String> {
+    pub(super) fn load(extra: serde_json::Value, options: serde_json::Value) -> Result<AppConfig, String> {
         let root = std::env::temp_dir().join(format!("spt-outputs-{}", uuid::Uuid::new_v4().simple()));
         write_test_app(&root, "Orders");
         let edit = |file: &str, change: &dyn Fn(&mut serde_json::Value)| {
@@ -172,5 +172,51 @@ mod outputs {
         assert_eq!(app.functions[0].settings.message_format, MessageFormat::Json);
         let app = load(serde_json::json!([]), serde_json::json!({"messageFormat": "TEXT"})).expect("valid");
         assert_eq!(app.functions[0].settings.message_format, MessageFormat::Text);
+    }
+}
+
+mod typed {
+    //! sqltrigger.json is typed once, at load: each kind's own keys and the sink, with their mistakes in the one
+    //! list of problems.
+    use super::super::*;
+    use super::outputs::load;
+    use serde_json::json;
+
+    #[test]
+    fn the_source_and_the_sink_are_typed_at_load() {
+        let sink =
+            json!({"type": "postgres", "tableName": "copy", "connectionStringSetting": "Pg", "exactlyOnce": true});
+        let app = load(json!([]), json!({"cursorGuard": "lag", "deliveryMode": "sink", "sink": sink})).expect("valid");
+        let f = &app.functions[0];
+        let SourceOptions::PostgresCursor(cursor) = &f.source.options else { panic!("{:?}", f.source.options) };
+        assert_eq!((cursor.cursor_column.as_str(), cursor.cursor_guard), ("version", Some(CursorGuard::Lag)));
+        assert_eq!(cursor.safety_lag, std::time::Duration::from_secs(5));
+        let Some(SinkSpec::Postgres(target)) = &f.sink else { panic!("{:?}", f.sink) };
+        assert_eq!(
+            target.checkpoint_table.as_ref().map(ToString::to_string).as_deref(),
+            Some("sql_pseudo_trigger_checkpoint")
+        );
+        assert_eq!(f.partitions.get(), 1);
+        // AND the host's bindings deliver a deferred function, whose sink is neither read nor built
+        let app = load(json!([]), json!({"sink": {"type": "webhook"}})).expect("valid");
+        assert!(app.functions[0].sink.is_none());
+    }
+
+    #[test]
+    fn the_kinds_own_keys_and_the_sinks_are_checked_at_load_in_the_one_list() {
+        // GIVEN a logical source with a bad slot name and a cursor key, and a sink with a misspelt key
+        let err = load(
+            json!([]),
+            json!({"source": "postgres-logical", "slotName": "Bad-Name", "deliveryMode": "sink",
+                "sink": {"type": "postgres", "tableName": "copy", "connectionStringSetting": "Pg", "exactlyonce": true}}),
+        )
+        .expect_err("refused");
+        // THEN each is named, with its file, before any source or sink is built
+        assert!(err.contains("slotName in Orders/sqltrigger.json: is \"Bad-Name\"; use 1 to 63 lower-case"), "{err}");
+        assert!(err.contains("cursorColumn in Orders/sqltrigger.json: is for postgres-cursor"), "{err}");
+        assert!(err.contains("sink in Orders/sqltrigger.json: unknown key \"exactlyonce\""), "{err}");
+        // AND "partitions" is not accepted yet
+        let err = load(json!([]), json!({"partitions": 2})).expect_err("refused");
+        assert!(err.contains("unknown key \"partitions\""), "{err}");
     }
 }

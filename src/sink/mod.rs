@@ -34,8 +34,7 @@ pub use table::{Dialect, TableSink};
 pub use webhook::WebhookSink;
 
 use crate::change::Change;
-use crate::config::ConfigError;
-use crate::config::Env;
+use crate::config::{ConfigError, Env, SinkSpec};
 use crate::db::postgres::PostgresTls;
 use crate::source::Position;
 use serde_json::Value;
@@ -119,28 +118,35 @@ pub trait Sink: Send + Sync + fmt::Debug {
     }
 }
 
-/// The sink types `"sink": {"type": ...}` accepts.
-const SINK_TYPES: &[&str] = &["stdout", "webhook", "postgres", "mssql"];
+/// Builds the sink `spec` names for `function` (the configuration chose and checked it at load). Opens no
+/// connection: database sinks connect on their first delivery. The error names `function`'s sqltrigger.json.
+pub fn build(function: &str, spec: &SinkSpec, postgres_tls: &PostgresTls) -> Result<Arc<dyn Sink>, ConfigError> {
+    let built: Result<Arc<dyn Sink>, String> = match spec {
+        SinkSpec::Stdout => Ok(Arc::new(StdoutSink::new())),
+        SinkSpec::Webhook(webhook) => WebhookSink::new(webhook).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        SinkSpec::Postgres(target) => postgres::new(target, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>),
+        SinkSpec::Mssql(target) => mssql::new(target).map(|s| Arc::new(s) as Arc<dyn Sink>),
+    };
+    built.map_err(|e| ConfigError::new(format!("sink in {function}/sqltrigger.json"), e))
+}
 
-/// Builds the sink a function's `sqltrigger.json` asks for (`"sink": {"type": ...}`); stdout by default.
-/// Opens no connection: database sinks connect on their first delivery.
+/// Reads and builds the sink a `sqltrigger.json` states (`"sink": {"type": ...}`; stdout when `None`), through
+/// the configuration's parser: for tests and tools that state a sink as its author writes it.
 pub fn from_options(
     function: &str,
     options: Option<&Value>,
     env: &Env,
     postgres_tls: &PostgresTls,
 ) -> Result<Arc<dyn Sink>, ConfigError> {
-    let setting = format!("sink in {function}/sqltrigger.json");
-    let Some(options) = options else { return Ok(Arc::new(StdoutSink::new())) };
-    let kind = options.get("type").and_then(Value::as_str).unwrap_or("");
-    let built: Result<Arc<dyn Sink>, String> = match kind {
-        "stdout" => Ok(Arc::new(StdoutSink::new())),
-        "webhook" => WebhookSink::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
-        "postgres" | "postgresql" => {
-            postgres::from_options(options, env, postgres_tls).map(|s| Arc::new(s) as Arc<dyn Sink>)
-        }
-        "mssql" | "sqlserver" => mssql::from_options(options, env).map(|s| Arc::new(s) as Arc<dyn Sink>),
-        other => Err(format!("type {other:?} is not a sink; use {}", SINK_TYPES.join(", "))),
-    };
-    built.map_err(|e| ConfigError::new(setting, e))
+    build(function, &SinkSpec::from_json(function, options, env)?, postgres_tls)
+}
+
+/// The SQL Server sink a `"sink"` of type mssql states, with a request's rows in at most `max_row_params`
+/// parameters: for the wire tests only (see `mssql::packing_rows_into`).
+#[doc(hidden)]
+pub fn mssql_packing_rows_into(options: &Value, env: &Env, max_row_params: usize) -> Result<MssqlSink, String> {
+    match SinkSpec::parse(options, env)? {
+        SinkSpec::Mssql(target) => mssql::packing_rows_into(&target, max_row_params),
+        other => Err(format!("not an mssql sink: {other:?}")),
+    }
 }

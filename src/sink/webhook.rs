@@ -10,7 +10,7 @@
 //! limit.
 
 use super::{Sink, SinkBatch, SinkError};
-use crate::config::{Env, Secret};
+use crate::config::{Secret, WebhookSpec};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -24,42 +24,20 @@ pub struct WebhookSink {
 }
 
 impl WebhookSink {
-    /// `{"type":"webhook","url":"%WebhookUrl%","headers":{"Authorization":"%WebhookAuth%"},"timeoutMs":10000,"maxRetries":0}`
-    /// (`%Setting%` references are resolved by the configuration loader before this sees them).
-    pub fn from_options(options: &Value, _env: &Env) -> Result<Self, String> {
-        let url = options.get("url").and_then(Value::as_str).ok_or("webhook needs \"url\"")?;
-        let parsed = reqwest::Url::parse(url).map_err(|e| format!("webhook url is not a URL ({e})"))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(format!("webhook url must be http or https, not {}", parsed.scheme()));
-        }
+    /// The sink `spec` describes (checked at load: an http or https URL, valid headers), without connecting.
+    pub fn new(spec: &WebhookSpec) -> Result<Self, String> {
+        let WebhookSpec { url, timeout, max_retries, headers } = spec;
+        let parsed = reqwest::Url::parse(url.expose()).map_err(|e| format!("webhook url is not a URL ({e})"))?;
         // Show scheme, host and path only: a query string may carry a key.
         let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
         let display = format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
-        let timeout = options.get("timeoutMs").and_then(Value::as_u64).unwrap_or(10_000);
-        let max_retries = options.get("maxRetries").and_then(Value::as_u64).unwrap_or(0).min(20) as u32;
-        // Checked here, not at the first POST: a header reqwest cannot send would fail every delivery as if the
-        // receiver were down, and a non-string value would otherwise be dropped without a word.
-        let mut headers = Vec::new();
-        if let Some(configured) = options.get("headers") {
-            let configured = configured.as_object().ok_or("webhook \"headers\" must be an object of strings")?;
-            for (name, value) in configured {
-                let value = value.as_str().ok_or_else(|| format!("webhook header {name:?} must be a string"))?;
-                reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("webhook header name {name:?} is not a valid HTTP header name"))?;
-                // The value may be a secret: say which header, never what it holds.
-                reqwest::header::HeaderValue::from_str(value).map_err(|_| {
-                    format!("webhook header {name:?} has a value HTTP cannot carry (a control character?)")
-                })?;
-                headers.push((name.clone(), Secret::new(value)));
-            }
-        }
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(timeout))
+            .timeout(*timeout)
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { url: Secret::new(url), display, client, headers, max_retries })
+        Ok(Self { url: url.clone(), display, client, headers: headers.clone(), max_retries: *max_retries })
     }
 }
 
@@ -120,6 +98,7 @@ mod tests {
     //! The webhook against a local HTTP receiver whose answers each test scripts.
     use super::*;
     use crate::change::{Change, Operation};
+    use crate::config::{Env, SinkSpec};
     use axum::http::{HeaderMap, StatusCode};
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
@@ -165,8 +144,12 @@ mod tests {
         }
     }
 
-    fn sink(options: Value) -> WebhookSink {
-        WebhookSink::from_options(&options, &Env::default()).expect("valid webhook options")
+    fn sink(mut options: Value) -> WebhookSink {
+        options["type"] = "webhook".into();
+        match SinkSpec::parse(&options, &Env::default()) {
+            Ok(SinkSpec::Webhook(spec)) => WebhookSink::new(&spec).expect("valid webhook options"),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn changes() -> Vec<Change> {
@@ -275,17 +258,5 @@ mod tests {
     fn the_description_names_scheme_host_port_and_path_but_not_credentials() {
         let webhook = sink(serde_json::json!({ "url": "https://user:pw@hooks.example.com:8443/in/orders?code=k" }));
         assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/in/orders");
-    }
-
-    #[test]
-    fn bad_options_are_refused_with_what_to_fix() {
-        let refused = |options: Value| WebhookSink::from_options(&options, &Env::default()).expect_err("refused");
-        assert!(refused(serde_json::json!({})).contains("needs \"url\""));
-        assert!(refused(serde_json::json!({ "url": "not a url" })).contains("not a URL"));
-        assert!(refused(serde_json::json!({ "url": "ftp://x/y" })).contains("http or https"));
-        let bad_header = refused(serde_json::json!({ "url": "http://x/y", "headers": { "X-Key": "a\nb" } }));
-        assert!(bad_header.contains("X-Key"), "{bad_header}");
-        let not_text = refused(serde_json::json!({ "url": "http://x/y", "headers": { "X-Retries": 3 } }));
-        assert!(not_text.contains("X-Retries"), "{not_text}");
     }
 }

@@ -46,5 +46,8 @@ pub fn function(name: &str, settings: TriggerSettings) -> FunctionConfig {
         proof_window: Duration::ZERO,
         source: placeholder_source(),
         settings,
+        output_shapes: Default::default(),
+        sink: None,
+        partitions: std::num::NonZeroU32::MIN,
     }
 }

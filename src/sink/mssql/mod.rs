@@ -30,7 +30,7 @@ use super::table::{Dialect, TableSink};
 use super::target::Target;
 use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
-use crate::config::Env;
+use crate::config::TableTarget;
 use crate::db::mssql::{describe, Failed, Failure, Param, Pool, Settings};
 use crate::ident::{Ident, TableName};
 use serde_json::Value;
@@ -45,17 +45,28 @@ fn quotes_a_value(code: u32) -> bool {
 /// The SQL Server sink.
 pub type MssqlSink = TableSink<Mssql>;
 
-/// Reads the options and parses the connection string without connecting.
-pub fn from_options(options: &Value, env: &Env) -> Result<MssqlSink, String> {
-    let target = Target::from_options(options, env, sql::ROWS_PER_STATEMENT)?;
+/// Builds the sink `spec` names and parses its connection string, without connecting.
+pub fn new(spec: &TableTarget) -> Result<MssqlSink, String> {
+    packing_rows_into(spec, sql::MAX_ROW_PARAMS)
+}
+
+/// [`new`], with a request's rows in at most `max_row_params` parameters (cut to 1 to [`sql::MAX_ROW_PARAMS`],
+/// SQL Server's bound, which every sink the handler builds uses). For the wire tier: it sends the reviewed
+/// packed delivery (`tests/golden/mssql_sink/delivery_packed.sql`, four statements in two parameters) as
+/// tiberius puts it on the wire, where the real bound would take over 2,092 statements.
+pub fn packing_rows_into(spec: &TableTarget, max_row_params: usize) -> Result<MssqlSink, String> {
+    let target = Target::new(spec, sql::ROWS_PER_STATEMENT);
     let settings = Settings::parse(&target.setting, &target.connection)?;
-    Ok(TableSink::new(target, Mssql { pool: Pool::new(settings) }))
+    let max_row_params = max_row_params.clamp(1, sql::MAX_ROW_PARAMS);
+    Ok(TableSink::new(target, Mssql { pool: Pool::new(settings), max_row_params }))
 }
 
 /// SQL Server's way of writing a batch: a pool of connections to the target database.
 #[derive(Debug)]
 pub struct Mssql {
     pool: Pool,
+    /// Row parameters per request: [`sql::MAX_ROW_PARAMS`] but in the wire tests ([`packing_rows_into`]).
+    max_row_params: usize,
 }
 
 impl Mssql {
@@ -207,7 +218,7 @@ impl Dialect for Mssql {
             &target.fence_table,
             target.checkpoint_table.as_ref(),
             target.max_rows_per_statement,
-            sql::MAX_ROW_PARAMS,
+            self.max_row_params,
         );
         let (from, to) =
             batch.range.map_or_else(|| ("null".into(), "null".into()), |(f, t)| (f.to_string(), t.to_string()));

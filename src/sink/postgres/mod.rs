@@ -19,7 +19,7 @@ use super::table::{Dialect, TableSink};
 use super::target::{chunks, Target};
 use super::upsert::{self, Column, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
-use crate::config::Env;
+use crate::config::TableTarget;
 use crate::db::postgres::{classify, connect_failure, pool, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
@@ -37,9 +37,9 @@ const POOL_SIZE: usize = 2;
 /// The PostgreSQL sink.
 pub type PostgresSink = TableSink<Postgres>;
 
-/// Reads the options and builds the pool without connecting.
-pub fn from_options(options: &Value, env: &Env, tls: &PostgresTls) -> Result<PostgresSink, String> {
-    let target = Target::from_options(options, env, DEFAULT_ROWS_PER_STATEMENT)?;
+/// Builds the sink `spec` names, and its pool, without connecting.
+pub fn new(spec: &TableTarget, tls: &PostgresTls) -> Result<PostgresSink, String> {
+    let target = Target::new(spec, DEFAULT_ROWS_PER_STATEMENT);
     let pool = pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
     Ok(TableSink::new(target, Postgres { pool }))
 }

@@ -152,7 +152,7 @@ pub fn write_checkpoint(table: &TableName) -> String {
 mod tests {
     use super::*;
 
-    use crate::sink::target::beside;
+    use crate::config::beside;
     use crate::sink::upsert::Column;
 
     fn shape() -> TableShape {

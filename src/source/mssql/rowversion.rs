@@ -14,7 +14,7 @@ use super::read::Reads;
 use super::schema;
 use super::sql::{After, Labels, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
-use crate::config::SourceSpec;
+use crate::config::{RowversionOptions, SourceKind, SourceOptions, SourceSpec};
 use crate::db::mssql::{Param, Pool, Settings};
 use crate::ident::Ident;
 use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
@@ -23,14 +23,18 @@ use tokio::sync::OnceCell;
 #[derive(Debug)]
 pub struct MssqlRowversion {
     spec: SourceSpec,
+    options: RowversionOptions,
     pool: Pool,
     shape: OnceCell<RvShape>,
 }
 
 impl MssqlRowversion {
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
+        let SourceOptions::MssqlRowversion(options) = spec.options.clone() else {
+            return Err(crate::source::wrong_kind(&spec, SourceKind::MssqlRowversion));
+        };
         let settings = Settings::parse(&spec.connection_setting, &spec.connection).map_err(SourceError::Invalid)?;
-        Ok(Self { spec, pool: Pool::new(settings), shape: OnceCell::new() })
+        Ok(Self { spec, options, pool: Pool::new(settings), shape: OnceCell::new() })
     }
 
     async fn shape(&self) -> Result<&RvShape, SourceError> {
@@ -40,7 +44,7 @@ impl MssqlRowversion {
                 let facts = super::catalog::table(&self.pool, &self.spec.table).await?;
                 schema::readable_table(&self.spec, &db, &facts)?;
                 let columns = super::catalog::columns(&self.pool, &self.spec.table).await?;
-                schema::rowversion_shape(&self.spec, &db, &facts, &columns)
+                schema::rowversion_shape(&self.spec, &self.options, &db, &facts, &columns)
             })
             .await
     }
@@ -141,7 +145,7 @@ impl Source for MssqlRowversion {
     }
 
     fn fingerprint(&self) -> String {
-        let cursor = self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or("(rowversion)");
+        let cursor = self.options.cursor_column.as_ref().map(Ident::as_str).unwrap_or("(rowversion)");
         crate::source::fingerprint(&self.spec, Some(cursor))
     }
 

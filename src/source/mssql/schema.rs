@@ -3,7 +3,7 @@
 
 use super::sql::{CtShape, ItemColumn, KeyColumn, RvShape};
 use super::types::SqlType;
-use crate::config::SourceSpec;
+use crate::config::{RowversionOptions, SourceSpec};
 use crate::ident::{Ident, TableName};
 use crate::source::SourceError;
 
@@ -266,6 +266,7 @@ pub fn change_tracking_shape(
 /// Every check of the rowversion source.
 pub fn rowversion_shape(
     spec: &SourceSpec,
+    options: &RowversionOptions,
     db: &DatabaseFacts,
     t: &TableFacts,
     cols: &[ColumnFacts],
@@ -277,7 +278,7 @@ pub fn rowversion_shape(
             invalid(format!("{what} {:?} is not a column of {table}; column names are case-sensitive", n.as_str()))
         })
     };
-    let version = match &spec.cursor_column {
+    let version = match &options.cursor_column {
         Some(c) => {
             let col = find("cursorColumn", c)?;
             if col.ty.name != "timestamp" {
@@ -304,11 +305,11 @@ pub fn rowversion_shape(
     };
     let key = primary_key(cols, spec, false)?;
     let item = item_columns(cols, spec)?;
-    let soft_delete = match &spec.soft_delete_column {
+    let soft_delete = match &options.soft_delete_column {
         Some(c) => Some((c.clone(), find("softDeleteColumn", c)?.ty.name == "bit")),
         None => None,
     };
-    let inserted = match &spec.inserted_column {
+    let inserted = match &options.inserted_column {
         Some(c) => {
             let col = find("insertedColumn", c)?;
             let is_binary = match col.ty.name.as_str() {
@@ -459,14 +460,15 @@ mod tests {
 
     #[test]
     fn rowversion_needs_a_rowversion_column() {
-        let m = match rowversion_shape(&spec("dbo.Items"), &db(), &table_ok(), &cols()) {
+        let m = match rowversion_shape(&spec("dbo.Items"), &RowversionOptions::default(), &db(), &table_ok(), &cols()) {
             Err(SourceError::Invalid(m)) => m,
             other => panic!("{other:?}"),
         };
         assert!(m.starts_with("table dbo.Items has no rowversion column"), "{m}");
         let mut c = cols();
         c.push(col("RV", SqlType::new("timestamp"), 3, None));
-        let shape = rowversion_shape(&spec("dbo.Items"), &db(), &table_ok(), &c).expect("valid");
+        let shape =
+            rowversion_shape(&spec("dbo.Items"), &RowversionOptions::default(), &db(), &table_ok(), &c).expect("valid");
         assert_eq!(shape.version.as_str(), "RV");
     }
 }

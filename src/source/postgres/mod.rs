@@ -18,7 +18,7 @@ pub use sql::Guard;
 
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
-use crate::config::SourceSpec;
+use crate::config::{CursorGuard, PostgresCursorOptions, SourceKind, SourceOptions, SourceSpec};
 use crate::db::postgres::{classify, connect_failure, pool, ConnectFailure, PostgresTls, Verdict};
 use crate::ident::Ident;
 use deadpool_postgres::Pool;
@@ -33,6 +33,7 @@ const POOL_SIZE: usize = 4;
 #[derive(Debug)]
 pub struct PostgresCursor {
     spec: SourceSpec,
+    options: PostgresCursorOptions,
     pool: Pool,
     shape: OnceCell<Shape>,
     /// Whether the log already said why the lag is unknown: status is polled every few seconds, and the reason
@@ -43,8 +44,11 @@ pub struct PostgresCursor {
 impl PostgresCursor {
     /// Builds the source without connecting: the pool opens connections on first use, through `tls`.
     pub fn new(spec: SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
+        let SourceOptions::PostgresCursor(options) = spec.options.clone() else {
+            return Err(super::wrong_kind(&spec, SourceKind::PostgresCursor));
+        };
         let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
-        Ok(Self { spec, pool, shape: OnceCell::new(), lag_reason_logged: AtomicBool::new(false) })
+        Ok(Self { spec, options, pool, shape: OnceCell::new(), lag_reason_logged: AtomicBool::new(false) })
     }
 
     /// A pooled connection. A certificate that is not trusted or `sslmode=require` against a server without
@@ -106,27 +110,23 @@ impl PostgresCursor {
             key.push((k.clone(), ty.clone()));
         }
 
-        let cursor = self
-            .spec
-            .cursor_column
-            .clone()
-            .ok_or_else(|| SourceError::Invalid("cursorColumn is required for postgres-cursor".into()))?;
+        let cursor = self.options.cursor_column.clone();
         let (_, cursor_type, cursor_typname) = find(&cursor).ok_or_else(|| missing("cursorColumn", &cursor))?.clone();
-        let guard = match (self.spec.cursor_guard.as_deref(), cursor_typname.as_str()) {
-            (None | Some("xid8"), "xid8") => Guard::Xid8,
-            (Some("xid8"), other) => {
+        let guard = match (self.options.cursor_guard, cursor_typname.as_str()) {
+            (None | Some(CursorGuard::Xid8), "xid8") => Guard::Xid8,
+            (Some(CursorGuard::Xid8), other) => {
                 return Err(SourceError::Invalid(format!(
                     "cursorGuard xid8 needs an xid8 cursor column, but {cursor} is {other}"
                 )))
             }
-            (None | Some("lag"), "timestamptz" | "timestamp") => Guard::Lag {
-                seconds: self.spec.safety_lag.as_secs_f64(),
+            (None | Some(CursorGuard::Lag), "timestamptz" | "timestamp") => Guard::Lag {
+                seconds: self.options.safety_lag.as_secs_f64(),
                 with_time_zone: cursor_typname == "timestamptz",
             },
-            (Some("lag"), other) => {
+            (Some(CursorGuard::Lag), other) => {
                 return Err(SourceError::Invalid(format!("cursorGuard lag needs a timestamp cursor column, but {cursor} is {other}")))
             }
-            (Some("none"), "xid8" | "timestamptz" | "timestamp" | "int2" | "int4" | "int8" | "numeric") => Guard::None,
+            (Some(CursorGuard::Unguarded), "xid8" | "timestamptz" | "timestamp" | "int2" | "int4" | "int8" | "numeric") => Guard::None,
             (None, "int2" | "int4" | "int8" | "numeric") => {
                 return Err(SourceError::Invalid(format!(
                     "cursorColumn {cursor} is {cursor_typname}: a value assigned before commit can become visible after newer values were read, and that row would be skipped. Use an xid8 column set to pg_current_xact_id() (exact), or set cursorGuard to none to accept the risk"
@@ -145,14 +145,14 @@ impl PostgresCursor {
             let (_, _, typname) = find(c).ok_or_else(|| missing("column", c))?;
             item_columns.push((c.clone(), typname == "bytea"));
         }
-        let soft_delete = match &self.spec.soft_delete_column {
+        let soft_delete = match &self.options.soft_delete_column {
             Some(c) => {
                 let (_, _, typname) = find(c).ok_or_else(|| missing("softDeleteColumn", c))?;
                 Some((c.clone(), typname == "bool"))
             }
             None => None,
         };
-        if let Some(c) = &self.spec.inserted_column {
+        if let Some(c) = &self.options.inserted_column {
             let (_, ty, _) = find(c).ok_or_else(|| missing("insertedColumn", c))?;
             if *ty != cursor_type {
                 return Err(SourceError::Invalid(format!(
@@ -194,7 +194,7 @@ impl PostgresCursor {
             key,
             columns: item_columns,
             soft_delete,
-            inserted: self.spec.inserted_column.clone(),
+            inserted: self.options.inserted_column.clone(),
             guard,
             age,
         })
@@ -252,7 +252,7 @@ impl Source for PostgresCursor {
     }
 
     fn fingerprint(&self) -> String {
-        super::fingerprint(&self.spec, Some(self.spec.cursor_column.as_ref().map(Ident::as_str).unwrap_or_default()))
+        super::fingerprint(&self.spec, Some(self.options.cursor_column.as_str()))
     }
 
     async fn validate(&self) -> Result<(), SourceError> {

@@ -131,7 +131,7 @@ struct Txn {
 impl PostgresLogical {
     /// Builds the source without connecting.
     pub fn new(spec: SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
-        let options = Options::parse(&spec.options)?;
+        let options = Options::from_spec(&spec)?;
         let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
         Ok(Self {
             spec,

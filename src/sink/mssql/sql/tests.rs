@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::change::{Change, Operation};
-use crate::sink::target::beside;
+use crate::config::beside;
 use crate::sink::upsert::{plan, Column};
 use std::path::PathBuf;
 

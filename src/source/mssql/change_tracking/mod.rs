@@ -101,7 +101,7 @@ impl MssqlChangeTracking {
     /// Parses the connection string and options; connects on first use.
     pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
         let settings = Settings::parse(&spec.connection_setting, &spec.connection).map_err(SourceError::Invalid)?;
-        let options = Options::parse(&spec.options)?;
+        let options = Options::from_spec(&spec)?;
         Ok(Self {
             spec,
             options,

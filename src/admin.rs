@@ -92,7 +92,9 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
                 OpsError::NoState(_) => StatusCode::NOT_FOUND,
                 OpsError::Conflict(_) => StatusCode::CONFLICT,
                 OpsError::NeedsConfirmation(_) | OpsError::Invalid(_) => StatusCode::BAD_REQUEST,
-                OpsError::Tick(TickError::CorruptState { .. }) => StatusCode::NOT_FOUND,
+                OpsError::Tick(TickError::CorruptState { .. } | TickError::CorruptQuarantine { .. }) => {
+                    StatusCode::NOT_FOUND
+                }
                 OpsError::Tick(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             (status, json!({ "error": e.to_string() }))

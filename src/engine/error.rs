@@ -11,8 +11,13 @@ pub enum TickError {
     Store(#[from] StoreError),
     #[error("source: {0}")]
     Source(#[from] SourceError),
-    #[error("the state document {key} is unreadable ({detail}); inspect it, then fix or delete it (deleting restarts from startFrom)")]
-    CorruptState { key: String, detail: String },
+    /// The state document does not read back as one this handler wrote: hand-edited, truncated, or from a
+    /// newer handler. Refused, never repaired, and nothing is written over it.
+    #[error("the state document {key} cannot be used: {detail}. Nothing was written over it. Fix that field by hand, or start function {function} over with `handler state reset {function} --to earliest|now --confirm` (earliest re-delivers what the source still holds, now skips to its end)")]
+    CorruptState { function: String, key: String, detail: String },
+    /// A quarantine document is missing or does not decode.
+    #[error("the quarantine document {key} cannot be used ({detail}); inspect it with `handler state quarantine show`, then restore it or drop the batch from the state's retry list with `handler state reset`")]
+    CorruptQuarantine { key: String, detail: String },
     #[error("the source changed since the state was written (stored {stored}, configured {configured}): stored positions would be misread; run `handler state reset {function} --to earliest|now --confirm` to start over")]
     FingerprintChanged { function: String, stored: String, configured: String },
     #[error("function {function} is halted: {reason}; inspect with `handler state show {function}` and resume with `handler state resume {function}` after dealing with the batch")]
@@ -62,6 +67,7 @@ impl TickError {
             Self::Store(StoreError::Refused(_))
             | Self::Source(SourceError::Invalid(_) | SourceError::PositionLost(_))
             | Self::CorruptState { .. }
+            | Self::CorruptQuarantine { .. }
             | Self::FingerprintChanged { .. }
             | Self::Halted { .. }
             | Self::SinkMissing(_) => RetryDirective::Stop,

@@ -184,7 +184,7 @@ async fn next_reply(
     if let Some(batch_id) = retry {
         let key = tick.trigger.ledger.quarantine_key(batch_id);
         let q = tick.trigger.ledger.load_quarantine(&key).await?;
-        let changes = q.decode_changes().map_err(|detail| TickError::CorruptState { key: key.clone(), detail })?;
+        let changes = q.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.clone(), detail })?;
         let range = BatchRange::new(batch_id, q.from, q.to, changes.len() as u64);
         let mut sent = Sent::new(range, attempt, tick.now);
         sent.quarantined = Some(key);

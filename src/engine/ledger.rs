@@ -3,7 +3,7 @@
 //! stamped (a fresh `write_id`, `updated_at` from the engine's clock, `updated_by`) and a compare-and-swap on
 //! the etag the writer read, and every read checks the schema.
 
-use super::document::{QuarantineDoc, StateDoc, SCHEMA};
+use super::document::{QuarantineDoc, StateDoc};
 use super::TickError;
 use crate::clock::Clock;
 use crate::state::{Etag, StateStore, StoreError};
@@ -128,13 +128,13 @@ impl Ledger {
     /// Reads a quarantine document by key.
     pub async fn load_quarantine(&self, key: &str) -> Result<QuarantineDoc, TickError> {
         let Some(v) = self.store.load(key).await? else {
-            return Err(TickError::CorruptState {
+            return Err(TickError::CorruptQuarantine {
                 key: key.to_string(),
                 detail: "the quarantine document is missing".into(),
             });
         };
         serde_json::from_slice(&v.bytes)
-            .map_err(|e| TickError::CorruptState { key: key.to_string(), detail: e.to_string() })
+            .map_err(|e| TickError::CorruptQuarantine { key: key.to_string(), detail: e.to_string() })
     }
 
     /// The keys of every quarantine document of the function, oldest batch first.
@@ -143,18 +143,12 @@ impl Ledger {
     }
 }
 
-/// Parses a state document, refusing one written by a newer handler.
+/// Reads a state document back, refusing one that is not what a handler of this version wrote (see
+/// `document::read`): the error names the field, and nothing is written over it.
 fn parse(key: &str, bytes: &[u8]) -> Result<StateDoc, TickError> {
-    let doc: StateDoc = serde_json::from_slice(bytes)
-        .map_err(|e| TickError::CorruptState { key: key.to_string(), detail: e.to_string() })?;
-    if doc.schema > SCHEMA {
-        return Err(TickError::CorruptState {
-            key: key.to_string(),
-            detail: format!(
-                "schema {} is newer than this handler understands ({SCHEMA}); upgrade the handler",
-                doc.schema
-            ),
-        });
-    }
-    Ok(doc)
+    super::document::read(bytes).map_err(|detail| TickError::CorruptState {
+        function: key.rsplit_once('/').map_or(key, |(_, f)| f).trim_end_matches(".json").to_string(),
+        key: key.to_string(),
+        detail,
+    })
 }

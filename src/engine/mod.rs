@@ -44,7 +44,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{DeliveryMode, FunctionConfig};
 use crate::protocol::Attempt;
 use crate::sink::Sink;
-use crate::source::{Position, Source, SourceError};
+use crate::source::{Source, SourceError};
 use crate::state::{Etag, StateStore};
 use document::StateDoc;
 use recorded::Acknowledge;
@@ -141,6 +141,9 @@ struct Memory {
     answered: decide::Answered,
     /// Sink delivery: the batch after the one being delivered, fetched while the sink wrote.
     ahead: Option<sink_tick::Ahead>,
+    /// The fencing token and settled batches of the document this process last read or wrote: a token that went
+    /// back on the same document was edited by hand, and is refused (`decide::token_moved_back`).
+    lineage: Option<decide::Lineage>,
     /// Sink delivery: the batch recorded in flight by the previous tick's acknowledgement, to deliver next.
     chained: Option<sink_tick::Chained>,
 }
@@ -165,7 +168,6 @@ pub struct Trigger {
     /// Told about every tick (metrics); set at most once, after start-up.
     observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
 }
-
 
 impl Trigger {
     /// A trigger that answers the host (deferred or immediate delivery, by its configuration);
@@ -232,7 +234,6 @@ impl Trigger {
     pub fn quarantine_prefix(&self) -> &str {
         self.ledger.quarantine_prefix()
     }
-
 
     /// The state document and its etag, through the ledger.
     pub async fn load(&self) -> Result<Option<(StateDoc, Etag)>, TickError> {

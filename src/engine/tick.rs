@@ -49,6 +49,15 @@ impl<'a> Tick<'a> {
     ) -> Result<Opened<'a>, TickError> {
         let name = &trigger.config.name;
         decide::check_fingerprint(&doc, name, &trigger.source.fingerprint())?;
+        // A document edited by hand into one no handler writes is refused before anything acts on it.
+        let seen = memory.lineage.unwrap_or_default();
+        let edited = decide::token_moved_back(&doc, seen)
+            .or_else(|| decide::span_backward(&doc, |a, b| trigger.source.position_order(a, b)));
+        if let Some(detail) = edited {
+            let (function, key) = (name.clone(), trigger.ledger.key().to_string());
+            return Err(TickError::CorruptState { function, key, detail });
+        }
+        memory.lineage = Some(decide::Lineage::of(&doc));
         if let Some(reason) = &doc.halted {
             return Err(TickError::Halted { function: name.clone(), reason: reason.clone() });
         }
@@ -104,6 +113,7 @@ impl<'a> Tick<'a> {
         let trigger = self.trigger;
         match trigger.ledger.save(&mut self.doc, self.etag.as_ref(), &trigger.owner).await {
             Ok(Saved::Written(etag)) => {
+                self.memory.lineage = Some(decide::Lineage::of(&self.doc));
                 self.memory.written = Some((self.doc.clone(), etag.clone()));
                 self.out.committed = Some((self.doc.clone(), etag.clone()));
                 self.etag = Some(etag);
@@ -191,7 +201,9 @@ impl<'a> Tick<'a> {
     pub async fn changes_of(&self, range: &BatchRange, quarantined: Option<&str>) -> Result<Vec<Change>, TickError> {
         if let Some(key) = quarantined {
             let doc = self.trigger.ledger.load_quarantine(key).await?;
-            return doc.decode_changes().map_err(|detail| TickError::CorruptState { key: key.to_string(), detail });
+            return doc
+                .decode_changes()
+                .map_err(|detail| TickError::CorruptQuarantine { key: key.to_string(), detail });
         }
         let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
         Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)

@@ -98,6 +98,12 @@ pub trait Source: Send + Sync + fmt::Debug {
         let _ = after;
         Ok(Lag::Unknown(format!("{} does not record when a change was made", self.name())))
     }
+    /// The order of two positions of this source, when it can tell without asking the database (`None`: it
+    /// cannot, and nothing is checked). The engine refuses a state document whose batch in flight ends before
+    /// it starts (edited by hand).
+    fn position_order(&self, _a: &Position, _b: &Position) -> Option<std::cmp::Ordering> {
+        None
+    }
     /// The engine committed `checkpoint` (a stored, acknowledged position): a source that holds changes for
     /// us upstream (a replication slot) may release what the checkpoint has passed. Called by the lease
     /// holder at the start of a tick, after the state was read; never with a position that is not yet
@@ -182,4 +188,16 @@ mod tests {
         let rv = spec(SourceKind::MssqlRowversion, "dbo.Items", Some(&["Id", "Line"]));
         assert_eq!(fingerprint(&rv, Some("(rowversion)")), "8d4960d6f28e9c51");
     }
+}
+
+/// The order of two positions by a leading integer each has (`number`: how to read it from a position), when
+/// both have one and they differ; `None` otherwise (equal leading integers need the rest of the position, whose
+/// order is the database's).
+pub(crate) fn order_by_leading_integer(
+    a: &Position,
+    b: &Position,
+    number: impl Fn(&Position) -> Option<i128>,
+) -> Option<std::cmp::Ordering> {
+    let (a, b) = (number(a)?, number(b)?);
+    (a != b).then(|| a.cmp(&b))
 }

@@ -155,6 +155,10 @@ impl MemorySource {
 
 #[async_trait::async_trait]
 impl Source for MemorySource {
+    fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
+        Some(Self::position(a).ok()?.cmp(&Self::position(b).ok()?))
+    }
+
     fn name(&self) -> String {
         "memory:rows".into()
     }

@@ -23,6 +23,7 @@
 //! Row values. Every write transaction of the world writes `{"id": key, "v": version}`, so `(id, v)` names
 //! one version of one row, and a checkpoint `[version, key]` can be written down from the test's own writes.
 
+use serde_json::json;
 use sql_pseudo_trigger::change::Change;
 use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::{
@@ -1535,4 +1536,124 @@ async fn two_owners_interleaving_with_manual_runs_and_random_failures_lose_nothi
     assert!(totals.errors > 0 && totals.conflicts > 0 && totals.owner_switches > 0, "{totals:?}");
     assert!(totals.restarts > 0 && totals.final_answers > 0 && totals.redeliveries > 0, "{totals:?}");
     assert!(totals.manual_runs > 0, "{totals:?}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A state document edited by hand: refused with the field and the fix, never repaired, never written over
+// ---------------------------------------------------------------------------------------------------------
+
+/// Writes `text` over the stored state document, as an operator's hand edit would.
+async fn overwrite_state(world: &World, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let v = world.store.load(STATE_KEY).await.expect("load").expect("a state document");
+    let mut doc: serde_json::Value = serde_json::from_slice(&v.bytes).expect("JSON");
+    edit(&mut doc);
+    let bytes = serde_json::to_vec(&doc).expect("serializes");
+    world.store.save_if(STATE_KEY, &bytes, Some(&v.etag)).await.expect("the operator's write");
+    bytes
+}
+
+/// Asserts `err` refuses the state document naming `field` and the way out, and that the stored bytes are
+/// still `bytes`.
+async fn assert_refused(world: &World, err: &TickError, field: &str, bytes: &[u8]) {
+    assert!(matches!(err, TickError::CorruptState { key, .. } if key == STATE_KEY), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(field), "names {field}: {text}");
+    assert!(text.contains("handler state reset orders --to earliest|now --confirm"), "names the fix: {text}");
+    assert_eq!(err.kind(), ErrorKind::Operator);
+    let stored = world.store.load(STATE_KEY).await.expect("load").expect("still there");
+    assert_eq!(stored.bytes, bytes, "nothing was written over the edited document");
+}
+
+#[tokio::test]
+async fn a_hand_edited_state_document_is_refused_naming_the_field_and_never_written_over() {
+    // GIVEN a function that delivered a batch, whose document an operator then edits into shapes no handler
+    // writes
+    let cases: [(&str, fn(&mut serde_json::Value)); 5] = [
+        ("`next_batch_id`", |d| d["next_batch_id"] = json!("seven")),
+        ("`in_flight.from`", |d| d["in_flight"]["from"] = json!([0, 99])),
+        ("`in_flight.batch_id`", |d| d["in_flight"]["batch_id"] = json!(1_000)),
+        ("`lease.token`", |d| d["lease"]["token"] = json!(0)),
+        ("`schema`", |d| d["schema"] = json!(99)),
+    ];
+    for (field, edit) in cases {
+        let world = World::new();
+        world.upsert(1..=2);
+        let p = world.process("p1", settings());
+        p.answer(NORMAL, Output::Written).await;
+        let bytes = overwrite_state(&world, edit).await;
+
+        // WHEN the next tick runs
+        let err = p.error(NORMAL).await;
+
+        // THEN it is refused with the field named and the way out, and the edited document stays as it is
+        assert_refused(&world, &err, field, &bytes).await;
+        if field == "`schema`" {
+            assert!(err.to_string().contains("upgrade"), "{err}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_span_edited_to_end_before_it_starts_is_refused() {
+    // GIVEN a batch answered and in flight, whose `to` an operator moves before its `from`
+    let world = World::new();
+    world.upsert(1..=3);
+    let p = world.process("p1", settings());
+    p.answer(NORMAL, Output::Written).await;
+    world.upsert(4..=5);
+    let doc = world.state().await;
+    let from = doc.in_flight.as_ref().expect("in flight").range.from.clone();
+    assert!(from.is_null(), "the first batch starts at the beginning: {from}");
+    let bytes = overwrite_state(&world, |d| {
+        d["checkpoint"] = json!([5, 5]);
+        d["in_flight"]["from"] = json!([5, 5]);
+        d["in_flight"]["to"] = json!([1, 1]);
+    })
+    .await;
+
+    // WHEN a tick runs
+    let err = p.error(NORMAL).await;
+
+    // THEN the source's order of positions shows the span backward: refused, nothing written
+    assert_refused(&world, &err, "`in_flight.to`", &bytes).await;
+    assert!(err.to_string().contains("comes before"), "{err}");
+}
+
+#[tokio::test]
+async fn a_lease_token_moved_back_by_hand_is_refused_by_the_process_that_saw_the_higher_one() {
+    // GIVEN a process that answered under token 2 (it took over from p1)
+    let world = World::new();
+    world.upsert(1..=2);
+    let short = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    world.process("p1", short.clone()).answer(NORMAL, Output::Written).await;
+    let p2 = world.process("p2", short);
+    p2.answer(NORMAL, Output::Written).await;
+    assert_eq!(world.state().await.lease.map(|l| l.token), Some(2));
+    // AND an operator who moves the token back to 1 by hand
+    let bytes = overwrite_state(&world, |d| d["lease"]["token"] = json!(1)).await;
+
+    // WHEN p2 ticks again
+    let err = p2.error(NORMAL).await;
+
+    // THEN it refuses the document: a lower token would let the deposed owner's writes through
+    assert_refused(&world, &err, "`lease.token`", &bytes).await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_of_another_source_kind_is_refused_with_the_state_untouched() {
+    // GIVEN a document whose checkpoint an operator replaced with a SQL Server change-tracking position
+    let world = World::new();
+    world.upsert(1..=2);
+    let p = world.process("p1", TriggerSettings { delivery_mode: DeliveryMode::Immediate, ..settings() });
+    p.answer(NORMAL, Output::Written).await;
+    let bytes = overwrite_state(&world, |d| d["checkpoint"] = json!({"phase": "changes", "base": 7})).await;
+
+    // WHEN a tick runs
+    let err = p.error(NORMAL).await;
+
+    // THEN the source refuses the position, and the document is left as the operator wrote it
+    assert!(matches!(err, TickError::Source(_)), "{err}");
+    assert!(err.to_string().contains("bad position"), "{err}");
+    let stored = world.store.load(STATE_KEY).await.expect("load").expect("still there");
+    assert_eq!(stored.bytes, bytes);
 }

@@ -175,3 +175,49 @@ pub fn poison_of(sent: &Sent) -> Poison {
         quarantined: sent.quarantined.clone(),
     }
 }
+
+/// What this process last saw of a function's document: its fencing token, and how many batches it had
+/// settled (acknowledged or quarantined), which only grows while the document lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lineage {
+    pub token: u64,
+    pub settled: u64,
+}
+
+impl Lineage {
+    pub fn of(doc: &StateDoc) -> Self {
+        Self {
+            token: doc.lease.as_ref().map_or(0, |l| l.token),
+            settled: doc.counters.batches + doc.counters.quarantined,
+        }
+    }
+}
+
+/// Why `doc` cannot follow what this process saw (`seen`), if it cannot: its fencing token went back while it
+/// settled no fewer batches, so it is the same document, edited by hand (tokens only grow, see
+/// `StateDoc::take_lease`). A document that settled fewer batches is a new one (deleted and started over),
+/// whose tokens restart on purpose (sink mode then raises them above the destination's).
+pub fn token_moved_back(doc: &StateDoc, seen: Lineage) -> Option<String> {
+    let now = Lineage::of(doc);
+    (now.settled >= seen.settled && now.token < seen.token).then(|| {
+        format!(
+            "field `lease.token` is {}, below the {} this process saw on the same document: fencing tokens never go back, and a lower one would let a deposed owner's writes through",
+            now.token, seen.token
+        )
+    })
+}
+
+/// Why the batch in flight cannot be, by the source's order of positions (`order(a, b)`, when the source can
+/// tell): its end before its start.
+pub fn span_backward(
+    doc: &StateDoc,
+    order: impl Fn(&crate::source::Position, &crate::source::Position) -> Option<std::cmp::Ordering>,
+) -> Option<String> {
+    let flight = doc.in_flight.as_ref()?;
+    (order(&flight.range.from, &flight.range.to) == Some(std::cmp::Ordering::Greater)).then(|| {
+        format!(
+            "field `in_flight.to` ({}) comes before `in_flight.from` ({}): a batch ends after it starts",
+            flight.range.to, flight.range.from
+        )
+    })
+}

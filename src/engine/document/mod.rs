@@ -10,9 +10,11 @@
 
 mod pace;
 mod quarantine;
+mod read;
 
 pub use pace::{Pace, PACE_HORIZON};
 pub use quarantine::{QuarantineDoc, QuarantineEntry, QUARANTINE_KEPT};
+pub use read::read;
 
 use crate::change::BatchRange;
 use crate::source::Position;

@@ -140,6 +140,11 @@ impl MssqlRowversion {
 
 #[async_trait::async_trait]
 impl Source for MssqlRowversion {
+    /// Ordered by the rowversion (`rv`) when the two differ.
+    fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
+        crate::source::order_by_leading_integer(a, b, |p| p.get("rv")?.as_i64().map(i128::from))
+    }
+
     fn name(&self) -> String {
         format!("mssql-rowversion:{}", self.spec.table)
     }

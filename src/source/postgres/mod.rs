@@ -247,6 +247,12 @@ impl PostgresCursor {
 
 #[async_trait::async_trait]
 impl Source for PostgresCursor {
+    /// Positions are the cursor's text then the key's: ordered here only when both cursors read as integers
+    /// (xid8, bigint), the cursor types whose text order is not the database's.
+    fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
+        super::order_by_leading_integer(a, b, |p| p.as_array()?.first()?.as_str()?.parse().ok())
+    }
+
     fn name(&self) -> String {
         format!("postgres-cursor:{}", self.spec.table)
     }

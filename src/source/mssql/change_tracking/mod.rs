@@ -378,6 +378,15 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
 
 #[async_trait::async_trait]
 impl Source for MssqlChangeTracking {
+    /// Ordered by change-tracking version (the last change's, or the base's) when the two differ.
+    fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
+        let version = |p: &Position| {
+            let last = p.get("last").and_then(|l| l.get("version")).and_then(Position::as_i64);
+            last.or_else(|| p.get("base")?.as_i64()).map(i128::from)
+        };
+        crate::source::order_by_leading_integer(a, b, version)
+    }
+
     fn name(&self) -> String {
         format!("mssql-change-tracking:{}", self.spec.table)
     }

@@ -1542,6 +1542,9 @@ async fn two_owners_interleaving_with_manual_runs_and_random_failures_lose_nothi
 // A state document edited by hand: refused with the field and the fix, never repaired, never written over
 // ---------------------------------------------------------------------------------------------------------
 
+/// An operator's edit of the document's JSON.
+type Edit = fn(&mut serde_json::Value);
+
 /// Writes `text` over the stored state document, as an operator's hand edit would.
 async fn overwrite_state(world: &World, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
     let v = world.store.load(STATE_KEY).await.expect("load").expect("a state document");
@@ -1568,7 +1571,7 @@ async fn assert_refused(world: &World, err: &TickError, field: &str, bytes: &[u8
 async fn a_hand_edited_state_document_is_refused_naming_the_field_and_never_written_over() {
     // GIVEN a function that delivered a batch, whose document an operator then edits into shapes no handler
     // writes
-    let cases: [(&str, fn(&mut serde_json::Value)); 5] = [
+    let cases: [(&str, Edit); 5] = [
         ("`next_batch_id`", |d| d["next_batch_id"] = json!("seven")),
         ("`in_flight.from`", |d| d["in_flight"]["from"] = json!([0, 99])),
         ("`in_flight.batch_id`", |d| d["in_flight"]["batch_id"] = json!(1_000)),

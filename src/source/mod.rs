@@ -156,6 +156,18 @@ pub fn fingerprint(spec: &SourceSpec, cursor: Option<&str>) -> String {
     Sha256::digest(text.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// The order of two positions by a leading integer each has (`number`: how to read it from a position), when
+/// both have one and they differ; `None` otherwise (equal leading integers need the rest of the position, whose
+/// order is the database's).
+pub(crate) fn order_by_leading_integer(
+    a: &Position,
+    b: &Position,
+    number: impl Fn(&Position) -> Option<i128>,
+) -> Option<std::cmp::Ordering> {
+    let (a, b) = (number(a)?, number(b)?);
+    (a != b).then(|| a.cmp(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,16 +200,4 @@ mod tests {
         let rv = spec(SourceKind::MssqlRowversion, "dbo.Items", Some(&["Id", "Line"]));
         assert_eq!(fingerprint(&rv, Some("(rowversion)")), "8d4960d6f28e9c51");
     }
-}
-
-/// The order of two positions by a leading integer each has (`number`: how to read it from a position), when
-/// both have one and they differ; `None` otherwise (equal leading integers need the rest of the position, whose
-/// order is the database's).
-pub(crate) fn order_by_leading_integer(
-    a: &Position,
-    b: &Position,
-    number: impl Fn(&Position) -> Option<i128>,
-) -> Option<std::cmp::Ordering> {
-    let (a, b) = (number(a)?, number(b)?);
-    (a != b).then(|| a.cmp(&b))
 }

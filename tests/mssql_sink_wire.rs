@@ -21,7 +21,7 @@
 
 use mssql_mock_tds::{ColumnDefinition as Col, ColumnValue as V, QueryResponse, Row, SqlDataType as T, TerminalError};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::change::{Change, Operation};
+use sql_pseudo_trigger::change::{BatchRange, Change, Operation};
 use sql_pseudo_trigger::config::{DeliveryMode, Env, FunctionConfig, SourceSpec, TriggerSettings};
 use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
@@ -143,7 +143,9 @@ async fn deliver(
     changes: &[Change],
     range: Option<(&Value, &Value)>,
 ) -> Result<(), SinkError> {
-    sink.deliver(&SinkBatch { app: "app", function: "F", batch_id, fence, changes, range }).await
+    let (from, to) = range.map_or((Value::Null, Value::Null), |(f, t)| (f.clone(), t.clone()));
+    let range = BatchRange::new(batch_id, from, to, changes.len() as u64);
+    sink.deliver(&SinkBatch { app: "app", function: "F", fence, changes, range: &range }).await
 }
 
 // ---------------------------------------------------------------------------------------------------------------

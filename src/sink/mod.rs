@@ -33,7 +33,7 @@ pub use stdout::StdoutSink;
 pub use table::{Dialect, TableSink};
 pub use webhook::WebhookSink;
 
-use crate::change::Change;
+use crate::change::{BatchRange, Change};
 use crate::config::{ConfigError, Env, SinkSpec};
 use crate::db::postgres::PostgresTls;
 use crate::source::Position;
@@ -46,19 +46,17 @@ use std::sync::Arc;
 pub struct SinkBatch<'a> {
     pub app: &'a str,
     pub function: &'a str,
-    pub batch_id: u64,
     pub fence: u64,
     pub changes: &'a [Change],
-    /// The batch's range in the source, `(from, to]`: with its `batch_id`, what names this batch exactly
-    /// across re-deliveries and restarts. Set in sink delivery mode; `None` when the runner delivers a
-    /// deferred-mode batch, whose range the engine does not hand out.
-    pub range: Option<(&'a Position, &'a Position)>,
+    /// The batch: its id and its range in the source, `(from, to]`, what names this batch exactly across
+    /// re-deliveries and restarts (the engine's one model of a batch, as its state document records it).
+    pub range: &'a BatchRange,
 }
 
 impl SinkBatch<'_> {
     /// A key that names this batch across re-deliveries.
     pub fn idempotency_key(&self) -> String {
-        format!("{}/{}/{}", self.app, self.function, self.batch_id)
+        format!("{}/{}/{}", self.app, self.function, self.range.batch_id)
     }
 
     /// The key SQL sinks record fences and checkpoints under: one row per app and function.

@@ -25,7 +25,7 @@ impl Sink for StdoutSink {
             text.push_str(&format!(
                 "{{\"function\":{},\"batch_id\":{},\"Operation\":{op},\"Item\":{}{metadata}}}\n",
                 serde_json::Value::String(batch.function.to_string()),
-                batch.batch_id,
+                batch.range.batch_id,
                 c.item.get()
             ));
         }

@@ -59,11 +59,6 @@ impl<D: Dialect> TableSink<D> {
 #[async_trait::async_trait]
 impl<D: Dialect> Sink for TableSink<D> {
     async fn deliver(&self, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
-        if self.exactly_once() && batch.range.is_none() {
-            return Err(SinkError::Rejected(
-                "exactlyOnce needs deliveryMode sink (the batch's range names what was applied)".into(),
-            ));
-        }
         let result = match self.shape().await {
             Ok(shape) => self.dialect.write(&self.target, &shape, batch).await,
             Err(e) => Err(e),

@@ -47,7 +47,7 @@ impl Sink for WebhookSink {
         let body = format!(
             "{{\"function\":{},\"batch_id\":{},\"fence\":{},\"changes\":{}}}",
             Value::String(batch.function.to_string()),
-            batch.batch_id,
+            batch.range.batch_id,
             batch.fence,
             crate::change::encode_batch(batch.changes).get()
         );
@@ -97,9 +97,11 @@ impl Sink for WebhookSink {
 mod tests {
     //! The webhook against a local HTTP receiver whose answers each test scripts.
     use super::*;
+    use crate::change::BatchRange;
     use crate::change::{Change, Operation};
     use crate::config::{Env, SinkSpec};
     use axum::http::{HeaderMap, StatusCode};
+    use serde_json::Value;
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
 
@@ -157,8 +159,11 @@ mod tests {
             .expect("changes")
     }
 
+    /// Batch 7 (its positions do not matter to a webhook).
+    static RANGE: BatchRange = BatchRange { batch_id: 7, from: Value::Null, to: Value::Null, rows: 2 };
+
     fn batch(changes: &[Change]) -> SinkBatch<'_> {
-        SinkBatch { app: "shop", function: "OrdersChanged", batch_id: 7, fence: 3, changes, range: None }
+        SinkBatch { app: "shop", function: "OrdersChanged", fence: 3, changes, range: &RANGE }
     }
 
     #[tokio::test]

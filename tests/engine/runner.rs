@@ -93,7 +93,7 @@ impl Sink for ScriptedSink {
                 Ok(())
             }
         };
-        self.attempts.lock().expect("attempts").push((batch.batch_id, ids, result.is_ok()));
+        self.attempts.lock().expect("attempts").push((batch.range.batch_id, ids, result.is_ok()));
         result
     }
 

@@ -124,10 +124,10 @@ impl Sink for ScriptedSink {
             })
             .collect();
         self.seen.lock().expect("seen").push(Seen {
-            batch_id: batch.batch_id,
+            batch_id: batch.range.batch_id,
             fence: batch.fence,
             ids,
-            range: batch.range.map(|(f, t)| (f.clone(), t.clone())),
+            range: Some((batch.range.from.clone(), batch.range.to.clone())),
             taken: result.is_ok(),
         });
         result
@@ -481,15 +481,15 @@ impl Sink for RecordingSink {
         }
         recorded.fence = batch.fence;
         if !self.fence_only {
-            let (from, to) = batch.range.expect("sink mode hands out the range");
-            recorded.applied = Some(Applied { batch_id: batch.batch_id, from: from.clone(), to: to.clone() });
+            let (from, to) = (&batch.range.from, &batch.range.to);
+            recorded.applied = Some(Applied { batch_id: batch.range.batch_id, from: from.clone(), to: to.clone() });
         }
         let ids = batch
             .changes
             .iter()
             .map(|c| serde_json::from_str::<serde_json::Value>(c.item.get()).expect("json")["id"].as_i64().expect("id"))
             .collect();
-        self.taken.lock().expect("taken").push((batch.batch_id, batch.fence, ids));
+        self.taken.lock().expect("taken").push((batch.range.batch_id, batch.fence, ids));
         Ok(())
     }
 

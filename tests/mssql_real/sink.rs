@@ -12,7 +12,7 @@
 
 use super::{drain, tracked, Ctx};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::change::{Change, Operation};
+use sql_pseudo_trigger::change::{BatchRange, Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::source::{Source, StartFrom};
@@ -68,7 +68,8 @@ fn delete(item: Value) -> Change {
 }
 
 async fn deliver(sink: &dyn Sink, batch_id: u64, fence: u64, changes: &[Change]) -> Result<(), SinkError> {
-    sink.deliver(&SinkBatch { app: "app", function: "F", batch_id, fence, changes, range: None }).await
+    let range = BatchRange::new(batch_id, Value::Null, Value::Null, changes.len() as u64);
+    sink.deliver(&SinkBatch { app: "app", function: "F", fence, changes, range: &range }).await
 }
 
 /// The rows of a `... FOR JSON PATH, INCLUDE_NULL_VALUES` query (SQL Server splits the text across rows).
@@ -238,9 +239,9 @@ async fn exactly_once_applies_a_batch_once_and_records_what_sink_mode_resumes_fr
     let (from, to) = (Value::Null, json!(["100", "2"]));
     let once = |batch_id: u64, from: Value, to: Value, fence: u64| {
         let (sink, batch) = (sink.clone(), batch.clone());
+        let range = BatchRange::new(batch_id, from, to, batch.len() as u64);
         async move {
-            let b =
-                SinkBatch { app: "app", function: "F", batch_id, fence, changes: &batch, range: Some((&from, &to)) };
+            let b = SinkBatch { app: "app", function: "F", fence, changes: &batch, range: &range };
             sink.deliver(&b).await
         }
     };

@@ -151,10 +151,9 @@ pub(super) async fn deliver(
     let batch = SinkBatch {
         app: trigger.ledger.app(),
         function: &trigger.config.name,
-        batch_id,
         fence: out.fence,
         changes: &out.changes,
-        range: Some((&flight.range.from, &flight.range.to)),
+        range: &flight.range,
     };
     let limit = trigger.config.settings.max_batch_size;
     let draining = out.changes.len() >= limit && flight.quarantined.is_none();

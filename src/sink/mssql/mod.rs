@@ -220,13 +220,12 @@ impl Dialect for Mssql {
             target.max_rows_per_statement,
             self.max_row_params,
         );
-        let (from, to) =
-            batch.range.map_or_else(|| ("null".into(), "null".into()), |(f, t)| (f.to_string(), t.to_string()));
+        let (from, to) = (batch.range.from.to_string(), batch.range.to.to_string());
         let int = |n: u64| Param::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let mut params = vec![
             Param::Text(batch.owner_key()),
             int(batch.fence),
-            int(batch.batch_id),
+            int(batch.range.batch_id),
             Param::Text(from),
             Param::Text(to),
             int(batch.changes.len() as u64),
@@ -257,7 +256,7 @@ impl Dialect for Mssql {
         let stored = row.try_get::<i64, _>(1).ok().flatten();
         match status {
             0 => {
-                tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
+                tracing::debug!(function = batch.function, batch_id = batch.range.batch_id, rows = plan.rows(),
                     superseded = plan.superseded, deletes = plan.deletes.len(), statements,
                     table = %target.table, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
                 Ok(())
@@ -267,7 +266,7 @@ impl Dialect for Mssql {
                 stored: stored.and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
             }),
             2 => {
-                tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %target.table,
+                tracing::info!(function = batch.function, batch_id = batch.range.batch_id, table = %target.table,
                     "batch already applied (exactly-once checkpoint row); nothing written again");
                 Ok(())
             }

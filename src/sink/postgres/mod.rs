@@ -145,8 +145,7 @@ impl Dialect for Postgres {
 
     async fn write(&self, target: &Target, shape: &TableShape, batch: &SinkBatch<'_>) -> Result<(), SinkError> {
         let started = Instant::now();
-        // `TableSink` refuses exactlyOnce without a range before this runs.
-        let exactly_once = target.checkpoint_table.as_ref().zip(batch.range);
+        let exactly_once = target.checkpoint_table.as_ref().map(|table| (table, (&batch.range.from, &batch.range.to)));
         let plan = upsert::plan(shape, batch.changes).map_err(SinkError::Rejected)?;
         let key = batch.owner_key();
         let fence = i64::try_from(batch.fence).unwrap_or(i64::MAX);
@@ -166,12 +165,12 @@ impl Dialect for Postgres {
                 let same = |text: String, position: &Value| {
                     serde_json::from_str::<Value>(&text).ok().as_ref() == Some(position)
                 };
-                if u64::try_from(row.get::<_, i64>(0)).ok() == Some(batch.batch_id)
+                if u64::try_from(row.get::<_, i64>(0)).ok() == Some(batch.range.batch_id)
                     && same(row.get(1), from)
                     && same(row.get(2), to)
                 {
                     tx.commit().await.map_err(err)?;
-                    tracing::info!(function = batch.function, batch_id = batch.batch_id, table = %target.table,
+                    tracing::info!(function = batch.function, batch_id = batch.range.batch_id, table = %target.table,
                         "batch already applied (exactly-once checkpoint row); nothing written again");
                     return Ok(());
                 }
@@ -190,7 +189,7 @@ impl Dialect for Postgres {
             }
         }
         if let Some((table, (from, to))) = exactly_once {
-            let batch_id = i64::try_from(batch.batch_id).unwrap_or(i64::MAX);
+            let batch_id = i64::try_from(batch.range.batch_id).unwrap_or(i64::MAX);
             let rows = i64::try_from(batch.changes.len()).unwrap_or(i64::MAX);
             let record = tx.prepare_cached(&sql::write_checkpoint(table)).await.map_err(err)?;
             tx.execute(&record, &[&key, &batch_id, &from.to_string(), &to.to_string(), &fence, &rows])
@@ -199,7 +198,7 @@ impl Dialect for Postgres {
         }
         crate::failpoint::hit("sink-before-commit");
         tx.commit().await.map_err(err)?;
-        tracing::debug!(function = batch.function, batch_id = batch.batch_id, rows = plan.rows(),
+        tracing::debug!(function = batch.function, batch_id = batch.range.batch_id, rows = plan.rows(),
             superseded = plan.superseded, deletes = plan.deletes.len(), table = %target.table,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "batch written");
         Ok(())

@@ -59,26 +59,6 @@ impl Change {
     }
 }
 
-/// One batch: its id and where it lies in the source, after `from` (exclusive) up to `to` (inclusive), with its
-/// row count. The one model of a batch's range: the state document's batch in flight and quarantine entries,
-/// deferred delivery's memory of answered batches, a poison batch, and sink mode's chained and fetched-ahead
-/// batches all carry one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BatchRange {
-    pub batch_id: u64,
-    /// After this position (exclusive)...
-    pub from: crate::source::Position,
-    /// ...up to this one (inclusive).
-    pub to: crate::source::Position,
-    pub rows: u64,
-}
-
-impl BatchRange {
-    pub fn new(batch_id: u64, from: crate::source::Position, to: crate::source::Position, rows: u64) -> Self {
-        Self { batch_id, from, to, rows }
-    }
-}
-
 /// Encodes changes as the JSON array the host hands to output bindings.
 pub fn encode_batch(changes: &[Change]) -> Box<RawValue> {
     let text = serde_json::to_string(changes).expect("changes of raw JSON always serialize");

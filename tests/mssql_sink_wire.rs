@@ -21,10 +21,11 @@
 
 use mssql_mock_tds::{ColumnDefinition as Col, ColumnValue as V, QueryResponse, Row, SqlDataType as T, TerminalError};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::change::{BatchRange, Change, Operation};
+use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::{DeliveryMode, Env, FunctionConfig, SourceSpec, TriggerSettings};
 use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::source::BatchRange;
 use sql_pseudo_trigger::state::MemoryStore;
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,12 +10,14 @@
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
 use super::decide::{self, Answered, Sent};
+use super::error::TickError;
+use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
-use super::{OutcomeKind, TickError};
-use crate::change::{BatchRange, Change};
+use crate::change::Change;
 use crate::config::PoisonAction;
 use crate::failpoint;
 use crate::protocol::Attempt;
+use crate::source::BatchRange;
 use crate::source::Position;
 use std::sync::Arc;
 

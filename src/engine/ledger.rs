@@ -4,7 +4,7 @@
 //! the etag the writer read, and every read checks the schema.
 
 use super::document::{QuarantineDoc, StateDoc};
-use super::TickError;
+use super::error::TickError;
 use crate::clock::Clock;
 use crate::state::{Etag, StateStore, StoreError};
 use std::sync::Arc;

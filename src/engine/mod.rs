@@ -29,7 +29,9 @@ mod host_tick;
 mod ledger;
 mod observe;
 pub mod operate;
+mod outcome;
 mod outputs;
+mod parts;
 mod recorded;
 mod sink_tick;
 mod tick;
@@ -37,11 +39,14 @@ mod tick;
 pub use error::{ErrorKind, RetryDirective, TickError};
 pub use ledger::{Ledger, Saved};
 pub use observe::{TickObserver, TickRecord, TickStats};
+pub use outcome::{Answer, OutcomeKind, TickOutcome};
 pub use outputs::MappedOutputs;
+use parts::Memory;
+pub use parts::{Delivery, Trigger};
 
 use crate::change::Change;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{DeliveryMode, FunctionConfig};
+use crate::config::FunctionConfig;
 use crate::protocol::Attempt;
 use crate::sink::Sink;
 use crate::source::{Source, SourceError};
@@ -51,123 +56,6 @@ use recorded::Acknowledge;
 use std::sync::Arc;
 use tick::{Opened, Tick};
 use tokio::sync::{Mutex, OnceCell};
-
-/// Where a trigger's batches go, and so how each is acknowledged: the one answer to "who drives a tick".
-#[derive(Clone)]
-pub enum Delivery {
-    /// To the host's output bindings, acknowledged by proof (`host_tick`).
-    Deferred,
-    /// To the host's output bindings, acknowledged before answering (`recorded`).
-    Immediate,
-    /// To a sink, by the handler itself, acknowledged after the sink took it (`sink_tick`; every function of
-    /// `handler run`).
-    Sink(Arc<dyn Sink>),
-    /// `deliveryMode sink` with no sink given: every tick refuses (a batch recorded for a sink that does not
-    /// exist would never be delivered). Configuration loading never builds one; only a program that builds a
-    /// trigger by hand can.
-    SinkMissing,
-}
-
-impl Delivery {
-    /// The delivery `mode` means for a trigger that has no sink.
-    fn of(mode: DeliveryMode) -> Self {
-        match mode {
-            DeliveryMode::Deferred => Self::Deferred,
-            DeliveryMode::Immediate => Self::Immediate,
-            DeliveryMode::Sink => Self::SinkMissing,
-        }
-    }
-}
-
-impl std::fmt::Debug for Delivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Deferred => f.write_str("Deferred"),
-            Self::Immediate => f.write_str("Immediate"),
-            Self::Sink(sink) => write!(f, "Sink({})", sink.describe()),
-            Self::SinkMissing => f.write_str("SinkMissing"),
-        }
-    }
-}
-
-/// What one tick produced.
-#[derive(Debug, Default)]
-pub struct TickOutcome {
-    pub changes: Vec<Change>,
-    pub batch_id: Option<u64>,
-    pub kind: OutcomeKind,
-    /// Lines for the invocation's `Logs` (also written to the process log).
-    pub logs: Vec<String>,
-    /// State-store operations this tick performed.
-    pub store_operations: u64,
-    /// The lease token this batch was answered under (0 when none); sinks use it as a fencing token.
-    pub fence: u64,
-    /// The document this tick last wrote and its new etag: where sink mode's acknowledgement continues from.
-    committed: Option<(StateDoc, Etag)>,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum OutcomeKind {
-    /// A new batch.
-    Delivered,
-    /// A batch delivered before, sent again.
-    Redelivered,
-    /// Nothing to send.
-    #[default]
-    Empty,
-    /// Another tick committed first; this one sends nothing.
-    Conflict,
-    /// Another instance holds the batch in flight.
-    LeaseHeld,
-    Paused,
-}
-
-/// What an invocation answers the host: the tick, and what each output binding receives (nothing when the
-/// trigger delivers through a sink).
-#[derive(Debug)]
-pub struct Answer {
-    pub outcome: TickOutcome,
-    pub outputs: MappedOutputs,
-}
-
-/// What this process remembers between ticks of one function. Held by the tick lock: a tick reads and changes
-/// it alone.
-#[derive(Debug, Default)]
-struct Memory {
-    /// The document this process wrote last and its etag, so the next tick need not read it back (see
-    /// `tick::tick_inner`). Taken at the start of a tick: any failure leaves it empty and the next tick reads.
-    written: Option<(StateDoc, Etag)>,
-    /// Deferred delivery: the batches answered to the host and not proven written (`decide`).
-    answered: decide::Answered,
-    /// Sink delivery: the batch after the one being delivered, fetched while the sink wrote.
-    ahead: Option<sink_tick::Ahead>,
-    /// The fencing token and settled batches of the document this process last read or wrote: a token that went
-    /// back on the same document was edited by hand, and is refused (`decide::token_moved_back`).
-    lineage: Option<decide::Lineage>,
-    /// Sink delivery: the batch recorded in flight by the previous tick's acknowledgement, to deliver next.
-    chained: Option<sink_tick::Chained>,
-}
-
-/// The trigger of one function: its configuration, source, ledger and delivery, and this process's memory of
-/// what it answered.
-#[derive(Debug)]
-pub struct Trigger {
-    config: FunctionConfig,
-    source: Arc<dyn Source>,
-    ledger: Arc<Ledger>,
-    delivery: Delivery,
-    /// This process's identity in leases. A restart is a new owner, on purpose: a new process cannot know
-    /// whether the old one's last answer reached the host.
-    owner: String,
-    /// One tick at a time per function in this process (a concurrent invocation waits its turn), and what the
-    /// process remembers between them.
-    memory: Mutex<Memory>,
-    validated: OnceCell<()>,
-    /// This process's view of its ticks, readable while a tick runs (status, metrics).
-    stats: std::sync::Mutex<TickStats>,
-    /// Told about every tick (metrics); set at most once, after start-up.
-    observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
-}
 
 impl Trigger {
     /// A trigger that answers the host (deferred or immediate delivery, by its configuration);
@@ -394,6 +282,54 @@ impl Trigger {
             Mode::Recorded(ack) => recorded::record(&mut tick, ack).await?,
         }
         Ok(tick.out)
+    }
+
+    /// Runs a tick's work within the function's time budget and records what it did (stats, observer).
+    /// Called with the tick lock held.
+    async fn timed(
+        &self,
+        work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
+    ) -> Result<TickOutcome, TickError> {
+        let started = std::time::Instant::now();
+        let ops_before = self.ledger.store_operations();
+        let budget = self.config.settings.tick_timeout;
+        let result = match tokio::time::timeout(budget, work).await {
+            Ok(result) => result,
+            Err(_) => Err(TickError::Timeout(budget)),
+        };
+        let store_operations = self.ledger.store_operations() - ops_before;
+        let duration = started.elapsed();
+        if let Some(observer) = self.observer.get() {
+            observer.tick_finished(&TickRecord {
+                function: &self.config.name,
+                outcome: result.as_ref().map(|o| o.kind).map_err(TickError::kind),
+                rows: result.as_ref().map_or(0, |o| o.changes.len()),
+                duration,
+                store_operations,
+            });
+        }
+        let mut stats = self.stats.lock().expect("stats lock");
+        stats.ticks += 1;
+        stats.at = Some(self.ledger.clock().now());
+        stats.duration_ms = duration.as_secs_f64() * 1000.0;
+        stats.store_operations = store_operations;
+        match result {
+            Ok(mut outcome) => {
+                outcome.store_operations = store_operations;
+                stats.rows = outcome.changes.len();
+                stats.outcome = format!("{:?}", outcome.kind);
+                Ok(outcome)
+            }
+            Err(e) => {
+                stats.rows = 0;
+                stats.outcome = "Failed".into();
+                match e.kind() {
+                    ErrorKind::Transient => stats.failures_transient += 1,
+                    ErrorKind::Operator => stats.failures_operator += 1,
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Start-up checks, run in the background once the handler is listening (the host's readiness probe must

@@ -4,7 +4,8 @@
 //! poll sees only the last one. The hook costs one `OnceLock` read per tick when nothing observes, and the
 //! engine knows nothing of what the observer does with the record (OpenTelemetry, in `crate::telemetry`).
 
-use super::{ErrorKind, OutcomeKind, TickError, TickOutcome, Trigger};
+use super::error::ErrorKind;
+use super::outcome::OutcomeKind;
 use std::fmt;
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -45,54 +46,4 @@ pub struct TickStats {
     pub failures_operator: u64,
     /// Deletes left out because an output binding receives rows (reported in the invocation's logs too).
     pub deletes_not_sent: u64,
-}
-
-impl Trigger {
-    /// Runs a tick's work within the function's time budget and records what it did (stats, observer).
-    /// Called with the tick lock held.
-    pub(super) async fn timed(
-        &self,
-        work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
-    ) -> Result<TickOutcome, TickError> {
-        let started = std::time::Instant::now();
-        let ops_before = self.ledger.store_operations();
-        let budget = self.config.settings.tick_timeout;
-        let result = match tokio::time::timeout(budget, work).await {
-            Ok(result) => result,
-            Err(_) => Err(TickError::Timeout(budget)),
-        };
-        let store_operations = self.ledger.store_operations() - ops_before;
-        let duration = started.elapsed();
-        if let Some(observer) = self.observer.get() {
-            observer.tick_finished(&TickRecord {
-                function: &self.config.name,
-                outcome: result.as_ref().map(|o| o.kind).map_err(TickError::kind),
-                rows: result.as_ref().map_or(0, |o| o.changes.len()),
-                duration,
-                store_operations,
-            });
-        }
-        let mut stats = self.stats.lock().expect("stats lock");
-        stats.ticks += 1;
-        stats.at = Some(self.ledger.clock().now());
-        stats.duration_ms = duration.as_secs_f64() * 1000.0;
-        stats.store_operations = store_operations;
-        match result {
-            Ok(mut outcome) => {
-                outcome.store_operations = store_operations;
-                stats.rows = outcome.changes.len();
-                stats.outcome = format!("{:?}", outcome.kind);
-                Ok(outcome)
-            }
-            Err(e) => {
-                stats.rows = 0;
-                stats.outcome = "Failed".into();
-                match e.kind() {
-                    ErrorKind::Transient => stats.failures_transient += 1,
-                    ErrorKind::Operator => stats.failures_operator += 1,
-                }
-                Err(e)
-            }
-        }
-    }
 }

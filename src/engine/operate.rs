@@ -7,8 +7,10 @@
 //! Every write is logged with who asked.
 
 use super::document::{Origin, StateDoc};
+use super::error::TickError;
+use super::ledger::Saved;
+use super::parts::Trigger;
 use super::tick::Tick;
-use super::{Saved, TickError, Trigger};
 use crate::source::{Lag, Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
 use serde::Serialize;

@@ -5,10 +5,11 @@
 
 use super::decide::{self, Stuck};
 use super::document::InFlight;
+use super::error::TickError;
+use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
-use super::{OutcomeKind, TickError};
-use crate::change::BatchRange;
 use crate::failpoint;
+use crate::source::BatchRange;
 use crate::source::{Fetched, Position};
 
 /// How a recorded batch is acknowledged.

@@ -6,9 +6,12 @@
 
 use super::decide::{self, Poison};
 use super::document::{Origin, QuarantineDoc, QuarantineEntry, StateDoc};
+use super::error::TickError;
 use super::ledger::Saved;
-use super::{Memory, OutcomeKind, TickError, TickOutcome, Trigger};
-use crate::change::{encode_batch, BatchRange, Change};
+use super::outcome::{OutcomeKind, TickOutcome};
+use super::parts::{Memory, Trigger};
+use crate::change::{encode_batch, Change};
+use crate::source::BatchRange;
 use crate::source::Position;
 use crate::state::Etag;
 use time::OffsetDateTime;

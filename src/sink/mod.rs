@@ -33,9 +33,10 @@ pub use stdout::StdoutSink;
 pub use table::{Dialect, TableSink};
 pub use webhook::WebhookSink;
 
-use crate::change::{BatchRange, Change};
+use crate::change::Change;
 use crate::config::{ConfigError, Env, SinkSpec};
 use crate::db::postgres::PostgresTls;
+use crate::source::BatchRange;
 use crate::source::Position;
 use serde_json::Value;
 use std::fmt;

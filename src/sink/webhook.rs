@@ -97,9 +97,9 @@ impl Sink for WebhookSink {
 mod tests {
     //! The webhook against a local HTTP receiver whose answers each test scripts.
     use super::*;
-    use crate::change::BatchRange;
     use crate::change::{Change, Operation};
     use crate::config::{Env, SinkSpec};
+    use crate::source::BatchRange;
     use axum::http::{HeaderMap, StatusCode};
     use serde_json::Value;
     use std::collections::VecDeque;

@@ -21,6 +21,7 @@ pub mod postgres_logical;
 use crate::change::Change;
 use crate::config::SourceSpec;
 use crate::ident::Ident;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -28,6 +29,26 @@ use std::time::Duration;
 
 /// An opaque, serializable place in a source's change stream. `Value::Null` is "before everything".
 pub type Position = Value;
+
+/// One batch: its id and where it lies in the source, after `from` (exclusive) up to `to` (inclusive), with its
+/// row count. The one model of a batch's range: the state document's batch in flight and quarantine entries,
+/// deferred delivery's memory of answered batches, a poison batch, and sink mode's chained and fetched-ahead
+/// batches all carry one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchRange {
+    pub batch_id: u64,
+    /// After this position (exclusive)...
+    pub from: Position,
+    /// ...up to this one (inclusive).
+    pub to: Position,
+    pub rows: u64,
+}
+
+impl BatchRange {
+    pub fn new(batch_id: u64, from: Position, to: Position, rows: u64) -> Self {
+        Self { batch_id, from, to, rows }
+    }
+}
 
 /// Where a function starts when it has no state yet: configuration, read by `config`, answered by sources.
 pub use crate::config::StartFrom;

@@ -11,10 +11,11 @@
 use crate::common::*;
 use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::change::{BatchRange, Change, Operation};
+use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::failpoint;
 use sql_pseudo_trigger::sink::{self, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::source::BatchRange;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

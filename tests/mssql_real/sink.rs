@@ -12,9 +12,10 @@
 
 use super::{drain, tracked, Ctx};
 use serde_json::{json, Value};
-use sql_pseudo_trigger::change::{BatchRange, Change, Operation};
+use sql_pseudo_trigger::change::{Change, Operation};
 use sql_pseudo_trigger::config::Env;
 use sql_pseudo_trigger::sink::{self, Applied, Resume, Sink, SinkBatch, SinkError};
+use sql_pseudo_trigger::source::BatchRange;
 use sql_pseudo_trigger::source::{Source, StartFrom};
 
 /// Runs each scenario in turn, and prints the name of each one that passed.

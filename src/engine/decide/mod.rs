@@ -9,10 +9,10 @@ pub use super::document::{Pace, PACE_HORIZON};
 pub use proof::{Answered, Named, Sent, HISTORY_KEPT};
 
 use super::document::{InFlight, Lease, StateDoc};
-use super::TickError;
-use crate::change::BatchRange;
+use super::error::TickError;
 use crate::config::PoisonAction;
 use crate::protocol::Attempt;
+use crate::source::BatchRange;
 use time::OffsetDateTime;
 
 /// A batch that is poison: what quarantine needs to know of it.

@@ -23,8 +23,8 @@
 //! before it ends. The state document records the span as one batch in flight, owned by this process under
 //! its lease; another process cannot prove any of it and delivers it all again from the checkpoint.
 
-use crate::change::BatchRange;
 use crate::protocol::{Attempt, RetryContext};
+use crate::source::BatchRange;
 use crate::source::Position;
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -16,7 +16,7 @@ pub use pace::{Pace, PACE_HORIZON};
 pub use quarantine::{QuarantineDoc, QuarantineEntry, QUARANTINE_KEPT};
 pub use read::read;
 
-use crate::change::BatchRange;
+use crate::source::BatchRange;
 use crate::source::Position;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;

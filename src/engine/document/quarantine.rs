@@ -1,6 +1,6 @@
 //! A poison batch set aside: its entry in the state document and its own quarantine document.
 
-use crate::change::BatchRange;
+use crate::source::BatchRange;
 use crate::source::Position;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;

@@ -2,7 +2,8 @@
 //! Dropping it ends the renewals at once: an abandoned tick must not keep a lease alive.
 
 use super::super::document::StateDoc;
-use super::super::{Ledger, Saved, Trigger};
+use super::super::ledger::{Ledger, Saved};
+use super::super::parts::Trigger;
 use crate::state::Etag;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -70,28 +70,15 @@ mod reconcile;
 
 pub(super) use reconcile::reconcile;
 
+use super::error::TickError;
+use super::outcome::{OutcomeKind, TickOutcome};
+use super::parts::{Ahead, Chained, Memory, Trigger};
 use super::tick::Tick;
-use super::{Memory, OutcomeKind, TickError, TickOutcome, Trigger};
-use crate::change::{BatchRange, Change};
 use crate::failpoint;
 use crate::sink::{Sink, SinkBatch, SinkError};
-use crate::source::{Fetched, Position};
+use crate::source::BatchRange;
+use crate::source::Position;
 use heartbeat::{Heartbeat, Heldover};
-
-/// A batch recorded in flight by the write that acknowledged the batch before it, and its changes.
-#[derive(Debug)]
-pub(super) struct Chained {
-    range: BatchRange,
-    changes: Vec<Change>,
-}
-
-/// A batch fetched ahead: the changes after `after`, fetched at `at` (on the engine's clock).
-#[derive(Debug)]
-pub(super) struct Ahead {
-    pub after: Position,
-    pub fetched: Fetched,
-    pub at: time::OffsetDateTime,
-}
 
 /// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver without
 /// touching the state store, if the document this process wrote last still records it under this process's

@@ -1,10 +1,12 @@
 //! Resuming from the destination: a state document that has acknowledged nothing asks the sink what it
 //! recorded (see "Resuming from the destination" in the sink tick's module docs).
 
+use super::super::error::TickError;
+use super::super::outcome::TickOutcome;
+use super::super::parts::{Memory, Trigger};
 use super::super::tick::Tick;
-use super::super::{Memory, TickError, TickOutcome, Trigger};
-use crate::change::BatchRange;
 use crate::sink::{Resume, Sink};
+use crate::source::BatchRange;
 
 /// See "Resuming from the destination" in the module docs. Leaves `out` to be delivered as it is (its lease
 /// token raised, or replaced by a conflict when another instance moved first), or answers the lines that say

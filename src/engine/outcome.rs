@@ -1,0 +1,46 @@
+//! What a tick answers: its batch, what kind of answer it is, and for the host the output bindings' share.
+
+use super::document::StateDoc;
+use super::outputs::MappedOutputs;
+use crate::change::Change;
+use crate::state::Etag;
+
+/// What one tick produced.
+#[derive(Debug, Default)]
+pub struct TickOutcome {
+    pub changes: Vec<Change>,
+    pub batch_id: Option<u64>,
+    pub kind: OutcomeKind,
+    /// Lines for the invocation's `Logs` (also written to the process log).
+    pub logs: Vec<String>,
+    /// State-store operations this tick performed.
+    pub store_operations: u64,
+    /// The lease token this batch was answered under (0 when none); sinks use it as a fencing token.
+    pub fence: u64,
+    /// The document this tick last wrote and its new etag: where sink mode's acknowledgement continues from.
+    pub(super) committed: Option<(StateDoc, Etag)>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// A new batch.
+    Delivered,
+    /// A batch delivered before, sent again.
+    Redelivered,
+    /// Nothing to send.
+    #[default]
+    Empty,
+    /// Another tick committed first; this one sends nothing.
+    Conflict,
+    /// Another instance holds the batch in flight.
+    LeaseHeld,
+    Paused,
+}
+
+/// What an invocation answers the host: the tick, and what each output binding receives (nothing when the
+/// trigger delivers through a sink).
+#[derive(Debug)]
+pub struct Answer {
+    pub outcome: TickOutcome,
+    pub outputs: MappedOutputs,
+}

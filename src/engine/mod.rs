@@ -44,7 +44,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{DeliveryMode, FunctionConfig};
 use crate::protocol::Attempt;
 use crate::sink::Sink;
-use crate::source::{Position, Source, SourceError};
+use crate::source::{Source, SourceError};
 use crate::state::{Etag, StateStore};
 use document::StateDoc;
 use recorded::Acknowledge;
@@ -166,7 +166,6 @@ pub struct Trigger {
     observer: std::sync::OnceLock<Arc<dyn TickObserver>>,
 }
 
-
 impl Trigger {
     /// A trigger that answers the host (deferred or immediate delivery, by its configuration);
     /// [`Trigger::with_sink`] gives it a sink.
@@ -232,7 +231,6 @@ impl Trigger {
     pub fn quarantine_prefix(&self) -> &str {
         self.ledger.quarantine_prefix()
     }
-
 
     /// The state document and its etag, through the ledger.
     pub async fn load(&self) -> Result<Option<(StateDoc, Etag)>, TickError> {

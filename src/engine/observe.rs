@@ -4,6 +4,7 @@
 //! poll sees only the last one. The hook costs one `OnceLock` read per tick when nothing observes, and the
 //! engine knows nothing of what the observer does with the record (OpenTelemetry, in `crate::telemetry`).
 
+use super::decide::liveness::Heard;
 use super::{ErrorKind, OutcomeKind, TickError, TickOutcome, Trigger};
 use std::fmt;
 use std::time::Duration;
@@ -45,6 +46,20 @@ pub struct TickStats {
     pub failures_operator: u64,
     /// Deletes left out because an output binding receives rows (reported in the invocation's logs too).
     pub deletes_not_sent: u64,
+    /// When the last tick started: the last invocation (liveness, `decide::liveness`).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_invocation_at: Option<OffsetDateTime>,
+    /// When the last tick that ended without an error ended.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_success_at: Option<OffsetDateTime>,
+    /// Ticks that ended with an error since the last one that did not.
+    pub consecutive_failures: u64,
+    /// "paused" or "halted" when the last tick found the function stopped on purpose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<&'static str>,
+    /// When liveness was first asked for (the watchdog's start): the baseline while nothing was heard.
+    #[serde(skip)]
+    watched_since: Option<OffsetDateTime>,
 }
 
 impl Trigger {
@@ -55,6 +70,7 @@ impl Trigger {
         work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
     ) -> Result<TickOutcome, TickError> {
         let started = std::time::Instant::now();
+        self.stats.lock().expect("stats lock").last_invocation_at = Some(self.ledger.clock().now());
         let ops_before = self.ledger.store_operations();
         let budget = self.config.settings.tick_timeout;
         let result = match tokio::time::timeout(budget, work).await {
@@ -74,7 +90,8 @@ impl Trigger {
         }
         let mut stats = self.stats.lock().expect("stats lock");
         stats.ticks += 1;
-        stats.at = Some(self.ledger.clock().now());
+        let now = self.ledger.clock().now();
+        stats.at = Some(now);
         stats.duration_ms = duration.as_secs_f64() * 1000.0;
         stats.store_operations = store_operations;
         match result {
@@ -82,11 +99,16 @@ impl Trigger {
                 outcome.store_operations = store_operations;
                 stats.rows = outcome.changes.len();
                 stats.outcome = format!("{:?}", outcome.kind);
+                stats.last_success_at = Some(now);
+                stats.consecutive_failures = 0;
+                stats.stopped = (outcome.kind == OutcomeKind::Paused).then_some("paused");
                 Ok(outcome)
             }
             Err(e) => {
                 stats.rows = 0;
                 stats.outcome = "Failed".into();
+                stats.consecutive_failures += 1;
+                stats.stopped = matches!(e, TickError::Halted { .. }).then_some("halted");
                 match e.kind() {
                     ErrorKind::Transient => stats.failures_transient += 1,
                     ErrorKind::Operator => stats.failures_operator += 1,
@@ -94,5 +116,25 @@ impl Trigger {
                 Err(e)
             }
         }
+    }
+
+    /// What this process heard from the function's ticks, for the watchdog, status and metrics. The first call
+    /// fixes `watched_since` (the baseline while nothing was heard) at the trigger's `now`.
+    pub fn liveness(&self) -> Heard {
+        let now = self.ledger.clock().now();
+        let mut stats = self.stats.lock().expect("stats lock");
+        let watched_since = *stats.watched_since.get_or_insert(now);
+        Heard {
+            last_invocation: stats.last_invocation_at,
+            last_success: stats.last_success_at,
+            consecutive_failures: stats.consecutive_failures,
+            stopped: stats.stopped,
+            watched_since,
+        }
+    }
+
+    /// The trigger's `now` (its clock: the system's, or a test's).
+    pub fn now(&self) -> OffsetDateTime {
+        self.ledger.clock().now()
     }
 }

@@ -70,7 +70,13 @@ impl Trigger {
         work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
     ) -> Result<TickOutcome, TickError> {
         let started = std::time::Instant::now();
-        self.stats.lock().expect("stats lock").last_invocation_at = Some(self.ledger.clock().now());
+        {
+            let now = self.ledger.clock().now();
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.last_invocation_at = Some(now);
+            // A trigger nobody watched yet counts from its first tick.
+            stats.watched_since.get_or_insert(now);
+        }
         let ops_before = self.ledger.store_operations();
         let budget = self.config.settings.tick_timeout;
         let result = match tokio::time::timeout(budget, work).await {

@@ -1,0 +1,140 @@
+//! The liveness watchdog on a manual clock: a function whose timer stops is reported once per period after two
+//! missed firings, not while it is paused or halted, and again only after it ran and went quiet anew; the
+//! failure streak and the last success move with each tick's end (what status and the gauges export).
+use sql_pseudo_trigger::clock::ManualClock;
+use sql_pseudo_trigger::config::ncrontab::Schedule;
+use sql_pseudo_trigger::engine::operate::Action;
+use sql_pseudo_trigger::engine::Trigger;
+use sql_pseudo_trigger::state::MemoryStore;
+use sql_pseudo_trigger::watchdog::{look, runner_period, Face};
+use std::sync::Arc;
+use std::time::Duration;
+use testbed::MemorySource;
+
+struct World {
+    source: Arc<MemorySource>,
+    clock: ManualClock,
+    trigger: Trigger,
+}
+
+/// A function on the host's timer every ten seconds, on a manual clock.
+fn world(schedule: Option<&str>) -> World {
+    let mut config = testbed::config::function("orders", testbed::config::settings());
+    config.schedule = schedule.map(|s| Schedule::parse(s).expect("schedule"));
+    let source = Arc::new(MemorySource::new());
+    let clock = ManualClock::default();
+    let trigger = Trigger::new(config, "app", source.clone(), Arc::new(MemoryStore::new()), "handler-1".into())
+        .with_clock(Arc::new(clock.clone()));
+    trigger.liveness();
+    World { source, clock, trigger }
+}
+
+impl World {
+    fn wait(&self, seconds: u64) {
+        self.clock.advance(Duration::from_secs(seconds));
+    }
+
+    async fn tick(&self) -> bool {
+        self.trigger.tick(&testbed::attempts::first()).await.is_ok()
+    }
+}
+
+#[tokio::test]
+async fn a_timer_that_stops_is_reported_after_two_missed_firings_then_once_per_period() {
+    // GIVEN a function fired every ten seconds, which just ran
+    let w = world(Some("*/10 * * * * *"));
+    assert!(w.tick().await);
+    let mut reported = look(&w.trigger, Face::Host, None);
+    assert_eq!(reported, None, "just invoked");
+
+    // WHEN the timer stops: one missed firing is not yet a silence
+    w.wait(12);
+    reported = look(&w.trigger, Face::Host, reported);
+    assert_eq!(reported, None, "one firing missed");
+
+    // THEN after two missed firings (and half a period of slack) it is reported
+    w.wait(20);
+    reported = look(&w.trigger, Face::Host, reported);
+    let first = reported.expect("silent for three periods: reported");
+    // AND not again within the same period
+    w.wait(5);
+    reported = look(&w.trigger, Face::Host, reported);
+    assert_eq!(reported, Some(first), "once per period");
+    // AND again a period later
+    w.wait(5);
+    reported = look(&w.trigger, Face::Host, reported);
+    assert!(reported.is_some_and(|at| at > first), "reported again after a period");
+
+    // WHEN the timer fires again, the silence ends
+    assert!(w.tick().await);
+    assert_eq!(look(&w.trigger, Face::Host, reported), None);
+}
+
+#[tokio::test]
+async fn a_function_never_invoked_is_reported_counting_from_the_start() {
+    let w = world(Some("*/10 * * * * *"));
+    w.wait(35);
+    assert!(look(&w.trigger, Face::Host, None).is_some(), "no invocation since start for three periods");
+    let status = w.trigger.status().await.expect("status");
+    assert!(status.seconds_since_last_invocation >= 35.0, "{}", status.seconds_since_last_invocation);
+}
+
+#[tokio::test]
+async fn a_paused_function_is_not_reported_however_long_it_is_quiet() {
+    // GIVEN a function an operator paused, whose last tick saw the pause
+    let w = world(Some("*/10 * * * * *"));
+    assert!(w.tick().await);
+    w.trigger.operate(Action::Pause, "test").await.expect("pause");
+    assert!(w.tick().await);
+
+    // WHEN nothing invokes it for an hour THEN nothing is reported
+    w.wait(3600);
+    assert_eq!(look(&w.trigger, Face::Host, None), None);
+}
+
+#[tokio::test]
+async fn a_host_function_without_a_known_schedule_is_not_watched() {
+    let w = world(None);
+    w.wait(3600);
+    assert_eq!(look(&w.trigger, Face::Host, None), None);
+}
+
+#[tokio::test]
+async fn the_run_loop_is_reported_after_two_of_its_periods() {
+    // GIVEN `handler run`'s loop, which ticked once
+    let w = world(None);
+    assert!(w.tick().await);
+    let period = runner_period(&w.trigger.config().settings, false);
+
+    // WHEN it does not tick for two periods THEN it is not yet reported; a little after, it is
+    w.clock.advance(period * 2);
+    assert_eq!(look(&w.trigger, Face::Runner, None), None);
+    w.clock.advance(period);
+    assert!(look(&w.trigger, Face::Runner, None).is_some());
+}
+
+#[tokio::test]
+async fn failures_count_up_until_a_tick_succeeds_and_status_reports_them() {
+    // GIVEN a function that succeeded once
+    let w = world(Some("*/10 * * * * *"));
+    assert!(w.tick().await);
+    w.wait(10);
+    // WHEN the database is down for two ticks, ten seconds apart
+    w.source.upsert([1], 1);
+    w.source.fail_next_fetches(2);
+    assert!(!w.tick().await);
+    w.wait(10);
+    assert!(!w.tick().await);
+    w.wait(3);
+
+    // THEN status says two failures in a row, the last success 23 s ago and the last invocation 3 s ago
+    let status = w.trigger.status().await.expect("status");
+    assert_eq!(status.consecutive_failures, 2);
+    assert_eq!(status.seconds_since_last_success, 23.0);
+    assert_eq!(status.seconds_since_last_invocation, 3.0);
+
+    // WHEN the next tick succeeds THEN the streak ends
+    assert!(w.tick().await);
+    let status = w.trigger.status().await.expect("status");
+    assert_eq!((status.consecutive_failures, status.seconds_since_last_success), (0, 0.0));
+}

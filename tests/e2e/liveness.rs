@@ -1,0 +1,92 @@
+//! Liveness through the real `handler` on real PostgreSQL and Azurite: the host model fires the timer on real
+//! seconds, then stops it, as a host whose timer died would; the handler then logs an error naming the
+//! function, its last invocation and the likely causes, and its status counts the seconds of silence. When
+//! the timer fires again, the handler says so.
+
+use crate::common::*;
+use crate::support;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use testbed::driver::HostDriver;
+
+const ADMIN_KEY: &str = "e2e-liveness-key-41b7";
+const SILENCE: &str = "no invocation for more than two periods of the timer schedule";
+const RUNS_AGAIN: &str = "the function runs again after a silence";
+
+/// Waits until the handler's output has `needle` `times` times, at most `limit`; the output so far.
+async fn wait_for_output(host: &HostDriver, needle: &str, times: usize, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        let output = host.output();
+        if output.matches(needle).count() >= times {
+            return output;
+        }
+        assert!(Instant::now() < deadline, "{needle:?} not logged {times} time(s) within {limit:?}:\n{output}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn status(host: &HostDriver) -> Value {
+    let url = format!("{}/admin/{FUNCTION}/status", host.base_url());
+    let response =
+        support::http_client().get(url).header("x-functions-key", ADMIN_KEY).send().await.expect("status answers");
+    assert!(response.status().is_success(), "status: {}", response.status());
+    response.json().await.expect("status is JSON")
+}
+
+#[tokio::test]
+async fn a_timer_the_host_stops_firing_is_reported_with_its_last_invocation_and_causes() {
+    // GIVEN a function on a timer every second, with the admin routes on
+    let orders = Orders::new("liveness").await;
+    let mut function_json = support::timer_function_json(Some(3));
+    function_json["bindings"][0]["schedule"] = json!("* * * * * *");
+    let azurite = support::fixture().azurite_connection_string();
+    let app_name = unique_app_name("liveness");
+    let app = support::write_app(
+        FUNCTION,
+        function_json,
+        trigger_json(json!({})),
+        &[
+            ("PostgresConnectionString", orders.url.as_str()),
+            ("AzureWebJobsStorage", azurite.as_str()),
+            ("Sql_Trigger_StateStore", "blob"),
+            ("Sql_Trigger_AppName", app_name.as_str()),
+            ("Sql_Trigger_AdminKey", ADMIN_KEY),
+        ],
+    );
+    let host = start(&app).await;
+
+    // WHEN the host model fires it on its schedule for three seconds, then stops its timer
+    let paced = host.run_schedule_real(FUNCTION, 3).await.expect("the timer fires");
+    assert!(paced.firings.iter().all(|f| f.run.succeeded), "every firing succeeded:\n{}", host.output());
+    let stopped = Instant::now();
+    assert!(!host.output().contains(SILENCE), "no silence reported while the timer fired:\n{}", host.output());
+
+    // THEN after two missed firings (plus slack) the handler logs an error naming the function, its last
+    // invocation and the likely causes
+    let output = wait_for_output(&host, SILENCE, 1, Duration::from_secs(15)).await;
+    let waited = stopped.elapsed();
+    assert!(waited >= Duration::from_secs(2), "reported after {waited:?}, before two periods passed");
+    let line = output.lines().find(|l| l.contains(SILENCE)).expect("the line");
+    assert!(line.contains("ERROR"), "logged as an error: {line}");
+    assert!(line.contains(&format!("function={FUNCTION}")), "names the function: {line}");
+    assert!(line.contains("last_invocation=20"), "names the last invocation's time: {line}");
+    assert!(line.contains(r#"schedule="* * * * * *""#), "names the schedule: {line}");
+    assert!(line.contains("AzureWebJobs.<function>.Disabled"), "names the likely causes: {line}");
+    // AND status counts the silence, with no failure among the ticks that ran
+    let answer = status(&host).await;
+    let silent = answer["seconds_since_last_invocation"].as_f64().expect("seconds_since_last_invocation");
+    assert!(silent >= 2.0, "{answer}");
+    // (the last tick succeeded: its success is its end, a moment after its start)
+    let since_success = answer["seconds_since_last_success"].as_f64().expect("seconds_since_last_success");
+    assert!((2.0..=silent).contains(&since_success), "{answer}");
+    assert_eq!(answer["consecutive_failures"], 0, "{answer}");
+    // AND it is reported again once per period (every second here) while the silence lasts
+    wait_for_output(&host, SILENCE, 3, Duration::from_secs(10)).await;
+
+    // WHEN the timer fires again THEN the handler says the function runs again, and status agrees
+    assert!(host.run_timer(FUNCTION).await.expect("fires").succeeded);
+    wait_for_output(&host, RUNS_AGAIN, 1, Duration::from_secs(5)).await;
+    let answer = status(&host).await;
+    assert!(answer["seconds_since_last_invocation"].as_f64().expect("seconds") < silent, "{answer}");
+}

@@ -1,11 +1,16 @@
 //! Liveness through the real `handler` on real PostgreSQL and Azurite: the host model fires the timer on real
 //! seconds, then stops it, as a host whose timer died would; the handler then logs an error naming the
 //! function, its last invocation and the likely causes, and its status counts the seconds of silence. When
-//! the timer fires again, the handler says so.
+//! the timer fires again, the handler says so. Under `handler run`, status counts a failure streak and the
+//! time since the last success.
 
 use crate::common::*;
+use crate::runner::Runner;
 use crate::support;
+use axum::http::StatusCode;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testbed::driver::HostDriver;
 
@@ -89,4 +94,88 @@ async fn a_timer_the_host_stops_firing_is_reported_with_its_last_invocation_and_
     wait_for_output(&host, RUNS_AGAIN, 1, Duration::from_secs(5)).await;
     let answer = status(&host).await;
     assert!(answer["seconds_since_last_invocation"].as_f64().expect("seconds") < silent, "{answer}");
+}
+
+/// A webhook that answers 503 until told to accept; counts the requests it got.
+#[derive(Clone, Default)]
+struct Hook {
+    accept: Arc<AtomicBool>,
+    requests: Arc<AtomicUsize>,
+}
+
+async fn start_hook(hook: Hook) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the webhook");
+    let url = format!("http://{}/hooks/orders", listener.local_addr().expect("address"));
+    let app = axum::Router::new().route(
+        "/hooks/orders",
+        axum::routing::post(move || {
+            let hook = hook.clone();
+            async move {
+                hook.requests.fetch_add(1, Ordering::SeqCst);
+                if hook.accept.load(Ordering::SeqCst) {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve the webhook") });
+    url
+}
+
+#[tokio::test]
+async fn handler_run_reports_its_failure_streak_and_last_success_until_a_tick_succeeds() {
+    // GIVEN `handler run` with its admin routes, delivering to a webhook that is down
+    let orders = Orders::new("liveness_run").await;
+    let hook = Hook::default();
+    let url = start_hook(hook.clone()).await;
+    let sink = json!({ "type": "webhook", "url": url, "maxRetries": 0, "timeoutMs": 5000 });
+    let app = orders_app(
+        &orders,
+        &unique_app_name("liveness-run"),
+        json!({ "pollingIntervalMs": 10, "sink": sink }),
+        &[("Sql_Trigger_StateStore", "file"), ("Sql_Trigger_AdminKey", ADMIN_KEY)],
+    );
+    let port = testbed::embedded::free_port().expect("a free port").to_string();
+    let mut runner = Runner::start(&app, &["--admin-port", &port]);
+    let status = || async {
+        let url = format!("http://127.0.0.1:{port}/admin/{FUNCTION}/status");
+        match support::http_client().get(url).header("x-functions-key", ADMIN_KEY).send().await {
+            Ok(response) if response.status().is_success() => response.json::<Value>().await.ok(),
+            _ => None,
+        }
+    };
+
+    // WHEN orders arrive and every delivery fails
+    orders.insert(1..=3).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let failing = loop {
+        if let Some(s) = status().await.filter(|s| s["consecutive_failures"].as_u64().unwrap_or(0) >= 3) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no failure streak within 20 s:\n{}", runner.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // THEN status counts the streak, and the last success is older than the last invocation (the loop runs,
+    // its ticks fail)
+    assert!(hook.requests.load(Ordering::SeqCst) >= 3, "the failures are the webhook's");
+    let since_invocation = failing["seconds_since_last_invocation"].as_f64().expect("since invocation");
+    let since_success = failing["seconds_since_last_success"].as_f64().expect("since success");
+    assert!(since_success > since_invocation, "{failing}");
+
+    // WHEN the webhook comes back THEN the streak ends
+    hook.accept.store(true, Ordering::SeqCst);
+    loop {
+        if let Some(s) = status().await.filter(|s| s["consecutive_failures"] == 0) {
+            assert!(s["seconds_since_last_success"].as_f64().expect("since success") < since_success, "{s}");
+            break;
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(70), "the streak did not end:\n{}", runner.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    runner.terminate();
+    let exit = runner.exit(Duration::from_secs(10)).await;
+    assert!(exit.success(), "{exit}\n{}", runner.stderr());
 }

@@ -128,15 +128,21 @@ impl Trigger {
     /// fixes `watched_since` (the baseline while nothing was heard) at the trigger's `now`.
     pub fn liveness(&self) -> Heard {
         let now = self.ledger.clock().now();
-        let mut stats = self.stats.lock().expect("stats lock");
-        let watched_since = *stats.watched_since.get_or_insert(now);
-        Heard {
+        self.stats.lock().expect("stats lock").watched_since.get_or_insert(now);
+        self.heard().expect("watched since now")
+    }
+
+    /// What this process heard, if it ticked or watches the function; `None` in a process that does neither
+    /// (`handler state status` runs no ticks: its "seconds since" would be counted from its own start).
+    pub fn heard(&self) -> Option<Heard> {
+        let stats = self.stats.lock().expect("stats lock");
+        Some(Heard {
             last_invocation: stats.last_invocation_at,
             last_success: stats.last_success_at,
             consecutive_failures: stats.consecutive_failures,
             stopped: stats.stopped,
-            watched_since,
-        }
+            watched_since: stats.watched_since?,
+        })
     }
 
     /// The trigger's `now` (its clock: the system's, or a test's).

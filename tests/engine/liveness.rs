@@ -76,7 +76,7 @@ async fn a_function_never_invoked_is_reported_counting_from_the_start() {
     w.wait(35);
     assert!(look(&w.trigger, Face::Host, None).is_some(), "no invocation since start for three periods");
     let status = w.trigger.status().await.expect("status");
-    assert!(status.seconds_since_last_invocation >= 35.0, "{}", status.seconds_since_last_invocation);
+    assert!(status.seconds_since_last_invocation.is_some_and(|s| s >= 35.0), "{status:?}");
 }
 
 #[tokio::test]
@@ -129,12 +129,26 @@ async fn failures_count_up_until_a_tick_succeeds_and_status_reports_them() {
 
     // THEN status says two failures in a row, the last success 23 s ago and the last invocation 3 s ago
     let status = w.trigger.status().await.expect("status");
-    assert_eq!(status.consecutive_failures, 2);
-    assert_eq!(status.seconds_since_last_success, 23.0);
-    assert_eq!(status.seconds_since_last_invocation, 3.0);
+    assert_eq!(status.consecutive_failures, Some(2));
+    assert_eq!(status.seconds_since_last_success, Some(23.0));
+    assert_eq!(status.seconds_since_last_invocation, Some(3.0));
 
     // WHEN the next tick succeeds THEN the streak ends
     assert!(w.tick().await);
     let status = w.trigger.status().await.expect("status");
-    assert_eq!((status.consecutive_failures, status.seconds_since_last_success), (0, 0.0));
+    assert_eq!((status.consecutive_failures, status.seconds_since_last_success), (Some(0), Some(0.0)));
+}
+
+#[tokio::test]
+async fn a_process_that_neither_ticks_nor_watches_reports_no_liveness() {
+    // GIVEN a trigger as `handler state status` builds it: no tick, no watchdog
+    let source = Arc::new(MemorySource::new());
+    let config = testbed::config::function("orders", testbed::config::settings());
+    let trigger = Trigger::new(config, "app", source, Arc::new(MemoryStore::new()), "cli".into());
+
+    // THEN its status has no liveness numbers rather than a silence counted from its own start
+    let status = trigger.status().await.expect("status");
+    assert_eq!(status.seconds_since_last_invocation, None);
+    assert_eq!(status.seconds_since_last_success, None);
+    assert_eq!(status.consecutive_failures, None);
 }

@@ -8,9 +8,13 @@ use crate::common::*;
 use crate::runner::Runner;
 use crate::support;
 use axum::http::StatusCode;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use prost::Message;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::driver::HostDriver;
 
@@ -29,6 +33,41 @@ async fn wait_for_output(host: &HostDriver, needle: &str, times: usize, limit: D
         assert!(Instant::now() < deadline, "{needle:?} not logged {times} time(s) within {limit:?}:\n{output}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Every `sql_trigger.seconds_since_last_invocation` point for [`FUNCTION`] an OTLP receiver got, in order.
+type Points = Arc<Mutex<Vec<f64>>>;
+
+/// An OTLP/HTTP metrics receiver on 127.0.0.1 keeping the liveness gauge's points; returns its base URL.
+async fn otlp_receiver(points: Points) -> String {
+    let app = axum::Router::new().route(
+        "/v1/metrics",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let points = points.clone();
+            async move {
+                let Ok(request) = ExportMetricsServiceRequest::decode(body) else { return StatusCode::BAD_REQUEST };
+                let metrics = request.resource_metrics.iter().flat_map(|r| &r.scope_metrics).flat_map(|s| &s.metrics);
+                for metric in metrics.filter(|m| m.name == "sql_trigger.seconds_since_last_invocation") {
+                    let Some(metric::Data::Gauge(gauge)) = &metric.data else { continue };
+                    for point in &gauge.data_points {
+                        let ours = point.attributes.iter().any(|kv| {
+                            kv.key == "function"
+                                && matches!(kv.value.as_ref().and_then(|v| v.value.as_ref()),
+                                    Some(any_value::Value::StringValue(f)) if f == FUNCTION)
+                        });
+                        if let (true, Some(number_data_point::Value::AsDouble(v))) = (ours, point.value) {
+                            points.lock().expect("points").push(v);
+                        }
+                    }
+                }
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the OTLP receiver");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve OTLP") });
+    url
 }
 
 async fn status(host: &HostDriver) -> Value {
@@ -59,13 +98,22 @@ async fn a_timer_the_host_stops_firing_is_reported_with_its_last_invocation_and_
             ("Sql_Trigger_AdminKey", ADMIN_KEY),
         ],
     );
-    let host = start(&app).await;
+    // AND metrics exported every 200 ms to an OTLP receiver, where the alert rule of docs/operations.md reads
+    // them: silent for more than three periods
+    let points = Points::default();
+    let otlp = otlp_receiver(points.clone()).await;
+    let host =
+        app.start_handler(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp), ("Sql_Trigger_MetricsIntervalMs", "200")]).await;
+    let alert_fires = |points: &Points| points.lock().expect("points").last().is_some_and(|&s| s > 3.0);
 
     // WHEN the host model fires it on its schedule for three seconds, then stops its timer
     let paced = host.run_schedule_real(FUNCTION, 3).await.expect("the timer fires");
     assert!(paced.firings.iter().all(|f| f.run.succeeded), "every firing succeeded:\n{}", host.output());
     let stopped = Instant::now();
     assert!(!host.output().contains(SILENCE), "no silence reported while the timer fired:\n{}", host.output());
+    let while_firing = points.lock().expect("points").clone();
+    assert!(!while_firing.is_empty(), "the gauge was exported while the timer fired");
+    assert!(while_firing.iter().all(|&s| s <= 3.0), "the alert rule held while the timer fired: {while_firing:?}");
 
     // THEN after two missed firings (plus slack) the handler logs an error naming the function, its last
     // invocation and the likely causes
@@ -86,12 +134,24 @@ async fn a_timer_the_host_stops_firing_is_reported_with_its_last_invocation_and_
     let since_success = answer["seconds_since_last_success"].as_f64().expect("seconds_since_last_success");
     assert!((2.0..=silent).contains(&since_success), "{answer}");
     assert_eq!(answer["consecutive_failures"], 0, "{answer}");
+    // AND the metrics alert rule fires on the exported gauge
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !alert_fires(&points) {
+        assert!(Instant::now() < deadline, "the gauge never passed 3 s: {:?}", points.lock().expect("points"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // AND it is reported again once per period (every second here) while the silence lasts
     wait_for_output(&host, SILENCE, 3, Duration::from_secs(10)).await;
 
     // WHEN the timer fires again THEN the handler says the function runs again, and status agrees
     assert!(host.run_timer(FUNCTION).await.expect("fires").succeeded);
     wait_for_output(&host, RUNS_AGAIN, 1, Duration::from_secs(5)).await;
+    // AND the metrics alert resolves
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alert_fires(&points) {
+        assert!(Instant::now() < deadline, "the gauge stayed above 3 s: {:?}", points.lock().expect("points"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let answer = status(&host).await;
     assert!(answer["seconds_since_last_invocation"].as_f64().expect("seconds") < silent, "{answer}");
 }

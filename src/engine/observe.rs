@@ -136,12 +136,17 @@ impl Trigger {
     /// (`handler state status` runs no ticks: its "seconds since" would be counted from its own start).
     pub fn heard(&self) -> Option<Heard> {
         let stats = self.stats.lock().expect("stats lock");
+        // A tick runs when its start is later than the last end (`at`); it is bounded by its budget.
+        let ticking = stats.last_invocation_at.is_some_and(|started| stats.at.is_none_or(|ended| started > ended));
+        let budget = time::Duration::try_from(self.config.settings.tick_timeout).unwrap_or(time::Duration::MAX);
         Some(Heard {
             last_invocation: stats.last_invocation_at,
             last_success: stats.last_success_at,
             consecutive_failures: stats.consecutive_failures,
             stopped: stats.stopped,
             watched_since: stats.watched_since?,
+            last_end: stats.at,
+            ticking_until: stats.last_invocation_at.filter(|_| ticking).map(|started| started.saturating_add(budget)),
         })
     }
 

@@ -5,6 +5,7 @@ use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::ncrontab::Schedule;
 use sql_pseudo_trigger::engine::operate::Action;
 use sql_pseudo_trigger::engine::Trigger;
+use sql_pseudo_trigger::sink::SinkError;
 use sql_pseudo_trigger::state::MemoryStore;
 use sql_pseudo_trigger::watchdog::{look, runner_period, Face};
 use std::sync::Arc;
@@ -151,4 +152,60 @@ async fn a_process_that_neither_ticks_nor_watches_reports_no_liveness() {
     assert_eq!(status.seconds_since_last_invocation, None);
     assert_eq!(status.seconds_since_last_success, None);
     assert_eq!(status.consecutive_failures, None);
+}
+
+/// A sink that holds each delivery until released, saying when one has begun.
+#[derive(Debug, Default)]
+struct GateSink {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl sql_pseudo_trigger::sink::Sink for GateSink {
+    async fn deliver(&self, _batch: &sql_pseudo_trigger::sink::SinkBatch<'_>) -> Result<(), SinkError> {
+        self.entered.notify_one();
+        self.release.notified().await;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "gate".into()
+    }
+}
+
+#[tokio::test]
+async fn a_long_tick_is_not_a_silence_until_its_budget_is_spent() {
+    // GIVEN a function on an every-second timer whose tick is held in its delivery
+    let w = world(Some("* * * * * *"));
+    let sink = Arc::new(GateSink::default());
+    let trigger = Arc::new(w.trigger.with_sink(sink.clone()));
+    w.source.upsert([1], 1);
+    let running = {
+        let trigger = trigger.clone();
+        tokio::spawn(async move { trigger.tick(&testbed::attempts::first()).await })
+    };
+    sink.entered.notified().await;
+
+    // WHEN most of its budget passes with the tick still running (far more than two periods) THEN that is not
+    // a silence
+    let budget = trigger.config().settings.tick_timeout;
+    assert!(budget > Duration::from_secs(10), "the test's budget leaves room for several periods");
+    w.clock.advance(budget - Duration::from_secs(1));
+    assert_eq!(
+        look(&trigger, Face::Host, None),
+        None,
+        "a tick within its budget is running, not silent: {:?}",
+        trigger.heard()
+    );
+
+    // WHEN its budget is spent with no end recorded THEN it is
+    w.clock.advance(Duration::from_secs(1));
+    assert!(look(&trigger, Face::Host, None).is_some(), "a tick past its budget is silence");
+
+    // WHEN it ends THEN the quiet counts from its end
+    sink.release.notify_one();
+    // (its budget is real time, which has not passed: it ends well)
+    running.await.expect("the tick's task").expect("the tick ends");
+    assert_eq!(look(&trigger, Face::Host, None), None, "just ended");
 }

@@ -43,6 +43,11 @@ pub struct Heard {
     pub stopped: Option<&'static str>,
     /// Since when the process has watched (its start): the baseline while nothing was heard yet.
     pub watched_since: OffsetDateTime,
+    /// When the last tick ended, whatever its result.
+    pub last_end: Option<OffsetDateTime>,
+    /// While a tick runs: when its time budget ends. A long tick is not a silence (the host's timer never
+    /// overlaps a function's invocations), but one that never ends is, once its budget is spent.
+    pub ticking_until: Option<OffsetDateTime>,
 }
 
 impl Heard {
@@ -90,7 +95,11 @@ pub fn check(cadence: Cadence<'_>, heard: &Heard, last_report: Option<OffsetDate
     if let Some(why) = heard.stopped {
         return Verdict::Stopped(why);
     }
-    let since = heard.last_invocation.unwrap_or(heard.watched_since);
+    if heard.ticking_until.is_some_and(|until| now < until) {
+        return Verdict::Alive;
+    }
+    // From the end of the last tick: the timer schedules its next firing once an invocation has finished.
+    let since = heard.last_invocation.max(heard.last_end).unwrap_or(heard.watched_since);
     let first = cadence.next_after(since);
     let second = cadence.next_after(first);
     let period = Duration::try_from(second - first).unwrap_or(Duration::ZERO);
@@ -114,7 +123,15 @@ mod tests {
     const T0: OffsetDateTime = datetime!(2026-01-01 00:00:00 UTC);
 
     fn heard(last: Option<OffsetDateTime>) -> Heard {
-        Heard { last_invocation: last, last_success: None, consecutive_failures: 0, stopped: None, watched_since: T0 }
+        Heard {
+            last_invocation: last,
+            last_success: None,
+            consecutive_failures: 0,
+            stopped: None,
+            watched_since: T0,
+            last_end: last,
+            ticking_until: None,
+        }
     }
 
     fn secs(n: u64) -> Duration {
@@ -180,6 +197,21 @@ mod tests {
             check(cadence, &heard(Some(T0)), None, T0 + secs(26)),
             Verdict::Silent { report: true, silence: Silence { period, .. } } if period == secs(10)
         ));
+    }
+
+    #[test]
+    fn a_long_tick_is_not_a_silence_until_its_budget_is_spent_and_the_quiet_counts_from_its_end() {
+        let every_second = Schedule::parse("* * * * * *").expect("schedule");
+        let cadence = Cadence::Schedule(&every_second);
+        // A tick started at T0 with a budget of a minute, still running 30 s later
+        let running = Heard { last_end: None, ticking_until: Some(T0 + secs(60)), ..heard(Some(T0)) };
+        assert_eq!(check(cadence, &running, None, T0 + secs(30)), Verdict::Alive);
+        // Past its budget with no end recorded (its task was dropped): silent
+        assert!(matches!(check(cadence, &running, None, T0 + secs(61)), Verdict::Silent { .. }));
+        // Ended at T0 + 30 s: the firings expected after it are at 31 and 32 s
+        let ended = Heard { last_end: Some(T0 + secs(30)), ..heard(Some(T0)) };
+        assert_eq!(check(cadence, &ended, None, T0 + secs(32)), Verdict::Alive);
+        assert!(matches!(check(cadence, &ended, None, T0 + secs(33)), Verdict::Silent { .. }));
     }
 
     #[test]

@@ -238,4 +238,14 @@ async fn handler_run_reports_its_failure_streak_and_last_success_until_a_tick_su
     runner.terminate();
     let exit = runner.exit(Duration::from_secs(10)).await;
     assert!(exit.success(), "{exit}\n{}", runner.stderr());
+
+    // AND `handler state status`, a process that runs no ticks, reports no liveness numbers rather than a
+    // silence counted from its own start
+    let args = ["state", "status", FUNCTION].map(String::from);
+    let output = crate::operations::handler_cli(app.root(), &args).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let cli: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(cli["seconds_since_last_invocation"], Value::Null, "{cli}");
+    assert_eq!(cli["consecutive_failures"], Value::Null, "{cli}");
+    assert!(cli["pending"].is_u64(), "the rest of the status is there: {cli}");
 }

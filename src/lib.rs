@@ -23,3 +23,4 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod telemetry;
+pub mod watchdog;

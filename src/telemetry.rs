@@ -12,6 +12,8 @@
 //!   quarantined batches) need the database, so a separate task refreshes them from `ops::status` every `Sql_Trigger_MetricsIntervalMs`, one
 //!   function at a time with a timeout, and the gauge callbacks only read the last snapshot. The poll never
 //!   takes a function's tick lock, so it cannot delay a tick, and a slow database delays only the gauges.
+//! - **The liveness gauges** (seconds since the last invocation and success, consecutive failures) read each
+//!   trigger's memory at collection (`telemetry::liveness`), so they keep reporting while the database is down.
 //!
 //! The SDK's periodic reader exports from its own thread with a blocking client, so one reqwest 0.13 blocking
 //! client serves both exporters (no second HTTP stack, no gRPC). [`start`] is cheap and runs after the
@@ -19,6 +21,7 @@
 
 mod config;
 mod instruments;
+mod liveness;
 
 pub use config::TelemetryConfig;
 
@@ -142,6 +145,7 @@ impl Telemetry {
         }
         let snapshots = Snapshots::default();
         register_gauges(&meter, &snapshots);
+        liveness::register_gauges(&meter, &triggers);
         let poll = tokio::spawn(poll_status(triggers, snapshots, interval));
         Self { provider, poll: AbortOnDrop(poll) }
     }

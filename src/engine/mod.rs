@@ -290,6 +290,13 @@ impl Trigger {
         &self,
         work: impl std::future::Future<Output = Result<TickOutcome, TickError>>,
     ) -> Result<TickOutcome, TickError> {
+        {
+            let now = self.ledger.clock().now();
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.last_invocation_at = Some(now);
+            // A trigger nobody watched yet counts from its first tick.
+            stats.watched_since.get_or_insert(now);
+        }
         let started = std::time::Instant::now();
         let ops_before = self.ledger.store_operations();
         let budget = self.config.settings.tick_timeout;
@@ -310,7 +317,8 @@ impl Trigger {
         }
         let mut stats = self.stats.lock().expect("stats lock");
         stats.ticks += 1;
-        stats.at = Some(self.ledger.clock().now());
+        let now = self.ledger.clock().now();
+        stats.at = Some(now);
         stats.duration_ms = duration.as_secs_f64() * 1000.0;
         stats.store_operations = store_operations;
         match result {
@@ -318,11 +326,16 @@ impl Trigger {
                 outcome.store_operations = store_operations;
                 stats.rows = outcome.changes.len();
                 stats.outcome = format!("{:?}", outcome.kind);
+                stats.last_success_at = Some(now);
+                stats.consecutive_failures = 0;
+                stats.stopped = (outcome.kind == OutcomeKind::Paused).then_some("paused");
                 Ok(outcome)
             }
             Err(e) => {
                 stats.rows = 0;
                 stats.outcome = "Failed".into();
+                stats.consecutive_failures += 1;
+                stats.stopped = matches!(e, TickError::Halted { .. }).then_some("halted");
                 match e.kind() {
                     ErrorKind::Transient => stats.failures_transient += 1,
                     ErrorKind::Operator => stats.failures_operator += 1,
@@ -348,6 +361,31 @@ impl Trigger {
     /// Tells `observer` about every later tick. Only the first observer set is kept: `false` if one was already.
     pub fn observe(&self, observer: Arc<dyn TickObserver>) -> bool {
         self.observer.set(observer).is_ok()
+    }
+
+    /// What this process heard from the function's ticks, for the watchdog, status and metrics. The first call
+    /// fixes `watched_since` (the baseline while nothing was heard) at the trigger's `now`.
+    pub fn liveness(&self) -> decide::liveness::Heard {
+        let now = self.ledger.clock().now();
+        let mut stats = self.stats.lock().expect("stats lock");
+        stats.watched_since.get_or_insert(now);
+        stats.heard(self.budget()).expect("watched since now")
+    }
+
+    /// What this process heard, if it ticked or watches the function; `None` in a process that does neither
+    /// (`handler state status` runs no ticks: its "seconds since" would be counted from its own start).
+    pub fn heard(&self) -> Option<decide::liveness::Heard> {
+        self.stats.lock().expect("stats lock").heard(self.budget())
+    }
+
+    /// A tick's time budget (`Sql_Trigger_TickTimeoutMs`).
+    fn budget(&self) -> time::Duration {
+        time::Duration::try_from(self.config.settings.tick_timeout).unwrap_or(time::Duration::MAX)
+    }
+
+    /// The trigger's `now` (its clock: the system's, or a test's).
+    pub fn now(&self) -> time::OffsetDateTime {
+        self.ledger.clock().now()
     }
 
     /// What the last tick of this process did, and failures so far by kind.

@@ -158,6 +158,14 @@ pub struct Status {
     /// State-store operations this process performed so far.
     pub store_operations: u64,
     pub last_tick: Option<super::TickStats>,
+    /// Seconds since this process last ran a tick of the function (an invocation, or a turn of `handler run`'s
+    /// loop); since the process started watching when it has not yet. Liveness: docs/operations.md. `None` in a
+    /// process that neither ticks nor watches (`handler state status`: ask the running handler's admin routes).
+    pub seconds_since_last_invocation: Option<f64>,
+    /// Seconds since the last tick of this process that ended without an error (or since it started watching).
+    pub seconds_since_last_success: Option<f64>,
+    /// Ticks of this process that ended with an error since the last one that did not (`None` as above).
+    pub consecutive_failures: Option<u64>,
     /// What the source reports about itself (`Source::health`): for postgres-logical, the replication slot and
     /// the WAL it retains. Absent for sources with nothing to say; `{"error": ...}` when it could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -216,6 +224,7 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
     let pending = t.source.pending(&checkpoint).await.map_err(TickError::from)?;
     let per_worker = t.config.settings.max_changes_per_worker.max(1);
     let now = t.ledger.clock().now();
+    let heard = t.heard();
     let since = doc.as_ref().and_then(|d| d.progress_at.or(Some(d.updated_at)));
     let seconds_since_progress = match (pending, since) {
         (0, _) | (_, None) => 0.0,
@@ -269,6 +278,9 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
         store_operations: t.ledger.store_operations(),
         last_tick: t.last_tick(),
+        seconds_since_last_invocation: heard.map(|h| h.seconds_since_invocation(now)),
+        seconds_since_last_success: heard.map(|h| h.seconds_since_success(now)),
+        consecutive_failures: heard.map(|h| h.consecutive_failures),
         source_health,
     })
 }

@@ -687,6 +687,8 @@ async fn case_i_with_poison_action_halt_a_poison_batch_stops_the_function() {
     // THEN the tick halts, the halt is recorded for every instance, and the checkpoint stays before batch 1
     assert!(matches!(&err, TickError::Halted { reason, .. } if reason.contains("batch 1")), "{err}");
     assert_eq!(err.kind(), ErrorKind::Operator);
+    // AND the liveness watchdog takes the quiet that follows as expected: the function is halted
+    assert_eq!(p.trigger.liveness().stopped, Some("halted"));
     let doc = world.state().await;
     assert!(doc.halted.is_some());
     assert_eq!((checkpoint(&doc), doc.counters.quarantined), (None, 0));

@@ -4,11 +4,13 @@
 //!
 //! - `deferred`: the failure matrix and acknowledgement by proof (the host's delivery mode);
 //! - `sink_mode`: record, deliver, acknowledge; heartbeat, chaining, reconciliation, the fence;
+//! - `liveness`: the watchdog's verdicts on a manual clock, the failure streak;
 //! - `ops`: operator actions racing ticks;
 //! - `runner`: `handler run`'s loop;
 //! - `telemetry`: what a tick and a status poll record.
 
 mod deferred;
+mod liveness;
 mod ops;
 mod runner;
 mod sink_mode;

@@ -221,3 +221,35 @@ async fn the_gauges_report_the_last_status_poll() {
     assert!((3600.0..=since_commit).contains(&lag), "lag {lag}, at most {since_commit}");
     s.telemetry.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_liveness_gauges_report_the_failure_streak_and_the_time_since_at_collection() {
+    // GIVEN a trigger on a manual clock, a status poll once an hour (its first runs at once), and a database
+    // down for the next two fetches
+    let source = Arc::new(MemorySource::new());
+    let clock = sql_pseudo_trigger::clock::ManualClock::default();
+    let trigger = Trigger::new(function_config(), "app", source.clone(), Arc::new(MemoryStore::new()), "o".into())
+        .with_clock(Arc::new(clock.clone()));
+    let trigger = Arc::new(trigger);
+    let capture = Capture::default();
+    let reader = PeriodicReader::builder(capture.clone()).with_interval(Duration::from_secs(3600)).build();
+    let provider = SdkMeterProvider::builder().with_reader(reader).build();
+    let telemetry = Telemetry::over(provider.clone(), vec![trigger.clone()], Duration::from_secs(3600));
+    source.upsert([1], 1);
+    source.fail_next_fetches(2);
+
+    // WHEN two ticks fail five seconds apart, and two more seconds pass
+    trigger.tick(&testbed::attempts::first()).await.expect_err("the fetch fails");
+    clock.advance(Duration::from_secs(5));
+    trigger.tick(&testbed::attempts::first()).await.expect_err("the fetch fails");
+    clock.advance(Duration::from_secs(2));
+    provider.force_flush().expect("export");
+
+    // THEN the gauges say two failures in a row, the last invocation 2 s ago and no success in the 7 s since
+    // the first tick: read from the trigger at collection, not from the status poll
+    let gauge = |metric: &str| capture.point(metric, &[("function", "orders")]).map(|p| p.value);
+    assert_eq!(gauge("sql_trigger.consecutive_failures"), Some(2.0));
+    assert_eq!(gauge("sql_trigger.seconds_since_last_invocation"), Some(2.0));
+    assert_eq!(gauge("sql_trigger.seconds_since_last_success"), Some(7.0));
+    telemetry.shutdown().await;
+}

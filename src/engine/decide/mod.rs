@@ -3,6 +3,7 @@
 //! poison, the span in flight. They return choices; the tick applies each as one transition of the document
 //! (`document`), which is the only code that changes it.
 
+pub mod liveness;
 mod proof;
 
 pub use super::document::{Pace, PACE_HORIZON};

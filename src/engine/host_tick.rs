@@ -9,7 +9,7 @@
 //! 4. One conditional write records all of it (nothing to record, no write). Only then does this process
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
-use super::decide::{self, Answered, Sent};
+use super::decide::{self, Answered, Next, Sent};
 use super::error::TickError;
 use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
@@ -94,9 +94,10 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     tick.dirty |= tick.doc.acknowledge_proven(&proven, &proven_retries, tick.now);
 
     // 3. What to answer: an owed batch first, then an operator's retry, then new changes.
-    let reply = match owed_reply(tick, &mut answered, attempt).await? {
-        Some(reply) => Some(reply),
-        None => next_reply(tick, &mut answered, attempt).await?,
+    let reply = match decide::next_answer(&answered, &tick.doc) {
+        Next::Owed => owed_reply(tick, &mut answered, attempt).await?,
+        Next::QuarantineRetry(batch_id) => Some(retry_reply(tick, &mut answered, attempt, batch_id).await?),
+        Next::Fetch(from) => fetch_reply(tick, &mut answered, attempt, from).await?,
     };
 
     // 4. The document records the span under this process's lease, renewed while anything is unproven.
@@ -175,26 +176,31 @@ async fn owed_reply(
     Ok(Some(Reply { batch_id, changes, kind: OutcomeKind::Redelivered, why: Some(why) }))
 }
 
-/// Nothing owed: an operator's retry of a quarantined batch, else the next batch after the span.
-async fn next_reply(
+/// An operator's retry of quarantined batch `batch_id`, answered from its quarantine document.
+async fn retry_reply(
     tick: &mut Tick<'_>,
     answered: &mut Answered,
     attempt: &Attempt,
+    batch_id: u64,
+) -> Result<Reply, TickError> {
+    let key = tick.trigger.ledger.quarantine_key(batch_id);
+    let q = tick.trigger.ledger.load_quarantine(&key).await?;
+    let changes = q.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.clone(), detail })?;
+    let range = BatchRange::new(batch_id, q.from, q.to, changes.len() as u64);
+    let mut sent = Sent::new(range, attempt, tick.now);
+    sent.quarantined = Some(key);
+    answered.retries.push(Arc::new(sent));
+    let why = Some("an operator asked to retry this quarantined batch".to_string());
+    Ok(Reply { batch_id, changes, kind: OutcomeKind::Delivered, why })
+}
+
+/// Nothing owed nor queued: the next batch after the span, from `from`.
+async fn fetch_reply(
+    tick: &mut Tick<'_>,
+    answered: &mut Answered,
+    attempt: &Attempt,
+    from: Position,
 ) -> Result<Option<Reply>, TickError> {
-    let retry =
-        tick.doc.retry_quarantined.iter().copied().find(|id| !answered.retries.iter().any(|r| r.range.batch_id == *id));
-    if let Some(batch_id) = retry {
-        let key = tick.trigger.ledger.quarantine_key(batch_id);
-        let q = tick.trigger.ledger.load_quarantine(&key).await?;
-        let changes = q.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.clone(), detail })?;
-        let range = BatchRange::new(batch_id, q.from, q.to, changes.len() as u64);
-        let mut sent = Sent::new(range, attempt, tick.now);
-        sent.quarantined = Some(key);
-        answered.retries.push(Arc::new(sent));
-        let why = Some("an operator asked to retry this quarantined batch".to_string());
-        return Ok(Some(Reply { batch_id, changes, kind: OutcomeKind::Delivered, why }));
-    }
-    let from = answered.frontier(&tick.doc.checkpoint).clone();
     let mut fetched = tick.trigger.source.fetch(&from, tick.trigger.config.settings.max_batch_size).await?;
     if fetched.changes.is_empty() {
         if let Some(advance) = fetched.advance.take().filter(|_| answered.is_empty()) {

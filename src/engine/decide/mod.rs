@@ -138,6 +138,28 @@ pub fn adopt(flight: &InFlight) -> Sent {
     adopted
 }
 
+/// What deferred delivery answers next, in this order: a batch owed again (a retry named it, or nobody would
+/// report its failure), an operator's retry of a quarantined batch not yet answered, or new changes after the
+/// span.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Owed,
+    QuarantineRetry(u64),
+    Fetch(crate::source::Position),
+}
+
+/// See [`Next`].
+pub fn next_answer(answered: &Answered, doc: &StateDoc) -> Next {
+    if answered.has_owed() {
+        return Next::Owed;
+    }
+    let unanswered = |id: &u64| !answered.retries.iter().any(|r| r.range.batch_id == *id);
+    match doc.retry_quarantined.iter().copied().find(unanswered) {
+        Some(batch_id) => Next::QuarantineRetry(batch_id),
+        None => Next::Fetch(answered.frontier(&doc.checkpoint).clone()),
+    }
+}
+
 /// What to do with a batch found in flight by a tick that does not wait for the host's proof (a sink tick, or
 /// immediate delivery): nobody proved it delivered, so it goes again, unless it is poison.
 #[derive(Debug)]

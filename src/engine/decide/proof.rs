@@ -230,6 +230,11 @@ impl Answered {
         (span, proven)
     }
 
+    /// Whether a batch must be answered again.
+    pub fn has_owed(&self) -> bool {
+        self.span.iter().chain(&self.retries).chain(&self.late).any(|s| s.owed && !s.settled)
+    }
+
     /// The first batch that must be answered again.
     pub fn owed(&mut self) -> Option<&mut Sent> {
         self.all_mut().find(|s| s.owed && !s.settled).map(Arc::make_mut)

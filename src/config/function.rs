@@ -48,6 +48,11 @@ const KNOWN_KEYS: &[&str] = &[
     "deleteItem",
     "onTruncate",
     "walRetainedWarnMb",
+    "reader",
+    "streamBufferMb",
+    "streamBufferChanges",
+    "streamPollMs",
+    "streamIdleReleaseMs",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]

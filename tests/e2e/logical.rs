@@ -95,6 +95,29 @@ impl Db {
         Some((confirmed.map_or(0, |c| lsn(&c)), row.get(1)))
     }
 
+    /// Drops the slot as an operator must while a handler streams it: ends the session that holds it
+    /// (`pg_terminate_backend`), then drops it once PostgreSQL has let it go (the session's exit is not
+    /// instantaneous: retried until it has, for at most 10 s).
+    async fn drop_slot(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            self.db
+                .execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                    &[&self.slot],
+                )
+                .await
+                .expect("end the session streaming the slot");
+            match self.db.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot]).await {
+                Ok(_) => return,
+                Err(e) if e.code().is_some_and(|c| c.code() == "55006") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("drop the slot: {e}"),
+            }
+        }
+    }
+
     async fn confirmed_flush(&self) -> u64 {
         self.slot().await.unwrap_or_else(|| panic!("slot {} does not exist", self.slot)).0
     }
@@ -931,7 +954,7 @@ async fn a_dropped_slot_is_refused_loudly_never_recreated_silently_and_a_reset_t
     assert_eq!(ids_of(&drain_all(&host).await), [1]);
 
     // WHEN an operator drops its slot, and rows are written meanwhile
-    db.db.execute("SELECT pg_drop_replication_slot($1)", &[&db.slot]).await.expect("drop the slot");
+    db.drop_slot().await;
     db.insert([2]).await;
 
     // THEN every firing fails, saying the slot does not exist and that a reset is the way on

@@ -23,6 +23,16 @@ pub enum OnTruncate {
     Skip,
 }
 
+/// How the source reads the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// One logical replication connection per function, kept across ticks (the default).
+    Stream,
+    /// `pg_logical_slot_peek_binary_changes` on a pooled connection each tick: for servers and poolers that
+    /// refuse a replication connection.
+    Sql,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     pub slot: String,
@@ -32,6 +42,16 @@ pub struct Options {
     pub on_truncate: OnTruncate,
     /// Retained WAL above which status warns, in bytes.
     pub wal_warn_bytes: u64,
+    pub reader: Reader,
+    /// The stream's read-ahead bound: decoded changes held in memory, in bytes of pgoutput messages and in
+    /// changes. Reading pauses at either.
+    pub buffer_bytes: usize,
+    pub buffer_changes: usize,
+    /// The longest a tick waits for the stream to catch up with the WAL flushed when it started.
+    pub poll_ms: u64,
+    /// A process whose stream no tick has used for this long closes it, releasing the slot to another
+    /// instance.
+    pub idle_release_ms: u64,
 }
 
 /// Names PostgreSQL accepts for a replication slot (`ReplicationSlotValidateName`): lower-case letters,
@@ -86,12 +106,40 @@ impl Options {
                 _ => return Err(bad("walRetainedWarnMb", "must be a whole number of megabytes, at least 1")),
             },
         };
+        let reader = match o.get("reader").map(|v| v.as_str()) {
+            None | Some(Some("stream")) => Reader::Stream,
+            Some(Some("sql")) => Reader::Sql,
+            Some(_) => return Err(bad("reader", "must be \"stream\" (the default) or \"sql\"")),
+        };
+        let whole = |key: &str, default: u64, range: std::ops::RangeInclusive<u64>| match o.get(key) {
+            None => Ok(default),
+            Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+                Some(n) if range.contains(&n) => Ok(n),
+                _ => Err(bad(key, &format!("must be a whole number from {} to {}", range.start(), range.end()))),
+            },
+        };
+        let buffer_bytes = (whole("streamBufferMb", 64, 1..=4096)? << 20) as usize;
+        let buffer_changes = whole("streamBufferChanges", 100_000, 100..=10_000_000)? as usize;
+        let poll_ms = whole("streamPollMs", 500, 1..=60_000)?;
+        let idle_release_ms = whole("streamIdleReleaseMs", 30_000, 100..=3_600_000)?;
         for key in ["cursorColumn", "cursorGuard", "insertedColumn", "softDeleteColumn", "safetyLagMs"] {
             if o.contains_key(key) {
                 return Err(bad(key, "is for postgres-cursor; postgres-logical reads every change from the WAL and needs no cursor, insert marker or soft-delete column: remove it"));
             }
         }
-        Ok(Self { slot, publication, delete_item, include_metadata, on_truncate, wal_warn_bytes })
+        Ok(Self {
+            slot,
+            publication,
+            delete_item,
+            include_metadata,
+            on_truncate,
+            wal_warn_bytes,
+            reader,
+            buffer_bytes,
+            buffer_changes,
+            poll_ms,
+            idle_release_ms,
+        })
     }
 }
 
@@ -110,13 +158,18 @@ mod tests {
         assert_eq!(o.publication, "fn_orders");
         assert_eq!((o.delete_item, o.include_metadata, o.on_truncate), (DeleteItem::Key, false, OnTruncate::Fail));
         assert_eq!(o.wal_warn_bytes, 1 << 30);
+        assert_eq!((o.reader, o.buffer_bytes, o.buffer_changes), (Reader::Stream, 64 << 20, 100_000));
+        assert_eq!((o.poll_ms, o.idle_release_ms), (500, 30_000));
         let o = parse(json!({"slotName": "s", "publicationName": "p", "deleteItem": "row", "includeMetadata": true,
-            "onTruncate": "skip", "walRetainedWarnMb": "5"}))
+            "onTruncate": "skip", "walRetainedWarnMb": "5", "reader": "sql", "streamBufferMb": 2,
+            "streamBufferChanges": 500, "streamPollMs": 50, "streamIdleReleaseMs": "1000"}))
         .expect("valid");
         assert_eq!(
             (o.publication.as_str(), o.delete_item, o.on_truncate, o.wal_warn_bytes),
             ("p", DeleteItem::Row, OnTruncate::Skip, 5 << 20)
         );
+        assert_eq!((o.reader, o.buffer_bytes, o.buffer_changes), (Reader::Sql, 2 << 20, 500));
+        assert_eq!((o.poll_ms, o.idle_release_ms), (50, 1000));
     }
 
     #[test]
@@ -132,6 +185,11 @@ mod tests {
             (json!({"slotName": "s", "includeMetadata": "yes"}), "includeMetadata"),
             (json!({"slotName": "s", "walRetainedWarnMb": 0}), "walRetainedWarnMb"),
             (json!({"slotName": "s", "cursorColumn": "v"}), "cursorColumn"),
+            (json!({"slotName": "s", "reader": "peek"}), "reader"),
+            (json!({"slotName": "s", "streamBufferMb": 0}), "streamBufferMb"),
+            (json!({"slotName": "s", "streamBufferChanges": -1}), "streamBufferChanges"),
+            (json!({"slotName": "s", "streamPollMs": "soon"}), "streamPollMs"),
+            (json!({"slotName": "s", "streamIdleReleaseMs": 1}), "streamIdleReleaseMs"),
         ] {
             let e = parse(v.clone()).expect_err("refused");
             assert!(e.starts_with(key), "{v}: {e}");

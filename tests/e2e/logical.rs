@@ -1338,3 +1338,180 @@ async fn a_replay_before_the_slot_is_refused_at_the_command_and_a_new_column_rea
     assert_eq!(delivered[2]["Item"]["note"], json!("hello"), "{}", delivered[2]);
     assert!(host.output().contains("columns of public.orders changed"), "{}", host.output());
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The stream: one session per slot, kept across firings
+// ---------------------------------------------------------------------------------------------------------------
+
+impl Db {
+    /// The server process streaming the slot, if any.
+    async fn active_pid(&self) -> Option<i32> {
+        self.db
+            .query_opt("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
+            .await
+            .expect("read pg_replication_slots")
+            .and_then(|r| r.get(0))
+    }
+
+    /// Waits until no session streams the slot, or another than `pid` does (at most 30 s).
+    async fn released_by(&self, pid: i32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.active_pid().await == Some(pid) {
+            assert!(Instant::now() < deadline, "session {pid} still streams slot {} after 30 s", self.slot);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn when_another_instance_fires_the_function_it_delivers_once_the_first_releases_the_slot_and_nothing_is_lost() {
+    // GIVEN instance A streaming the slot, which delivered rows 1-5 and then stops being fired (the host moved
+    // the timer to instance B); a stream idle for 4 s is closed
+    let db = Db::shared("logical_owner", ORDERS).await;
+    let (app, app_name) = logical_app(
+        &db,
+        "public.orders",
+        json!({ "streamIdleReleaseMs": 4000 }),
+        &[("Sql_Trigger_LeaseDurationMs", "1000")],
+    );
+    let a = start(&app).await;
+    first_firing(&a).await;
+    db.insert(1..=5).await;
+    let from_a = drain_all(&a).await;
+    assert_eq!(ids_of(&from_a), [1, 2, 3, 4, 5]);
+    let a_pid = db.active_pid().await.expect("A streams the slot");
+    db.insert(6..=10).await;
+
+    // WHEN B is fired while A's session still holds the slot
+    let b = start(&app).await;
+    let mut held_firings = 0;
+    while db.active_pid().await == Some(a_pid) {
+        let run = b.run_timer(FUNCTION).await.expect("timer run");
+        assert!(run.succeeded, "a firing that finds the slot held must not fail: {}", failure_text(&b, &run));
+        if db.active_pid().await == Some(a_pid) {
+            // THEN while A holds the slot, B answers empty (no failure counted against the function)
+            assert!(run.applied.get("changes").is_none_or(|m| m.is_empty()), "B delivered while A held the slot");
+            held_firings += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held_firings > 0, "B was never fired while A held the slot");
+    // AND says so once, naming the holder, however many firings it took
+    let said = b.output().matches("this instance delivers nothing until it is released").count();
+    assert_eq!(said, 1, "{}", b.output());
+    assert!(b.output().contains("sql-pseudo-trigger"), "the holder's name: {}", b.output());
+    // AND A let the slot go because nobody fired it
+    assert!(a.output().contains("without a tick"), "{}", a.output());
+
+    // WHEN B fires after A released the slot
+    let from_b = drain_all(&b).await;
+    // THEN B delivers exactly what A had not: nothing lost, nothing twice
+    assert_eq!(ids_of(&from_b), [6, 7, 8, 9, 10]);
+    assert_ne!(db.active_pid().await, Some(a_pid));
+    // AND status names the session that holds the slot now (B's stream)
+    let status = cli(&app, &["state", "status", FUNCTION]).await.expect("status");
+    let held_by = find_key(&status, "held_by").unwrap_or_else(|| panic!("no held_by in {status}"));
+    assert!(held_by["application_name"].as_str().is_some_and(|n| n.contains("sql-pseudo-trigger")), "{status}");
+    assert_eq!(status["pending"], 0, "{status}");
+    assert_slot_within_checkpoint(&db, &app_name, "after the hand-over").await;
+}
+
+#[tokio::test]
+async fn the_streams_session_killed_by_the_server_mid_drain_restarts_and_loses_and_repeats_nothing() {
+    // GIVEN batches of 4 and 40 rows in 10 transactions, a first batch delivered
+    let db = Db::shared("logical_terminate", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({ "maxBatchSize": 4 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    for t in 0..10 {
+        db.insert(t * 4 + 1..=t * 4 + 4).await;
+    }
+    let first = fire_until_delivered(&host, FUNCTION).await;
+    assert_eq!(ids_of(&first), [1, 2, 3, 4]);
+
+    // WHEN an operator (or a failover) ends the stream's session on the server, twice during the drain
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.db.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate");
+    // (the firings after it go on from the buffer until the stream notices, then start a new stream)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        run_ok(&host).await;
+        match db.active_pid().await {
+            Some(p) if p != pid => break p,
+            _ => assert!(Instant::now() < deadline, "no new stream within 10 s:\n{}", host.output()),
+        }
+    };
+    db.db.execute("SELECT pg_terminate_backend($1)", &[&second]).await.expect("terminate");
+    drain(&host, 30).await;
+
+    // THEN every row arrives exactly once (every batch was answered and acknowledged)
+    let all = host.delivered("changes");
+    assert_eq!(tally(&all).1, ids(1..=40).into_iter().map(|id| (id, 1)).collect::<BTreeMap<_, _>>());
+    assert!(host.output().contains("starting it again"), "{}", host.output());
+    assert_slot_within_checkpoint(&db, &app_name, "after the restarts").await;
+}
+
+#[tokio::test]
+async fn a_retry_naming_a_batch_after_the_stream_was_closed_gets_the_identical_batch_from_a_new_stream() {
+    // GIVEN a stream closed 300 ms after its last use, and a batch answered to the host
+    let db = Db::shared("logical_retry", ORDERS).await;
+    let (app, _) = logical_app(&db, "public.orders", json!({ "streamIdleReleaseMs": 300 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    db.insert(1..=4).await;
+    let mut first = host.invoke(FUNCTION, None).await.expect("invoke");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !first.outputs.contains_key("changes") {
+        assert!(Instant::now() < deadline, "nothing answered within 10 s");
+        first = host.invoke(FUNCTION, None).await.expect("invoke");
+    }
+    // WHEN more rows are written, the stream that served the batch goes (its memory with it), and the host
+    // retries the batch (its output write failed)
+    db.insert(5..=8).await;
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.released_by(pid).await;
+    let retry = host.retry(FUNCTION, 1, &first).await.expect("invoke");
+
+    // THEN the retry carries the identical batch, read by a new stream from the slot's confirmed position
+    assert_eq!(retry.outputs["changes"], first.outputs["changes"]);
+    assert!(retry.logs.iter().any(|l| l.contains("re-delivering batch 1")), "{:?}", retry.logs);
+    let streams = host.output().matches("streaming replication slot").count();
+    assert!(streams >= 2, "the retry did not start a new stream: {}", host.output());
+    // AND what follows is the rest, once
+    let rest = drain_all(&host).await;
+    assert_eq!(ids_of(&rest), [5, 6, 7, 8]);
+}
+
+#[tokio::test]
+async fn a_transaction_larger_than_the_streams_buffer_is_delivered_whole_in_order_and_once() {
+    // GIVEN a stream that holds at most 100 changes, and batches of 30
+    let db = Db::shared("logical_bigtx", ORDERS).await;
+    let (app, app_name) =
+        logical_app(&db, "public.orders", json!({ "maxBatchSize": 30, "streamBufferChanges": 100 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN one transaction writes 450 rows, and another 5 follow
+    db.insert(1..=450).await;
+    db.insert(451..=455).await;
+
+    // THEN every row arrives once, in order, in batches of 30 at most
+    let mut sizes = Vec::new();
+    loop {
+        let run = run_ok(&host).await;
+        let n = run.applied.get("changes").map_or(0, Vec::len);
+        if n == 0 {
+            break;
+        }
+        sizes.push(n);
+        assert!(sizes.len() < 100, "still delivering after 100 firings: {sizes:?}");
+    }
+    let delivered = host.delivered("changes");
+    assert_eq!(ids_of(&delivered), (1..=455).collect::<Vec<_>>());
+    assert!(sizes.iter().all(|n| *n <= 30), "{sizes:?}");
+    // AND the checkpoint passed both transactions, and the slot followed it and no further
+    let at = checkpoint(&app_name).await;
+    assert!(at.get("end").is_some(), "{at}");
+    run_ok(&host).await;
+    assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
+}

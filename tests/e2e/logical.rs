@@ -1515,3 +1515,29 @@ async fn a_transaction_larger_than_the_streams_buffer_is_delivered_whole_in_orde
     run_ok(&host).await;
     assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
 }
+
+#[tokio::test]
+async fn the_sql_reader_fallback_delivers_every_change_and_moves_the_slot_with_the_checkpoint() {
+    // GIVEN a function that reads the slot over SQL (for servers and poolers that refuse replication
+    // connections), in batches of 3
+    let db = Db::shared("logical_sqlreader", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({ "reader": "sql", "maxBatchSize": 3 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN rows are inserted, updated and deleted
+    db.insert(1..=5).await;
+    db.db.execute("UPDATE orders SET amount = 2 WHERE id = 2", &[]).await.expect("update");
+    db.db.execute("DELETE FROM orders WHERE id = 4", &[]).await.expect("delete");
+    let delivered = drain_all(&host).await;
+
+    // THEN every change arrives once, in order, and no stream ever held the slot
+    let got: Vec<(i64, i64)> =
+        changes(&delivered).iter().map(|(op, item)| (*op, item["id"].as_i64().unwrap_or(-1))).collect();
+    assert_eq!(got, [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 2), (2, 4)]);
+    assert!(!host.output().contains("streaming replication slot"), "{}", host.output());
+    assert_eq!(db.active_pid().await, None);
+    // AND the slot was advanced to the checkpoint, and no further
+    run_ok(&host).await;
+    assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
+}

@@ -145,3 +145,87 @@ impl Buffer {
         (self.changes, self.bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::change::Operation;
+    use crate::source::postgres_logical::decode::Decoded;
+    use crate::source::postgres_logical::position::Place;
+    use serde_json::Map;
+
+    fn change(commit: u64, seq: u64) -> Event {
+        Event::Change(Decoded {
+            place: Place { commit: Lsn(commit), seq },
+            operation: Operation::Insert,
+            kind: 0,
+            values: Map::new(),
+            lsn: Lsn(commit),
+            xid: 1,
+            commit_time: 0,
+        })
+    }
+
+    /// Two transactions of three changes each, committing at 100 (ends 110) and 200 (ends 210).
+    fn filled(max_changes: usize) -> Buffer {
+        let mut b = Buffer::new(Lsn(50), Lsn(50), 1 << 20, max_changes);
+        for commit in [100, 200] {
+            for seq in 1..=3 {
+                b.push(change(commit, seq), 10);
+            }
+            b.push(Event::Commit { commit: Lsn(commit), end: Lsn(commit + 10) }, 10);
+        }
+        b
+    }
+
+    fn want(after: Option<Pos>, limit: usize) -> Want {
+        Want { after, upto: None, limit, values: true }
+    }
+
+    fn places(scan: &Scan) -> Vec<(u64, u64)> {
+        scan.changes.iter().map(|c| (c.place.commit.0, c.place.seq)).collect()
+    }
+
+    #[test]
+    fn a_batch_skips_what_the_position_passed_and_knows_when_its_transaction_is_done() {
+        let b = filled(100);
+        let inside = Pos { commit: Lsn(100), seq: 1, end: None };
+        let (scan, complete) = b.scan(want(Some(inside), 2), OnTruncate::Fail, "t").expect("a scan");
+        assert_eq!(places(&scan), [(100, 2), (100, 3)]);
+        assert!(complete, "the commit after the last change was seen");
+        assert_eq!(scan.last_end, Some(Lsn(110)));
+        let (scan, complete) = b.scan(want(Some(Pos::before(Lsn(150))), 10), OnTruncate::Fail, "t").expect("a scan");
+        assert_eq!(places(&scan), [(200, 1), (200, 2), (200, 3)]);
+        assert!(!complete, "nothing after the last transaction yet");
+    }
+
+    #[test]
+    fn an_acknowledged_position_lets_go_of_what_it_passed_and_serves_only_reads_after_it() {
+        let mut b = filled(100);
+        assert!(b.serves(None) && b.serves(Some(Pos::before(Lsn(50)))));
+        assert_eq!(b.held(), (6, 80));
+        let done = Pos { commit: Lsn(100), seq: 3, end: Some(Lsn(110)) };
+        b.trim(done);
+        assert_eq!(b.held(), (3, 40));
+        assert!(!b.serves(None) && !b.serves(Some(Pos { commit: Lsn(100), seq: 2, end: None })));
+        assert!(b.serves(Some(done)) && b.serves(Some(Pos { commit: Lsn(200), seq: 1, end: None })));
+        // An older position lets go of nothing, and what arrives covered by the base is not kept.
+        b.trim(Pos::before(Lsn(60)));
+        assert_eq!(b.held(), (3, 40));
+        b.push(change(100, 9), 10);
+        assert_eq!(b.held(), (3, 40));
+    }
+
+    #[test]
+    fn the_buffer_is_full_at_its_change_bound_and_a_position_inside_a_transaction_keeps_the_rest() {
+        let mut b = filled(6);
+        assert!(b.full());
+        b.trim(Pos { commit: Lsn(200), seq: 1, end: None });
+        assert!(!b.full());
+        assert_eq!(b.held(), (2, 30), "changes 2 and 3 of the second transaction, and its commit");
+        b.last_end = Lsn(210);
+        assert_eq!(b.proven(), Lsn(210));
+        b.open = Some(Lsn(300));
+        assert_eq!(b.proven(), Lsn(300), "inside a transaction, everything committed before it was received");
+    }
+}

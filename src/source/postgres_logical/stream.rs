@@ -33,10 +33,14 @@ pub(super) struct Streams {
     acked: Mutex<Option<Lsn>>,
     /// The session last seen holding the slot, so a long wait for it is said once.
     holder: Mutex<Option<i32>>,
+    /// The server process of the stream this process dropped last: the server may not have let the slot go
+    /// yet when the next stream starts.
+    previous: Mutex<Option<i32>>,
 }
 
 #[derive(Debug)]
 struct Handle {
+    pid: i32,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -108,6 +112,7 @@ impl PostgresLogical {
             if keep {
                 return Ok(Some(handle.shared.clone()));
             }
+            *lock(&self.streams.previous) = Some(handle.pid);
             *current = None;
         }
         *current = self.open_stream(after).await?;
@@ -127,16 +132,31 @@ impl PostgresLogical {
         let config = crate::db::postgres::config(&self.spec.connection_setting, &self.spec.connection)
             .map_err(SourceError::Invalid)?;
         let mut wire = Wire::connect(&config, &self.tls, &application_name()).await.map_err(|e| self.wire_error(e))?;
-        if let Err(e) = wire.start(slot, &self.options.publication, confirmed).await {
-            wire.close().await;
-            return match e {
-                WireError::Server { code, message } if code == "55006" => {
-                    self.held_elsewhere(&message).await;
-                    Ok(None)
+        let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
+        let previous = *lock(&self.streams.previous);
+        loop {
+            let Err(e) = wire.start(slot, &self.options.publication, confirmed).await else { break };
+            match e {
+                // Our own stream of a moment ago: its server process is still on its way out.
+                WireError::Server { code, message }
+                    if code == "55006"
+                        && previous.is_some_and(|p| message.ends_with(&format!(" {p}")))
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                e => Err(self.wire_error(e)),
-            };
+                WireError::Server { code, message } if code == "55006" => {
+                    wire.close().await;
+                    self.held_elsewhere(&message).await;
+                    return Ok(None);
+                }
+                e => {
+                    wire.close().await;
+                    return Err(self.wire_error(e));
+                }
+            }
         }
+        *lock(&self.streams.previous) = None;
         *lock(&self.streams.holder) = None;
         let flush = lock(&self.streams.acked).map_or(confirmed, |a| a.max(confirmed));
         let buffer = Buffer::new(confirmed, flush, self.options.buffer_bytes, self.options.buffer_changes);
@@ -144,8 +164,9 @@ impl PostgresLogical {
         let decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
         tracing::info!(slot = %slot, at = %confirmed, pid = wire.pid, "streaming replication slot {slot} from {confirmed} (server process {})", wire.pid);
         let idle = Duration::from_millis(self.options.idle_release_ms);
+        let pid = wire.pid;
         let task = tokio::spawn(reader::run(wire, shared.clone(), decoder, idle, slot.clone()));
-        Ok(Some(Handle { shared, task }))
+        Ok(Some(Handle { pid, shared, task }))
     }
 
     /// Says once per holder that another session streams the slot.

@@ -1541,3 +1541,28 @@ async fn the_sql_reader_fallback_delivers_every_change_and_moves_the_slot_with_t
     run_ok(&host).await;
     assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
 }
+
+#[tokio::test]
+async fn on_sigterm_the_process_ends_its_stream_and_the_next_process_streams_the_slot_and_loses_nothing() {
+    // GIVEN a process streaming the slot, which delivered rows 1-3; rows 4-6 are written after
+    let db = Db::shared("logical_sigterm", ORDERS).await;
+    let (app, _) = logical_app(&db, "public.orders", json!({}), &[("Sql_Trigger_LeaseDurationMs", "1000")]);
+    let first = start(&app).await;
+    first_firing(&first).await;
+    db.insert(1..=3).await;
+    assert_eq!(ids_of(&drain_all(&first).await), [1, 2, 3]);
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.insert(4..=6).await;
+
+    // WHEN the host stops the process (SIGTERM, as on a scale-in or a deployment)
+    let status = first.terminate().await.expect("the handler stops");
+    assert!(status.success(), "the handler exited with {status}:\n{}", first.output());
+
+    // THEN the server lets the slot go, and the next process streams it and delivers exactly the rest
+    db.released_by(pid).await;
+    let next = start(&app).await;
+    fire_until_delivered(&next, FUNCTION).await;
+    let rest = drain_all(&next).await;
+    assert_eq!(ids_of(&rest), [4, 5, 6]);
+    assert!(next.output().contains("streaming replication slot"), "{}", next.output());
+}

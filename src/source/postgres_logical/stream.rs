@@ -92,7 +92,13 @@ impl PostgresLogical {
         if let Some(handle) = current.as_ref() {
             let mut b = handle.shared.lock();
             let keep = match b.ended.take() {
-                Some(Ended::Failed(e @ SourceError::Invalid(_))) => return Err(e),
+                // What the stream could not decode fails this tick; the next one reads it again from the slot
+                // (and fails the same way, until a reset moves the position past it).
+                Some(Ended::Failed(e @ SourceError::Invalid(_))) => {
+                    drop(b);
+                    *current = None;
+                    return Err(e);
+                }
                 Some(Ended::Failed(e)) => {
                     tracing::warn!(slot = %self.options.slot, "the replication stream of slot {} stopped ({e}); starting it again at the slot's confirmed position", self.options.slot);
                     false

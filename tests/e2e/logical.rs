@@ -1566,3 +1566,67 @@ async fn on_sigterm_the_process_ends_its_stream_and_the_next_process_streams_the
     assert_eq!(ids_of(&rest), [4, 5, 6]);
     assert!(next.output().contains("streaming replication slot"), "{}", next.output());
 }
+
+#[tokio::test]
+async fn the_stream_logs_in_with_scram_over_tls_as_every_other_connection_of_the_handler() {
+    // GIVEN a server with TLS (a self-signed certificate) that lets the function's login in only over TLS with
+    // a SCRAM-SHA-256 password, and a login with REPLICATION and a password
+    let certs = tempfile::tempdir().expect("a folder for the certificate");
+    let made = std::process::Command::new("openssl")
+        .current_dir(certs.path())
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-keyout", "server.key", "-out", "server.pem"])
+        .output()
+        .expect("the openssl CLI runs");
+    assert!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    let read = |name: &str| std::fs::read(certs.path().join(name)).expect("the certificate's files");
+    let options = embedded::PostgresOptions::default()
+        .file("server.pem", read("server.pem"))
+        .file("server.key", read("server.key"))
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.pem")
+        .setting("ssl_key_file", "server.key")
+        .file(
+            "pg_hba.conf",
+            "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhostssl all streamer 127.0.0.1/32 scram-sha-256\n",
+        );
+    let server = tokio::task::spawn_blocking(move || embedded::EmbeddedPostgres::start_with(options))
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("a TLS PostgreSQL starts: {e}"));
+    let admin = Db::private(&server.url(), "logical_scram", ORDERS).await;
+    admin
+        .db
+        .batch_execute(&format!(
+            "CREATE ROLE streamer LOGIN REPLICATION PASSWORD 'se cret'; GRANT SELECT ON orders TO streamer;
+             CREATE PUBLICATION {} FOR TABLE orders;",
+            admin.slot
+        ))
+        .await
+        .expect("the login and the publication");
+    let dbname: String = admin.db.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
+    let streamer = Db {
+        url: format!(
+            "host=localhost hostaddr=127.0.0.1 port={} user=streamer password='se cret' dbname={dbname} sslmode=require",
+            server.port()
+        ),
+        db: embedded::connect(&admin.url).await.expect("admin connection"),
+        slot: admin.slot.clone(),
+        _guard: SlotGuard { url: admin.url.clone(), slot: admin.slot.clone() },
+    };
+    let (app, _) =
+        logical_app(&streamer, "public.orders", json!({}), &[("Sql_Trigger_PostgresTrustServerCertificate", "true")]);
+
+    // WHEN the function runs and rows are written
+    let host = start(&app).await;
+    first_firing(&host).await;
+    streamer.insert(1..=3).await;
+
+    // THEN they arrive through the stream, and the server sees the stream's session encrypted
+    assert_eq!(ids_of(&drain_all(&host).await), [1, 2, 3]);
+    let pid = streamer.active_pid().await.expect("the stream holds the slot");
+    let ssl: bool =
+        admin.db.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid]).await.expect("pg_stat_ssl").get(0);
+    assert!(ssl, "the stream's session is not encrypted");
+    assert!(!host.output().contains("se cret"), "the password reached the log");
+}

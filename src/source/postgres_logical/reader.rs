@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 /// `wal_sender_timeout` (60 s by default), so a stream paused on a full buffer is never cut off.
 const STATUS_EVERY: Duration = Duration::from_secs(10);
 
+/// A server that has answered nothing for this long (each periodic report asks for an answer) is gone: a
+/// network that drops a connection silently would otherwise leave the stream waiting for TCP to notice, for
+/// many minutes, while ticks answer empty.
+const SILENCE: Duration = Duration::from_secs(45);
+
 /// The stream's task: reads, reports, and ends as [`Ended`] says.
 pub(super) async fn run(mut wire: Wire, shared: Arc<Shared>, mut decoder: Decoder, idle: Duration, slot: String) {
     let ended = match pump(&mut wire, &shared, &mut decoder, idle).await {
@@ -46,6 +51,7 @@ async fn pump(wire: &mut Wire, shared: &Shared, decoder: &mut Decoder, idle: Dur
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut reported: Option<Lsn> = None;
     let mut last_status = Instant::now();
+    let mut last_heard = Instant::now();
     let mut reply_due = false;
     let mut events = Vec::new();
     loop {
@@ -62,13 +68,25 @@ async fn pump(wire: &mut Wire, shared: &Shared, decoder: &mut Decoder, idle: Dur
         if idle_for > idle {
             return Ok(Ended::Idle);
         }
-        if reported != Some(flush) || reply || reply_due || last_status.elapsed() >= STATUS_EVERY {
-            wire.status(flush, reply).await.map_err(stream_error)?;
+        if paused {
+            // Not listening: the silence is ours.
+            last_heard = Instant::now();
+        }
+        if last_heard.elapsed() > SILENCE {
+            return Err(SourceError::Unavailable(format!(
+                "the server sent nothing on the replication stream for {} s, though asked to: the connection is gone",
+                SILENCE.as_secs()
+            )));
+        }
+        let periodic = last_status.elapsed() >= STATUS_EVERY;
+        if reported != Some(flush) || reply || reply_due || periodic {
+            wire.status(flush, reply || periodic).await.map_err(stream_error)?;
             (reported, last_status, reply_due) = (Some(flush), Instant::now(), false);
         }
         tokio::select! {
             m = wire.read(), if !paused => {
                 let mut m = m.map_err(stream_error)?;
+                last_heard = Instant::now();
                 events.clear();
                 let mut sizes = Vec::new();
                 let mut keepalive = None;

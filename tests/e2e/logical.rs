@@ -1630,3 +1630,67 @@ async fn the_stream_logs_in_with_scram_over_tls_as_every_other_connection_of_the
     assert!(ssl, "the stream's session is not encrypted");
     assert!(!host.output().contains("se cret"), "the password reached the log");
 }
+
+#[tokio::test]
+async fn an_idle_watched_table_keeps_no_more_than_the_quiet_period_of_wal_while_another_table_writes_200_mb() {
+    // GIVEN a private server (its WAL is this test's only), a function on a table that delivered one row and
+    // then stays idle, its stream open
+    let server = private_postgres().await;
+    let db = Db::private(&server.url(), "logical_idle200", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    db.insert([1]).await;
+    assert_eq!(ids_of(&drain_all(&host).await), [1]);
+
+    // WHEN another table writes about 200 MB of WAL, and the engine's quiet-advance period passes (the stored
+    // progress time is moved back past it), with a CHECKPOINT after the write (a running-transactions record,
+    // from which the slot's restart_lsn may move; on PostgreSQL 13-15 nothing else logs one on demand)
+    let before = db.wal_lsn().await;
+    db.db
+        .execute(
+            "INSERT INTO other (filler) SELECT string_agg(md5(g::text || '/' || i::text), '')
+             FROM generate_series(1, 200000) g, generate_series(1, 32) i GROUP BY g",
+            &[],
+        )
+        .await
+        .expect("write 200 MB elsewhere");
+    db.db.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    let written = db.wal_lsn().await;
+    let mb = (written - before) >> 20;
+    assert!(mb >= 200, "only {mb} MB of WAL written");
+    age_progress(&app_name, time::Duration::minutes(6)).await;
+    // Each firing waits at most streamPollMs for the stream to pass the WAL flushed before it (the server
+    // decodes the 200 MB once, spilling it to disk); the proven stretch is recorded and then acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let retained = loop {
+        run_ok(&host).await;
+        let (restart, confirmed): (i64, i64) = {
+            let row = db
+                .db
+                .query_one(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8,
+                        pg_wal_lsn_diff($2::text::pg_lsn, confirmed_flush_lsn)::int8
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&db.slot, &format!("{:X}/{:X}", written >> 32, written & 0xFFFF_FFFF)],
+                )
+                .await
+                .expect("the slot");
+            (row.get(0), row.get(1))
+        };
+        if confirmed <= 0 && restart < 16 << 20 {
+            break restart;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 120 s the slot still keeps {restart} bytes ({confirmed} bytes before the write's end unconfirmed)"
+        );
+    };
+
+    // THEN the slot keeps less than 16 MB of the 200 MB (the figure is printed), and never passed the
+    // checkpoint
+    eprintln!("an idle watched table's slot keeps {retained} bytes of WAL after {mb} MB written elsewhere");
+    assert_slot_within_checkpoint(&db, &app_name, "after the quiet advance").await;
+    // AND nothing more was delivered
+    assert_eq!(ids_of(&host.delivered("changes")), [1]);
+}

@@ -1,7 +1,8 @@
 //! The `postgres-logical` source end to end: the real `handler` binary, driven by the host model, reading a
-//! table's changes from the WAL through a replication slot (`pg_logical_slot_peek_binary_changes`, pgoutput)
-//! of the shared PostgreSQL (or of a private one, for the tests that change server settings), with state in
-//! Azurite.
+//! table's changes from the WAL through a replication slot (pgoutput; a replication stream kept across
+//! firings by default, `pg_logical_slot_peek_binary_changes` with `"reader": "sql"`) of the shared PostgreSQL
+//! (or of a private one, for the tests that change server settings), with state in Azurite. A slot a
+//! handler streams cannot be dropped until its session ends ([`Db::drop_slot`] ends it first).
 //!
 //! Every test reserves its own slot name and drops the slot when it ends, passed or failed ([`SlotGuard`]): a
 //! leaked slot keeps the shared server's WAL forever. A slot is created by the function's first tick (or by

@@ -51,6 +51,11 @@ const KNOWN_KEYS: &[&str] = &[
     "deleteItem",
     "onTruncate",
     "walRetainedWarnMb",
+    "reader",
+    "streamBufferMb",
+    "streamBufferChanges",
+    "streamPollMs",
+    "streamIdleReleaseMs",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]

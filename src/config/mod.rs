@@ -26,7 +26,7 @@ pub use settings::{DeliveryMode, MessageFormat, PoisonAction, TriggerSettings};
 pub use sink_spec::{beside, SinkSpec, TableTarget, WebhookSpec};
 pub use source_options::{
     ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
-    PostgresLogicalOptions, RowversionOptions,
+    PostgresLogicalOptions, Reader, RowversionOptions,
 };
 pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};
 

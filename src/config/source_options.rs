@@ -68,6 +68,16 @@ pub enum OnTruncate {
     Skip,
 }
 
+/// How the postgres-logical source reads its slot (`reader`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// One logical replication connection per function, kept across ticks (the default).
+    Stream,
+    /// `pg_logical_slot_peek_binary_changes` on a pooled connection each tick: for servers and poolers that
+    /// refuse a replication connection.
+    Sql,
+}
+
 /// The postgres-logical source's own keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresLogicalOptions {
@@ -78,6 +88,16 @@ pub struct PostgresLogicalOptions {
     pub on_truncate: OnTruncate,
     /// Retained WAL above which status warns, in bytes (`walRetainedWarnMb`).
     pub wal_warn_bytes: u64,
+    pub reader: Reader,
+    /// The stream's read-ahead bound: decoded changes held in memory, in bytes of pgoutput messages
+    /// (`streamBufferMb`) and in changes (`streamBufferChanges`). Reading pauses at either.
+    pub buffer_bytes: usize,
+    pub buffer_changes: usize,
+    /// The longest a tick waits for the stream to catch up with the WAL flushed when it started (`streamPollMs`).
+    pub poll_ms: u64,
+    /// A process whose stream no tick has used for this long closes it, releasing the slot to another
+    /// instance (`streamIdleReleaseMs`).
+    pub idle_release_ms: u64,
 }
 
 /// What to do when change tracking no longer holds the changes after the stored position (`onPositionLost`).
@@ -186,6 +206,28 @@ pub(super) fn postgres_logical(
             }
         },
     };
+    let reader = match o.get("reader").map(|v| v.as_str()) {
+        None | Some(Some("stream")) => Reader::Stream,
+        Some(Some("sql")) => Reader::Sql,
+        Some(_) => {
+            bad("reader", "must be \"stream\" (the default) or \"sql\"".into());
+            Reader::Stream
+        }
+    };
+    let mut whole = |key: &str, default: u64, range: std::ops::RangeInclusive<u64>| match o.get(key) {
+        None => default,
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(n) if range.contains(&n) => n,
+            _ => {
+                bad(key, format!("must be a whole number from {} to {}", range.start(), range.end()));
+                default
+            }
+        },
+    };
+    let buffer_bytes = (whole("streamBufferMb", 64, 1..=4096) << 20) as usize;
+    let buffer_changes = whole("streamBufferChanges", 100_000, 100..=10_000_000) as usize;
+    let poll_ms = whole("streamPollMs", 500, 1..=60_000);
+    let idle_release_ms = whole("streamIdleReleaseMs", 30_000, 100..=3_600_000);
     for key in CURSOR_KEYS.iter().filter(|k| o.contains_key(**k)) {
         bad(key, "is for postgres-cursor; postgres-logical reads every change from the WAL and needs no cursor, insert marker or soft-delete column: remove it".into());
     }
@@ -199,6 +241,11 @@ pub(super) fn postgres_logical(
         include_metadata,
         on_truncate,
         wal_warn_bytes,
+        reader,
+        buffer_bytes,
+        buffer_changes,
+        poll_ms,
+        idle_release_ms,
     })
 }
 

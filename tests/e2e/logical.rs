@@ -1,7 +1,8 @@
 //! The `postgres-logical` source end to end: the real `handler` binary, driven by the host model, reading a
-//! table's changes from the WAL through a replication slot (`pg_logical_slot_peek_binary_changes`, pgoutput)
-//! of the shared PostgreSQL (or of a private one, for the tests that change server settings), with state in
-//! Azurite.
+//! table's changes from the WAL through a replication slot (pgoutput; a replication stream kept across
+//! firings by default, `pg_logical_slot_peek_binary_changes` with `"reader": "sql"`) of the shared PostgreSQL
+//! (or of a private one, for the tests that change server settings), with state in Azurite. A slot a
+//! handler streams cannot be dropped until its session ends ([`Db::drop_slot`] ends it first).
 //!
 //! Every test reserves its own slot name and drops the slot when it ends, passed or failed ([`SlotGuard`]): a
 //! leaked slot keeps the shared server's WAL forever. A slot is created by the function's first tick (or by
@@ -93,6 +94,29 @@ impl Db {
             .expect("read pg_replication_slots")?;
         let confirmed: Option<String> = row.get(0);
         Some((confirmed.map_or(0, |c| lsn(&c)), row.get(1)))
+    }
+
+    /// Drops the slot as an operator must while a handler streams it: ends the session that holds it
+    /// (`pg_terminate_backend`), then drops it once PostgreSQL has let it go (the session's exit is not
+    /// instantaneous: retried until it has, for at most 10 s).
+    async fn drop_slot(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            self.db
+                .execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                    &[&self.slot],
+                )
+                .await
+                .expect("end the session streaming the slot");
+            match self.db.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot]).await {
+                Ok(_) => return,
+                Err(e) if e.code().is_some_and(|c| c.code() == "55006") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("drop the slot: {e}"),
+            }
+        }
     }
 
     async fn confirmed_flush(&self) -> u64 {
@@ -931,7 +955,7 @@ async fn a_dropped_slot_is_refused_loudly_never_recreated_silently_and_a_reset_t
     assert_eq!(ids_of(&drain_all(&host).await), [1]);
 
     // WHEN an operator drops its slot, and rows are written meanwhile
-    db.db.execute("SELECT pg_drop_replication_slot($1)", &[&db.slot]).await.expect("drop the slot");
+    db.drop_slot().await;
     db.insert([2]).await;
 
     // THEN every firing fails, saying the slot does not exist and that a reset is the way on
@@ -1314,4 +1338,360 @@ async fn a_replay_before_the_slot_is_refused_at_the_command_and_a_new_column_rea
     assert_eq!(ids_of(&delivered), [1, 2, 3]);
     assert_eq!(delivered[2]["Item"]["note"], json!("hello"), "{}", delivered[2]);
     assert!(host.output().contains("columns of public.orders changed"), "{}", host.output());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The stream: one session per slot, kept across firings
+// ---------------------------------------------------------------------------------------------------------------
+
+impl Db {
+    /// The server process streaming the slot, if any.
+    async fn active_pid(&self) -> Option<i32> {
+        self.db
+            .query_opt("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
+            .await
+            .expect("read pg_replication_slots")
+            .and_then(|r| r.get(0))
+    }
+
+    /// Waits until no session streams the slot, or another than `pid` does (at most 30 s).
+    async fn released_by(&self, pid: i32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.active_pid().await == Some(pid) {
+            assert!(Instant::now() < deadline, "session {pid} still streams slot {} after 30 s", self.slot);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn when_another_instance_fires_the_function_it_delivers_once_the_first_releases_the_slot_and_nothing_is_lost() {
+    // GIVEN instance A streaming the slot, which delivered rows 1-5 and then stops being fired (the host moved
+    // the timer to instance B); a stream idle for 4 s is closed
+    let db = Db::shared("logical_owner", ORDERS).await;
+    let (app, app_name) = logical_app(
+        &db,
+        "public.orders",
+        json!({ "streamIdleReleaseMs": 4000 }),
+        &[("Sql_Trigger_LeaseDurationMs", "1000")],
+    );
+    let a = start(&app).await;
+    first_firing(&a).await;
+    db.insert(1..=5).await;
+    let from_a = drain_all(&a).await;
+    assert_eq!(ids_of(&from_a), [1, 2, 3, 4, 5]);
+    let a_pid = db.active_pid().await.expect("A streams the slot");
+    db.insert(6..=10).await;
+
+    // WHEN B is fired while A's session still holds the slot
+    let b = start(&app).await;
+    let mut held_firings = 0;
+    while db.active_pid().await == Some(a_pid) {
+        let run = b.run_timer(FUNCTION).await.expect("timer run");
+        assert!(run.succeeded, "a firing that finds the slot held must not fail: {}", failure_text(&b, &run));
+        if db.active_pid().await == Some(a_pid) {
+            // THEN while A holds the slot, B answers empty (no failure counted against the function)
+            assert!(run.applied.get("changes").is_none_or(|m| m.is_empty()), "B delivered while A held the slot");
+            held_firings += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held_firings > 0, "B was never fired while A held the slot");
+    // AND says so once, naming the holder, however many firings it took
+    let said = b.output().matches("this instance delivers nothing until it is released").count();
+    assert_eq!(said, 1, "{}", b.output());
+    assert!(b.output().contains("sql-pseudo-trigger"), "the holder's name: {}", b.output());
+    // AND A let the slot go because nobody fired it
+    assert!(a.output().contains("without a tick"), "{}", a.output());
+
+    // WHEN B fires after A released the slot
+    let from_b = drain_all(&b).await;
+    // THEN B delivers exactly what A had not: nothing lost, nothing twice
+    assert_eq!(ids_of(&from_b), [6, 7, 8, 9, 10]);
+    assert_ne!(db.active_pid().await, Some(a_pid));
+    // AND status names the session that holds the slot now (B's stream)
+    let status = cli(&app, &["state", "status", FUNCTION]).await.expect("status");
+    let held_by = find_key(&status, "held_by").unwrap_or_else(|| panic!("no held_by in {status}"));
+    assert!(held_by["application_name"].as_str().is_some_and(|n| n.contains("sql-pseudo-trigger")), "{status}");
+    assert_eq!(status["pending"], 0, "{status}");
+    assert_slot_within_checkpoint(&db, &app_name, "after the hand-over").await;
+}
+
+#[tokio::test]
+async fn the_streams_session_killed_by_the_server_mid_drain_restarts_and_loses_and_repeats_nothing() {
+    // GIVEN batches of 4 and 40 rows in 10 transactions, a first batch delivered
+    let db = Db::shared("logical_terminate", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({ "maxBatchSize": 4 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    for t in 0..10 {
+        db.insert(t * 4 + 1..=t * 4 + 4).await;
+    }
+    let first = fire_until_delivered(&host, FUNCTION).await;
+    assert_eq!(ids_of(&first), [1, 2, 3, 4]);
+
+    // WHEN an operator (or a failover) ends the stream's session on the server, twice during the drain
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.db.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate");
+    // (the firings after it go on from the buffer until the stream notices, then start a new stream)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        run_ok(&host).await;
+        match db.active_pid().await {
+            Some(p) if p != pid => break p,
+            _ => assert!(Instant::now() < deadline, "no new stream within 10 s:\n{}", host.output()),
+        }
+    };
+    db.db.execute("SELECT pg_terminate_backend($1)", &[&second]).await.expect("terminate");
+    drain(&host, 30).await;
+
+    // THEN every row arrives exactly once (every batch was answered and acknowledged)
+    let all = host.delivered("changes");
+    assert_eq!(tally(&all).1, ids(1..=40).into_iter().map(|id| (id, 1)).collect::<BTreeMap<_, _>>());
+    assert!(host.output().contains("starting it again"), "{}", host.output());
+    assert_slot_within_checkpoint(&db, &app_name, "after the restarts").await;
+}
+
+#[tokio::test]
+async fn a_retry_naming_a_batch_after_the_stream_was_closed_gets_the_identical_batch_from_a_new_stream() {
+    // GIVEN a stream closed 300 ms after its last use, and a batch answered to the host
+    let db = Db::shared("logical_retry", ORDERS).await;
+    let (app, _) = logical_app(&db, "public.orders", json!({ "streamIdleReleaseMs": 300 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    db.insert(1..=4).await;
+    let mut first = host.invoke(FUNCTION, None).await.expect("invoke");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !first.outputs.contains_key("changes") {
+        assert!(Instant::now() < deadline, "nothing answered within 10 s");
+        first = host.invoke(FUNCTION, None).await.expect("invoke");
+    }
+    // WHEN more rows are written, the stream that served the batch goes (its memory with it), and the host
+    // retries the batch (its output write failed)
+    db.insert(5..=8).await;
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.released_by(pid).await;
+    let retry = host.retry(FUNCTION, 1, &first).await.expect("invoke");
+
+    // THEN the retry carries the identical batch, read by a new stream from the slot's confirmed position
+    assert_eq!(retry.outputs["changes"], first.outputs["changes"]);
+    assert!(retry.logs.iter().any(|l| l.contains("re-delivering batch 1")), "{:?}", retry.logs);
+    let streams = host.output().matches("streaming replication slot").count();
+    assert!(streams >= 2, "the retry did not start a new stream: {}", host.output());
+    // AND what follows is the rest, once
+    let rest = drain_all(&host).await;
+    assert_eq!(ids_of(&rest), [5, 6, 7, 8]);
+}
+
+#[tokio::test]
+async fn a_transaction_larger_than_the_streams_buffer_is_delivered_whole_in_order_and_once() {
+    // GIVEN a stream that holds at most 100 changes, and batches of 30
+    let db = Db::shared("logical_bigtx", ORDERS).await;
+    let (app, app_name) =
+        logical_app(&db, "public.orders", json!({ "maxBatchSize": 30, "streamBufferChanges": 100 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN one transaction writes 450 rows, and another 5 follow
+    db.insert(1..=450).await;
+    db.insert(451..=455).await;
+
+    // THEN every row arrives once, in order, in batches of 30 at most
+    let mut sizes = Vec::new();
+    loop {
+        let run = run_ok(&host).await;
+        let n = run.applied.get("changes").map_or(0, Vec::len);
+        if n == 0 {
+            break;
+        }
+        sizes.push(n);
+        assert!(sizes.len() < 100, "still delivering after 100 firings: {sizes:?}");
+    }
+    let delivered = host.delivered("changes");
+    assert_eq!(ids_of(&delivered), (1..=455).collect::<Vec<_>>());
+    assert!(sizes.iter().all(|n| *n <= 30), "{sizes:?}");
+    // AND the checkpoint passed both transactions, and the slot followed it and no further
+    let at = checkpoint(&app_name).await;
+    assert!(at.get("end").is_some(), "{at}");
+    run_ok(&host).await;
+    assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
+}
+
+#[tokio::test]
+async fn the_sql_reader_fallback_delivers_every_change_and_moves_the_slot_with_the_checkpoint() {
+    // GIVEN a function that reads the slot over SQL (for servers and poolers that refuse replication
+    // connections), in batches of 3
+    let db = Db::shared("logical_sqlreader", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({ "reader": "sql", "maxBatchSize": 3 }), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN rows are inserted, updated and deleted
+    db.insert(1..=5).await;
+    db.db.execute("UPDATE orders SET amount = 2 WHERE id = 2", &[]).await.expect("update");
+    db.db.execute("DELETE FROM orders WHERE id = 4", &[]).await.expect("delete");
+    let delivered = drain_all(&host).await;
+
+    // THEN every change arrives once, in order, and no stream ever held the slot
+    let got: Vec<(i64, i64)> =
+        changes(&delivered).iter().map(|(op, item)| (*op, item["id"].as_i64().unwrap_or(-1))).collect();
+    assert_eq!(got, [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 2), (2, 4)]);
+    assert!(!host.output().contains("streaming replication slot"), "{}", host.output());
+    assert_eq!(db.active_pid().await, None);
+    // AND the slot was advanced to the checkpoint, and no further
+    run_ok(&host).await;
+    assert_eq!(db.confirmed_flush().await, resume_lsn(&checkpoint(&app_name).await));
+}
+
+#[tokio::test]
+async fn on_sigterm_the_process_ends_its_stream_and_the_next_process_streams_the_slot_and_loses_nothing() {
+    // GIVEN a process streaming the slot, which delivered rows 1-3; rows 4-6 are written after
+    let db = Db::shared("logical_sigterm", ORDERS).await;
+    let (app, _) = logical_app(&db, "public.orders", json!({}), &[("Sql_Trigger_LeaseDurationMs", "1000")]);
+    let first = start(&app).await;
+    first_firing(&first).await;
+    db.insert(1..=3).await;
+    assert_eq!(ids_of(&drain_all(&first).await), [1, 2, 3]);
+    let pid = db.active_pid().await.expect("the stream holds the slot");
+    db.insert(4..=6).await;
+
+    // WHEN the host stops the process (SIGTERM, as on a scale-in or a deployment)
+    let status = first.terminate().await.expect("the handler stops");
+    assert!(status.success(), "the handler exited with {status}:\n{}", first.output());
+
+    // THEN the server lets the slot go, and the next process streams it and delivers exactly the rest
+    db.released_by(pid).await;
+    let next = start(&app).await;
+    fire_until_delivered(&next, FUNCTION).await;
+    let rest = drain_all(&next).await;
+    assert_eq!(ids_of(&rest), [4, 5, 6]);
+    assert!(next.output().contains("streaming replication slot"), "{}", next.output());
+}
+
+#[tokio::test]
+async fn the_stream_logs_in_with_scram_over_tls_as_every_other_connection_of_the_handler() {
+    // GIVEN a server with TLS (a self-signed certificate) that lets the function's login in only over TLS with
+    // a SCRAM-SHA-256 password, and a login with REPLICATION and a password
+    let certs = tempfile::tempdir().expect("a folder for the certificate");
+    let made = std::process::Command::new("openssl")
+        .current_dir(certs.path())
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-keyout", "server.key", "-out", "server.pem"])
+        .output()
+        .expect("the openssl CLI runs");
+    assert!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
+    let read = |name: &str| std::fs::read(certs.path().join(name)).expect("the certificate's files");
+    let options = embedded::PostgresOptions::default()
+        .file("server.pem", read("server.pem"))
+        .file("server.key", read("server.key"))
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.pem")
+        .setting("ssl_key_file", "server.key")
+        .file(
+            "pg_hba.conf",
+            "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhostssl all streamer 127.0.0.1/32 scram-sha-256\n",
+        );
+    let server = tokio::task::spawn_blocking(move || embedded::EmbeddedPostgres::start_with(options))
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("a TLS PostgreSQL starts: {e}"));
+    let admin = Db::private(&server.url(), "logical_scram", ORDERS).await;
+    admin
+        .db
+        .batch_execute(&format!(
+            "CREATE ROLE streamer LOGIN REPLICATION PASSWORD 'se cret'; GRANT SELECT ON orders TO streamer;
+             CREATE PUBLICATION {} FOR TABLE orders;",
+            admin.slot
+        ))
+        .await
+        .expect("the login and the publication");
+    let dbname: String = admin.db.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
+    let streamer = Db {
+        url: format!(
+            "host=localhost hostaddr=127.0.0.1 port={} user=streamer password='se cret' dbname={dbname} sslmode=require",
+            server.port()
+        ),
+        db: embedded::connect(&admin.url).await.expect("admin connection"),
+        slot: admin.slot.clone(),
+        _guard: SlotGuard { url: admin.url.clone(), slot: admin.slot.clone() },
+    };
+    let (app, _) =
+        logical_app(&streamer, "public.orders", json!({}), &[("Sql_Trigger_PostgresTrustServerCertificate", "true")]);
+
+    // WHEN the function runs and rows are written
+    let host = start(&app).await;
+    first_firing(&host).await;
+    streamer.insert(1..=3).await;
+
+    // THEN they arrive through the stream, and the server sees the stream's session encrypted
+    assert_eq!(ids_of(&drain_all(&host).await), [1, 2, 3]);
+    let pid = streamer.active_pid().await.expect("the stream holds the slot");
+    let ssl: bool =
+        admin.db.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid]).await.expect("pg_stat_ssl").get(0);
+    assert!(ssl, "the stream's session is not encrypted");
+    assert!(!host.output().contains("se cret"), "the password reached the log");
+}
+
+#[tokio::test]
+async fn an_idle_watched_table_keeps_no_more_than_the_quiet_period_of_wal_while_another_table_writes_200_mb() {
+    // GIVEN a private server (its WAL is this test's only), a function on a table that delivered one row and
+    // then stays idle, its stream open
+    let server = private_postgres().await;
+    let db = Db::private(&server.url(), "logical_idle200", ORDERS).await;
+    let (app, app_name) = logical_app(&db, "public.orders", json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+    db.insert([1]).await;
+    assert_eq!(ids_of(&drain_all(&host).await), [1]);
+
+    // WHEN another table writes about 200 MB of WAL, and the engine's quiet-advance period passes (the stored
+    // progress time is moved back past it), with a CHECKPOINT after the write (a running-transactions record,
+    // from which the slot's restart_lsn may move; on PostgreSQL 13-15 nothing else logs one on demand)
+    let before = db.wal_lsn().await;
+    db.db
+        .execute(
+            "INSERT INTO other (filler) SELECT string_agg(md5(g::text || '/' || i::text), '')
+             FROM generate_series(1, 200000) g, generate_series(1, 32) i GROUP BY g",
+            &[],
+        )
+        .await
+        .expect("write 200 MB elsewhere");
+    db.db.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    let written = db.wal_lsn().await;
+    let mb = (written - before) >> 20;
+    assert!(mb >= 200, "only {mb} MB of WAL written");
+    age_progress(&app_name, time::Duration::minutes(6)).await;
+    // Each firing waits at most streamPollMs for the stream to pass the WAL flushed before it (the server
+    // decodes the 200 MB once, spilling it to disk); the proven stretch is recorded and then acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let retained = loop {
+        run_ok(&host).await;
+        let (restart, confirmed): (i64, i64) = {
+            let row = db
+                .db
+                .query_one(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8,
+                        pg_wal_lsn_diff($2::text::pg_lsn, confirmed_flush_lsn)::int8
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&db.slot, &format!("{:X}/{:X}", written >> 32, written & 0xFFFF_FFFF)],
+                )
+                .await
+                .expect("the slot");
+            (row.get(0), row.get(1))
+        };
+        if confirmed <= 0 && restart < 16 << 20 {
+            break restart;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 120 s the slot still keeps {restart} bytes ({confirmed} bytes before the write's end unconfirmed)"
+        );
+    };
+
+    // THEN the slot keeps less than 16 MB of the 200 MB (the figure is printed), and never passed the
+    // checkpoint
+    eprintln!("an idle watched table's slot keeps {retained} bytes of WAL after {mb} MB written elsewhere");
+    assert_slot_within_checkpoint(&db, &app_name, "after the quiet advance").await;
+    // AND nothing more was delivered
+    assert_eq!(ids_of(&host.delivered("changes")), [1]);
 }

@@ -4,9 +4,9 @@ use super::*;
 use serde_json::json;
 
 /// One of the kind-specific readers.
-type Reader<T> = fn(&Map<String, Value>, &str, &mut Vec<ConfigError>) -> Option<T>;
+type ParseFn<T> = fn(&Map<String, Value>, &str, &mut Vec<ConfigError>) -> Option<T>;
 
-fn errors_of<T>(v: Value, parse: Reader<T>) -> Result<T, Vec<String>> {
+fn errors_of<T>(v: Value, parse: ParseFn<T>) -> Result<T, Vec<String>> {
     let mut errors = Vec::new();
     let parsed = parse(v.as_object().expect("an object"), "f/sqltrigger.json", &mut errors);
     match parsed {
@@ -29,13 +29,18 @@ fn logical_defaults_and_every_key() {
     assert_eq!(o.publication, "fn_orders");
     assert_eq!((o.delete_item, o.include_metadata, o.on_truncate), (DeleteItem::Key, false, OnTruncate::Fail));
     assert_eq!(o.wal_warn_bytes, 1 << 30);
+    assert_eq!((o.reader, o.buffer_bytes, o.buffer_changes), (Reader::Stream, 64 << 20, 100_000));
+    assert_eq!((o.poll_ms, o.idle_release_ms), (500, 30_000));
     let o = logical(json!({"slotName": "s", "publicationName": "p", "deleteItem": "row", "includeMetadata": true,
-        "onTruncate": "skip", "walRetainedWarnMb": "5"}))
+        "onTruncate": "skip", "walRetainedWarnMb": "5", "reader": "sql", "streamBufferMb": 2,
+        "streamBufferChanges": 500, "streamPollMs": 50, "streamIdleReleaseMs": "1000"}))
     .expect("valid");
     assert_eq!(
         (o.publication.as_str(), o.delete_item, o.on_truncate, o.wal_warn_bytes),
         ("p", DeleteItem::Row, OnTruncate::Skip, 5 << 20)
     );
+    assert_eq!((o.reader, o.buffer_bytes, o.buffer_changes), (Reader::Sql, 2 << 20, 500));
+    assert_eq!((o.poll_ms, o.idle_release_ms), (50, 1000));
 }
 
 #[test]
@@ -51,6 +56,11 @@ fn every_logical_mistake_names_its_key() {
         (json!({"slotName": "s", "includeMetadata": "yes"}), "includeMetadata"),
         (json!({"slotName": "s", "walRetainedWarnMb": 0}), "walRetainedWarnMb"),
         (json!({"slotName": "s", "cursorColumn": "v"}), "cursorColumn"),
+        (json!({"slotName": "s", "reader": "peek"}), "reader"),
+        (json!({"slotName": "s", "streamBufferMb": 0}), "streamBufferMb"),
+        (json!({"slotName": "s", "streamBufferChanges": -1}), "streamBufferChanges"),
+        (json!({"slotName": "s", "streamPollMs": "soon"}), "streamPollMs"),
+        (json!({"slotName": "s", "streamIdleReleaseMs": 1}), "streamIdleReleaseMs"),
     ] {
         let e = logical(v.clone()).expect_err("refused");
         assert!(e[0].starts_with(&format!("{key} in f/sqltrigger.json: ")), "{v}: {e:?}");

@@ -33,6 +33,16 @@ pub fn pool(setting: &str, connection: &Secret, size: usize, tls: &PostgresTls) 
         .map_err(|e| format!("cannot build the connection pool: {e}"))
 }
 
+/// The connection settings in app setting `setting`, read as [`pool`] reads them: for a client that opens its
+/// own connection (the logical source's replication stream).
+pub fn config(setting: &str, connection: &Secret) -> Result<tokio_postgres::Config, String> {
+    let mut config = connection_string::parse(setting, connection.expose())?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    Ok(config)
+}
+
 /// A connection that could not be opened, in words an operator can act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectFailure {

@@ -209,6 +209,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
     }
 }
 
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream<S> {
+    /// The `tls-server-end-point` hash, for a client that runs SCRAM itself (the logical source's replication
+    /// connection): what `channel_binding` below wraps.
+    pub fn server_end_point(&self) -> Option<Vec<u8>> {
+        let (_, session) = self.0.get_ref();
+        session.peer_certificates().and_then(<[_]>::first).and_then(|cert| tls_server_end_point(cert))
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for TlsStream<S> {
     /// `tls-server-end-point` (RFC 5929), so SCRAM authentication is bound to this TLS session
     /// (SCRAM-SHA-256-PLUS) and `channel_binding=require` works: a password exchange relayed through a

@@ -4,7 +4,7 @@
 use crate::config::{SourceKind, SourceOptions, SourceSpec};
 use crate::source::SourceError;
 
-pub use crate::config::{DeleteItem, OnTruncate, PostgresLogicalOptions as Options};
+pub use crate::config::{DeleteItem, OnTruncate, PostgresLogicalOptions as Options, Reader};
 
 impl Options {
     /// The logical keys of `spec`, which must be a postgres-logical spec.

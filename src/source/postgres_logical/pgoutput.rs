@@ -1,5 +1,5 @@
-//! The pgoutput logical replication messages (protocol version 1), decoded from the bytes
-//! `pg_logical_slot_peek_binary_changes` returns, one message per row.
+//! The pgoutput logical replication messages (protocol version 1), decoded from the bytes of one message: an
+//! XLogData's payload on the stream, or a row of `pg_logical_slot_peek_binary_changes` with `"reader": "sql"`.
 //!
 //! Layouts from PostgreSQL's "Logical Replication Message Formats" (protocol.sgml) and
 //! `src/backend/replication/logical/proto.c`; every integer is big-endian, strings are NUL-terminated.

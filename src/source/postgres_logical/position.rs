@@ -77,6 +77,18 @@ impl Pos {
         !self.precedes(place)
     }
 
+    /// Whether this position covers every change `other` covers: a reader that holds everything after `other`
+    /// can serve a read after this position. Exact where [`Ord`] is only conservative (a position inside the
+    /// transaction that commits at `L` includes `Pos::before(L)`, though it sorts before it).
+    pub fn includes(&self, other: Pos) -> bool {
+        match (other.end, self.end) {
+            (Some(other_end), Some(end)) => end >= other_end,
+            (Some(other_end), None) => self.commit >= other_end,
+            (None, Some(end)) => end > other.commit,
+            (None, None) => (self.commit, self.seq) >= (other.commit, other.seq),
+        }
+    }
+
     pub fn to_json(self) -> Value {
         match self.end {
             Some(end) => json!({ "lsn": self.commit.to_string(), "n": self.seq, "end": end.to_string() }),
@@ -153,6 +165,27 @@ mod tests {
         assert!(empty.covers(Place { commit: Lsn(1999), seq: 1 }));
         assert!(empty.precedes(Place { commit: Lsn(2000), seq: 1 }));
         assert!(done < empty);
+    }
+
+    #[test]
+    fn a_position_includes_exactly_what_it_covers_beyond_another() {
+        let before = Pos::before(Lsn(1000));
+        let inside = Pos { commit: Lsn(1000), seq: 3, end: None };
+        let done = Pos { commit: Lsn(1000), seq: 5, end: Some(Lsn(1040)) };
+        let earlier = Pos { commit: Lsn(900), seq: 9, end: None };
+        assert!(inside.includes(before) && done.includes(inside) && done.includes(before));
+        assert!(!before.includes(inside) && !inside.includes(done) && !earlier.includes(before));
+        assert!(before.includes(earlier) && inside.includes(inside) && done.includes(done));
+        assert!(!Pos { commit: Lsn(1000), seq: 2, end: None }.includes(inside));
+        // Checked against `covers` on every place around them.
+        let all = [before, inside, done, earlier, Pos::before(Lsn(1040)), Pos { commit: Lsn(1040), seq: 1, end: None }];
+        for a in all {
+            for b in all {
+                let places = (899..1042).flat_map(|c| (0..7).map(move |seq| Place { commit: Lsn(c), seq }));
+                let exact = places.clone().all(|p| !b.covers(p) || a.covers(p));
+                assert_eq!(a.includes(b), exact, "{a:?} includes {b:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Every statement the logical source runs. Names reach SQL only quoted (`Ident::pg`) or as parameters; slot
+//! Every statement the logical source runs on a pooled connection (the stream's commands are in `wire`). Names reach SQL only quoted (`Ident::pg`) or as parameters; slot
 //! and publication names are restricted to `[a-z0-9_]` by the options, and are parameters where PostgreSQL
 //! takes them as values.
 
@@ -59,16 +59,29 @@ pub const ADVANCE: &str = "SELECT end_lsn::text FROM pg_replication_slot_advance
 /// The WAL is flushed up to here: every commit record that starts before it can be decoded now.
 pub const FLUSH: &str = "SELECT pg_current_wal_flush_lsn()::text";
 
-/// Status: the slot's positions and the WAL it keeps the server from recycling.
-pub const SLOT_STATUS: &str = "SELECT confirmed_flush_lsn::text, restart_lsn::text,
-        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8,
-        coalesce(wal_status, ''), safe_wal_size, active_pid
+/// Status: the slot's positions, the WAL it keeps the server from recycling, and the session reading it.
+pub const SLOT_STATUS: &str = "SELECT s.confirmed_flush_lsn::text, s.restart_lsn::text,
+        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::int8,
+        coalesce(s.wal_status, ''), s.safe_wal_size, s.active_pid,
+        a.application_name::text, a.client_addr::text, a.backend_start::text
+    FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1";
+
+/// A temporary copy of the slot (`$1`) named `$2`, for status to peek at while the stream holds the slot.
+pub const COPY_SLOT: &str = "SELECT pg_copy_logical_replication_slot($1, $2, true)::text";
+
+/// Whether the slot (`$1`) has taken a flush report at or past `$2`.
+pub const CONFIRMED_AT: &str = "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, false)
     FROM pg_replication_slots WHERE slot_name = $1";
+
+/// Who holds the slot: the session of a backend pid.
+pub const HOLDER: &str = "SELECT coalesce(application_name, ''), coalesce(client_addr::text, 'local')
+    FROM pg_stat_activity WHERE pid = $1";
 
 /// Up to `$2` messages (give or take a transaction) from the slot, decoded by pgoutput, with the flush
 /// position read first and used as the bound: a stretch that ends at it without a change for this source is
 /// proven empty. The server clock comes along for the lag. One row with null message columns when there are
 /// no messages.
+/// The slot is `$1`, so status can peek at a temporary copy.
 pub fn peek(publication: &str) -> String {
     format!(
         "SELECT f.flush::text, f.now, p.lsn::text, p.data

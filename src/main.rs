@@ -148,6 +148,8 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Listening for SIGTERM before saying ready: a stop right after start-up ends the process cleanly.
+    let signals = sql_pseudo_trigger::shutdown::listen();
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(l) => l,
         Err(e) => {
@@ -197,7 +199,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
             }
             return ExitCode::SUCCESS;
         }
-        () = sql_pseudo_trigger::shutdown::signal() => {}
+        () = signals.recv() => {}
     }
     tracing::info!("shutting down: finishing the invocation in flight (at most {DRAIN_TIMEOUT:?})");
     let _ = stop_tx.send(());
@@ -245,8 +247,9 @@ async fn run(
         });
         tracing::info!(port, "admin routes served at /admin (Sql_Trigger_AdminKey required)");
     }
+    let signals = sql_pseudo_trigger::shutdown::listen();
     tokio::spawn(async move {
-        sql_pseudo_trigger::shutdown::signal().await;
+        signals.recv().await;
         tracing::info!("stopping: finishing the batch in hand");
         let _ = stop_tx.send(true);
     });

@@ -16,7 +16,7 @@ pub enum TickError {
     #[error("the state document {key} cannot be used: {detail}. Nothing was written over it. Fix that field by hand, or start function {function} over with `handler state reset {function} --to earliest|now --confirm` (earliest re-delivers what the source still holds, now skips to its end)")]
     CorruptState { function: String, key: String, detail: String },
     /// A quarantine document is missing or does not decode.
-    #[error("the quarantine document {key} cannot be used ({detail}); inspect it with `handler state quarantine show`, then restore it or drop the batch from the state's retry list with `handler state reset`")]
+    #[error("the quarantine document {key} cannot be used ({detail}); restore it, or empty the function's queue of quarantined batches to retry with `handler state reset <function> --to <its checkpoint> --confirm` (`handler state show` prints the checkpoint)")]
     CorruptQuarantine { key: String, detail: String },
     #[error("the source changed since the state was written (stored {stored}, configured {configured}): stored positions would be misread; run `handler state reset {function} --to earliest|now --confirm` to start over")]
     FingerprintChanged { function: String, stored: String, configured: String },

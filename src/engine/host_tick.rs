@@ -11,6 +11,7 @@
 
 use super::decide::{self, Answered, Next, Sent};
 use super::error::TickError;
+use super::ledger::Ledger;
 use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
 use crate::change::Change;
@@ -47,7 +48,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
             match &flight.quarantined {
                 // A retry of a quarantined batch that sink mode recorded: back on the operator's list.
                 Some(key) => {
-                    if let Some(id) = quarantined_batch_id(key) {
+                    if let Some(id) = Ledger::quarantine_batch_id(key) {
                         tick.doc.requeue_quarantine_retry(id);
                     }
                 }
@@ -214,11 +215,6 @@ async fn fetch_reply(
     let batch_id = range.batch_id;
     answered.span.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
     Ok(Some(Reply { batch_id, changes: fetched.changes, kind: OutcomeKind::Delivered, why: None }))
-}
-
-/// The batch id in a quarantine document's key (`.../quarantine/{id:020}.json`).
-fn quarantined_batch_id(key: &str) -> Option<u64> {
-    key.rsplit('/').next()?.strip_suffix(".json")?.parse().ok()
 }
 
 /// A std duration as a time duration (saturating; settings are bounded far below the limit).

@@ -77,6 +77,14 @@ impl Ledger {
         parse(&self.key, &v.bytes).map(|doc| Some((doc, v.etag)))
     }
 
+    /// The state document as it reads with its types alone, without the checks that refuse a hand-edited one:
+    /// for an operator's reset, which then keeps its batch ids and counters. `None` when there is none or it
+    /// does not read even so.
+    pub async fn load_unchecked(&self) -> Result<Option<(StateDoc, Etag)>, TickError> {
+        let Some(v) = self.store.load(&self.key).await? else { return Ok(None) };
+        Ok(serde_json::from_slice(&v.bytes).ok().map(|doc| (doc, v.etag)))
+    }
+
     /// The stored document's etag, whether or not it parses (an operator's reset replaces a corrupt one).
     pub async fn etag(&self) -> Result<Option<Etag>, TickError> {
         Ok(self.store.load(&self.key).await?.map(|v| v.etag))
@@ -107,6 +115,11 @@ impl Ledger {
     fn stamp(&self, doc: &mut StateDoc, by: &str) -> Vec<u8> {
         doc.stamp(by, self.clock.now());
         serde_json::to_vec(doc).expect("state documents serialize")
+    }
+
+    /// The batch id in a quarantine document's key (`.../quarantine/{id:020}.json`).
+    pub fn quarantine_batch_id(key: &str) -> Option<u64> {
+        key.rsplit('/').next()?.strip_suffix(".json")?.parse().ok()
     }
 
     /// The store key of batch `batch_id`'s quarantine document.

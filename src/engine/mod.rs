@@ -155,7 +155,10 @@ impl Trigger {
     pub async fn tick(&self, attempt: &Attempt) -> Result<TickOutcome, TickError> {
         match &self.delivery {
             Delivery::Sink(sink) => return self.tick_into(sink.as_ref()).await,
-            Delivery::SinkMissing => return Err(TickError::SinkMissing(self.config.name.clone())),
+            Delivery::SinkMissing => {
+                let refused = TickError::SinkMissing(self.config.name.clone());
+                return self.timed(async { Err(refused) }).await;
+            }
             Delivery::Deferred | Delivery::Immediate => {}
         }
         let mut memory = self.memory.lock().await;

@@ -8,7 +8,7 @@
 
 use super::document::{Origin, StateDoc};
 use super::error::TickError;
-use super::ledger::Saved;
+use super::ledger::{Ledger, Saved};
 use super::parts::Trigger;
 use super::tick::Tick;
 use crate::source::{Lag, Position, SourceError, StartFrom};
@@ -285,8 +285,9 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
     })
 }
 
-/// Moves the checkpoint, drops the batch in flight, clears a halt, and adopts the configured source's
-/// fingerprint (the way out of a "source changed" refusal). Needs `confirm`: it can skip or repeat changes.
+/// Moves the checkpoint, drops the batch in flight and the queue of quarantined batches to retry, clears a halt,
+/// adopts the configured source's fingerprint (the way out of a "source changed" refusal) and starts a new
+/// lineage (the way out of a refused hand edit). Needs `confirm`: it can skip or repeat changes.
 async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Value, OpsError> {
     if !confirm {
         return Err(OpsError::NeedsConfirmation(format!(
@@ -302,16 +303,26 @@ async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Val
             p
         }
     };
-    let loaded = t.load().await;
-    let (mut doc, etag) = match loaded {
+    let (mut doc, etag) = match t.load().await {
         Ok(Some((doc, etag))) => (doc, Some(etag)),
-        Ok(None) | Err(TickError::CorruptState { .. }) => (Tick::new_doc(t, position.clone()), None),
+        Ok(None) => (Tick::new_doc(t, position.clone()), None),
+        // A document refused as edited by hand: reset it as it reads (its batch ids, counters and quarantine list
+        // go on); one that does not read at all is replaced, under its etag, by a new one whose batch ids start
+        // after every quarantine document in the store (an id given out again would find the old batch's
+        // document there and keep it in place of the new one's changes).
+        Err(TickError::CorruptState { .. }) => match t.ledger.load_unchecked().await? {
+            Some((doc, etag)) => (doc, Some(etag)),
+            None => {
+                let mut doc = Tick::new_doc(t, position.clone());
+                if let Some(last) =
+                    t.ledger.list_quarantine().await?.iter().filter_map(|k| Ledger::quarantine_batch_id(k)).max()
+                {
+                    doc.continue_ids_after(last);
+                }
+                (doc, t.ledger.etag().await?)
+            }
+        },
         Err(e) => return Err(e.into()),
-    };
-    // A document that does not parse is replaced, under its etag.
-    let etag = match etag {
-        None => t.ledger.etag().await?,
-        some => some,
     };
     let (source, fingerprint) = (t.source.name(), t.source.fingerprint());
     doc.reset(position.clone(), Origin { function: t.name(), source: &source, fingerprint: &fingerprint });

@@ -57,7 +57,7 @@ impl std::fmt::Debug for Delivery {
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     /// The document this process wrote last and its etag, so the next tick need not read it back (see
-    /// `tick::tick_inner`). Taken at the start of a tick: any failure leaves it empty and the next tick reads.
+    /// `Trigger::run`). Taken at the start of a tick: any failure leaves it empty and the next tick reads.
     pub(super) written: Option<(StateDoc, Etag)>,
     /// Deferred delivery: the batches answered to the host and not proven written (`decide`).
     pub(super) answered: decide::Answered,

@@ -53,8 +53,8 @@ impl<'a> Tick<'a> {
         let name = &trigger.config.name;
         decide::check_fingerprint(&doc, name, &trigger.source.fingerprint())?;
         // A document edited by hand into one no handler writes is refused before anything acts on it.
-        let seen = memory.lineage.unwrap_or_default();
-        let edited = decide::token_moved_back(&doc, seen)
+        let seen = memory.lineage.clone().unwrap_or_default();
+        let edited = decide::token_moved_back(&doc, &seen)
             .or_else(|| decide::span_backward(&doc, |a, b| trigger.source.position_order(a, b)));
         if let Some(detail) = edited {
             let (function, key) = (name.clone(), trigger.ledger.key().to_string());

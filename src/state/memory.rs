@@ -16,6 +16,11 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Removes a document, as an operator who deletes a blob by hand would (tests).
+    pub fn delete(&self, key: &str) {
+        self.docs.lock().expect("memory store lock").remove(key);
+    }
 }
 
 #[async_trait::async_trait]

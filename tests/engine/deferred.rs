@@ -31,6 +31,7 @@ use sql_pseudo_trigger::config::{
 };
 use sql_pseudo_trigger::engine::document::{QuarantineDoc, StateDoc};
 use sql_pseudo_trigger::engine::{ErrorKind, OutcomeKind, TickError, Trigger};
+use sql_pseudo_trigger::ops::ResetTo;
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
 use sql_pseudo_trigger::source::Source;
 use sql_pseudo_trigger::state::{MemoryStore, StateStore, StoreError};
@@ -1661,4 +1662,72 @@ async fn a_checkpoint_of_another_source_kind_is_refused_with_the_state_untouched
     assert!(err.to_string().contains("bad position"), "{err}");
     let stored = world.store.load(STATE_KEY).await.expect("load").expect("still there");
     assert_eq!(stored.bytes, bytes);
+}
+
+#[tokio::test]
+async fn a_document_deleted_and_created_again_is_not_taken_for_a_hand_edit() {
+    // GIVEN a process that answered under token 1 and settled nothing yet, and a second that took over (token 2)
+    let world = World::new();
+    world.upsert(1..=2);
+    let short = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    let p1 = world.process("p1", short.clone());
+    p1.answer(NORMAL, Output::Written).await;
+    let p2 = world.process("p2", short);
+    p2.answer(NORMAL, Output::Written).await;
+    assert_eq!(world.state().await.lease.map(|l| l.token), Some(2));
+
+    // WHEN an operator deletes the document, and each process ticks on the new one (whose tokens restart)
+    world.store.delete(STATE_KEY);
+    let again = p2.answer(NORMAL, Output::Written).await;
+    let other = p1.answer(NORMAL, Output::Written).await;
+
+    // THEN neither refuses it: it is a new lineage, delivered again from the start
+    assert_eq!(again.kind, OutcomeKind::Delivered, "{again:?}");
+    assert!(
+        matches!(other.kind, OutcomeKind::LeaseHeld | OutcomeKind::Delivered | OutcomeKind::Redelivered),
+        "{other:?}"
+    );
+    world.assert_nothing_lost();
+}
+
+#[tokio::test]
+async fn a_refused_hand_edit_is_cleared_by_a_reset_which_keeps_the_batch_ids() {
+    // GIVEN a process refusing a document whose token was moved back by hand
+    let world = World::new();
+    world.upsert(1..=2);
+    let short = TriggerSettings { lease_duration: Duration::ZERO, ..settings() };
+    world.process("p1", short.clone()).answer(NORMAL, Output::Written).await;
+    let p2 = world.process("p2", short);
+    p2.answer(NORMAL, Output::Written).await;
+    let next_id = world.state().await.next_batch_id;
+    overwrite_state(&world, |d| d["lease"]["token"] = json!(1)).await;
+    assert!(matches!(p2.error(NORMAL).await, TickError::CorruptState { .. }));
+
+    // WHEN an operator resets it, as the refusal says
+    sql_pseudo_trigger::ops::reset(&p2.trigger, ResetTo::Earliest, true, "test").await.expect("reset");
+
+    // THEN the next tick delivers again, and batch ids go on from where they were
+    let answer = p2.answer(NORMAL, Output::Written).await;
+    assert_eq!(answer.kind, OutcomeKind::Delivered, "{answer:?}");
+    assert_eq!(answer.batch_id, Some(next_id));
+}
+
+#[tokio::test]
+async fn a_reset_over_an_unreadable_document_gives_out_no_batch_id_a_quarantine_document_holds() {
+    // GIVEN a store holding quarantine documents for batches 1 and 7, and a state document that is not JSON
+    let world = World::new();
+    world.upsert(1..=2);
+    let p = world.process("p1", settings());
+    for id in [1u64, 7] {
+        let key = format!("{APP}/{FUNCTION}/quarantine/{id:020}.json");
+        world.store.save_if(&key, b"{}", None).await.expect("a quarantine document");
+    }
+    world.store.save_if(STATE_KEY, b"{not json", None).await.expect("written");
+
+    // WHEN an operator resets it and the function runs
+    sql_pseudo_trigger::ops::reset(&p.trigger, ResetTo::Earliest, true, "test").await.expect("reset");
+    let answer = p.answer(NORMAL, Output::Written).await;
+
+    // THEN the first batch after it takes id 8, not one whose quarantine document is already there
+    assert_eq!((answer.kind, answer.batch_id), (OutcomeKind::Delivered, Some(8)));
 }

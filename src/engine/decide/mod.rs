@@ -199,10 +199,11 @@ pub fn poison_of(sent: &Sent) -> Poison {
     }
 }
 
-/// What this process last saw of a function's document: its fencing token, and how many batches it had
-/// settled (acknowledged or quarantined), which only grows while the document lives.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What this process last saw of a function's document: its identity (`StateDoc::lineage`), its fencing
+/// token, and how many batches it had settled (acknowledged or quarantined), which only grows while it lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lineage {
+    pub id: String,
     pub token: u64,
     pub settled: u64,
 }
@@ -210,19 +211,22 @@ pub struct Lineage {
 impl Lineage {
     pub fn of(doc: &StateDoc) -> Self {
         Self {
+            id: doc.lineage.clone(),
             token: doc.lease.as_ref().map_or(0, |l| l.token),
-            settled: doc.counters.batches + doc.counters.quarantined,
+            settled: doc.counters.batches.saturating_add(doc.counters.quarantined),
         }
     }
 }
 
-/// Why `doc` cannot follow what this process saw (`seen`), if it cannot: its fencing token went back while it
-/// settled no fewer batches, so it is the same document, edited by hand (tokens only grow, see
-/// `StateDoc::take_lease`). A document that settled fewer batches is a new one (deleted and started over),
-/// whose tokens restart on purpose (sink mode then raises them above the destination's).
-pub fn token_moved_back(doc: &StateDoc, seen: Lineage) -> Option<String> {
+/// Why `doc` cannot follow what this process saw (`seen`), if it cannot: within one lineage its fencing token
+/// went back while it settled no fewer batches, so it was edited by hand (tokens only grow, see
+/// `StateDoc::take_lease`). Another lineage (a document deleted and created again, or reset by an operator)
+/// restarts its tokens on purpose (sink mode then raises them above the destination's), and so does a
+/// document that settled fewer batches (written before lineages existed, and recreated).
+pub fn token_moved_back(doc: &StateDoc, seen: &Lineage) -> Option<String> {
     let now = Lineage::of(doc);
-    (now.settled >= seen.settled && now.token < seen.token).then(|| {
+    let same = now.id == seen.id;
+    (same && now.settled >= seen.settled && now.token < seen.token).then(|| {
         format!(
             "field `lease.token` is {}, below the {} this process saw on the same document: fencing tokens never go back, and a lower one would let a deposed owner's writes through",
             now.token, seen.token

@@ -66,6 +66,12 @@ pub struct StateDoc {
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
     pub updated_by: String,
+    /// This document's identity: minted when it is created and at every operator reset, kept by every other
+    /// write. Fencing tokens only grow within one lineage; a deleted and recreated document, or a reset one, is
+    /// a new lineage whose tokens may start lower (see `decide::token_moved_back`). Empty in documents written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lineage: String,
 }
 
 /// Who is writing, for a new document's fields: the function, the source's name and fingerprint.
@@ -100,6 +106,7 @@ impl StateDoc {
             write_id: String::new(),
             updated_at: now,
             updated_by: by.to_string(),
+            lineage: uuid::Uuid::new_v4().to_string(),
         }
     }
 
@@ -115,7 +122,7 @@ impl StateDoc {
     /// The id of a new batch. Who: a tick that fetched one, or that splits an owed range into pages.
     pub fn allocate_batch_id(&mut self) -> u64 {
         let id = self.next_batch_id;
-        self.next_batch_id += 1;
+        self.next_batch_id = self.next_batch_id.saturating_add(1);
         id
     }
 
@@ -366,12 +373,19 @@ impl StateDoc {
         }
     }
 
-    /// Moves the checkpoint to `position`, drops the batch in flight, clears a halt and adopts the configured
-    /// source (the way out of a "source changed" refusal). Who: an operator, with confirmation.
+    /// Moves the checkpoint to `position`, drops the batch in flight and the queue of quarantined batches to
+    /// retry, clears a halt, adopts the configured source (the way out of a "source changed" refusal) and starts
+    /// a new lineage (the way out of a refused hand edit). Batch ids, counters and the quarantine list go on.
+    /// Who: an operator, with confirmation.
     pub fn reset(&mut self, position: Position, origin: Origin<'_>) {
         self.checkpoint = position;
         self.in_flight = None;
         self.halted = None;
+        // The operator's queue of quarantined batches goes too: one whose document is missing would block every
+        // tick. The documents stay in the store, to queue again.
+        self.retry_quarantined.clear();
+        // A new lineage: a token an operator moved back by hand is accepted from here on.
+        self.lineage = uuid::Uuid::new_v4().to_string();
         self.fingerprint = origin.fingerprint.to_string();
         self.source = origin.source.to_string();
     }
@@ -381,6 +395,12 @@ impl StateDoc {
     pub fn replay(&mut self, from: Position) -> Position {
         self.in_flight = None;
         std::mem::replace(&mut self.checkpoint, from)
+    }
+
+    /// Batch ids continue after `batch_id` (at least): a document recreated over a store that holds quarantine
+    /// documents must not give their ids out again. Who: an operator's reset of an unreadable document.
+    pub fn continue_ids_after(&mut self, batch_id: u64) {
+        self.next_batch_id = self.next_batch_id.max(batch_id.saturating_add(1));
     }
 
     /// Queues a quarantined batch for re-delivery before new changes. Who: an operator.

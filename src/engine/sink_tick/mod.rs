@@ -22,7 +22,7 @@
 //! `raise_fence`): then the token is raised past it and the next tick delivers the batch again.
 //!
 //! A delivering tick costs two conditional writes (record, acknowledge), plus a read when this process did not
-//! write the state last (see `Trigger::record`) and one write per heartbeat; while a backlog drains, one
+//! write the state last (see `Trigger::run`) and one write per heartbeat; while a backlog drains, one
 //! write (see "Chaining").
 //!
 //! # Chaining

@@ -5,7 +5,7 @@ use super::options::DeleteItem;
 use super::{sql, PostgresLogical};
 use crate::ident::Ident;
 use crate::source::SourceError;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The table as the catalog describes it.
 #[derive(Debug)]
@@ -15,7 +15,22 @@ pub(super) struct Shape {
     pub key: Vec<Ident>,
     /// The column names, in table order.
     pub columns: Vec<String>,
+    /// Every column, in table order, with its type as the catalog read at start has it (`item::plan`).
+    pub catalog: Vec<CatalogColumn>,
+    /// The columns of `Item`, in `Item` order.
+    pub item_columns: Vec<Ident>,
     pub items: String,
+    /// How the last Relation message said `Item`s are built (logged when it changes).
+    pub items_path: Mutex<Option<Result<(), String>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CatalogColumn {
+    pub name: String,
+    pub oid: u32,
+    pub typmod: i32,
+    /// As SQL spells it (`format_type`).
+    pub type_name: String,
 }
 
 impl PostgresLogical {
@@ -56,12 +71,11 @@ impl PostgresLogical {
         };
         let (oid, identity, schema, name): (u32, String, String, String) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
-        let columns: Vec<(String, String, bool)> = client
-            .query(sql::COLUMNS, &[&oid])
-            .await
-            .map_err(|e| self.error(e))?
+        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| self.error(e))?;
+        let columns: Vec<(String, String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        let catalog: Vec<CatalogColumn> = rows
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .map(|r| CatalogColumn { name: r.get(0), type_name: r.get(1), oid: r.get(3), typmod: r.get(4) })
             .collect();
         let has = |c: &Ident| columns.iter().any(|(n, _, _)| n == c.as_str());
         let key: Vec<Ident> = match &self.spec.primary_key {
@@ -152,6 +166,9 @@ impl PostgresLogical {
             items: sql::items(&quoted, &key, &item_columns),
             key,
             columns: columns.into_iter().map(|(n, _, _)| n).collect(),
+            catalog,
+            item_columns: wanted,
+            items_path: Mutex::new(None),
         })
     }
 

@@ -26,6 +26,7 @@
 mod buffer;
 mod catalog;
 mod decode;
+mod item;
 mod options;
 mod peek;
 mod pgoutput;

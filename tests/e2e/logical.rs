@@ -1135,11 +1135,17 @@ async fn json_and_jsonb_columns_keep_their_text_and_exact_numbers_as_the_cursor_
 }
 
 /// Every type whose `Item` the handler builds itself (int2/4/8, numeric, bool, text, varchar, bpchar, name,
-/// uuid, json, jsonb), with a name that needs escaping; `{extra}` adds columns.
+/// uuid, xid8, json, jsonb, date, timestamp, timestamptz), with a name that needs escaping; `{extra}` adds
+/// columns. The database's sessions write dates as `SQL, DMY` in a time zone whose offsets had seconds (LMT).
 fn handler_built_table(table: &str, extra: &str) -> String {
     format!(
         r#"CREATE TABLE public.{table} (id int8 PRIMARY KEY, i2 int2, i4 int4, i8 int8, n numeric, n2 numeric(12, 2),
-            ok bool, t text, v varchar(20), c char(5), nm name, u uuid, js json, jb jsonb, "Odd ""name"" é\" text{extra})"#
+            ok bool, t text, v varchar(20), c char(5), nm name, u uuid, js json, jb jsonb, "Odd ""name"" é\" text,
+            x8 xid8 DEFAULT pg_current_xact_id(), d date, ts timestamp, tz timestamptz{extra});
+        DO $$ BEGIN
+            EXECUTE format('ALTER DATABASE %I SET timezone TO %L', current_database(), 'Europe/Amsterdam');
+            EXECUTE format('ALTER DATABASE %I SET DateStyle TO %L', current_database(), 'SQL, DMY');
+        END $$;"#
     )
 }
 
@@ -1147,8 +1153,10 @@ fn handler_built_table(table: &str, extra: &str) -> String {
 /// table made by [`handler_built_table`]; returns the `Item` the cursor source would send for each change,
 /// read right after its write (a delete's: its key).
 async fn write_tricky_values(db: &Db, table: &str) -> Vec<(i64, String)> {
-    // row_to_json of the whole row: no bytea, so the cursor source's projection is the same
+    // row_to_json of the whole row (no bytea, so the cursor source's projection is the same), in a session
+    // with the database's settings
     let cursor_item = format!("SELECT row_to_json(w)::text FROM public.{table} w WHERE w.id = $1");
+    let fresh = embedded::connect(&db.url).await.expect("a session with the database's settings");
     let cols = r#"id, i2, i4, i8, n, n2, ok, t, v, c, nm, u, js, jb, "Odd ""name"" é\""#;
     let writes: Vec<(i64, i64, String)> = vec![
         (0, 1, format!(r#"INSERT INTO {table} ({cols}) VALUES (1, -32768, -2147483648, -9223372036854775808,
@@ -1164,6 +1172,17 @@ async fn write_tricky_values(db: &Db, table: &str) -> Vec<(i64, String)> {
         (0, 5, format!(r#"INSERT INTO {table} ({cols}) VALUES (5, 0, 0, 0, -0.0, 0, false, '', '', '', '',
             '00000000-0000-0000-0000-000000000000', '  [ ]  ', '"just a string"', '')"#)),
         (0, 6, format!("INSERT INTO {table} (id, js, jb) VALUES (6, 'null', 'null')")),
+        (0, 7, format!("INSERT INTO {table} (id, x8, d, ts, tz) VALUES (7, '18446744073709551615', '2024-02-29',
+            '1999-12-31 23:59:59.999999', '2024-02-29 23:59:59.123456+05:30')")),
+        (0, 8, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (8, 'infinity', '-infinity', 'infinity')")),
+        (0, 9, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (9, '-infinity', 'infinity', '-infinity')")),
+        // local mean time (+00:19:32), a summer time, a time zone of minutes, a year of five digits
+        (0, 10, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (10, '12345-01-01', '1850-01-01 00:00:00',
+            '1850-01-01 00:00:00')")),
+        (0, 11, format!("INSERT INTO {table} (id, ts, tz) VALUES (11, '2024-07-01 12:00:00.5', '2024-07-01 12:00:00-03:30')")),
+        // BC: left to the statement, value by value
+        (0, 12, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (12, '0044-03-15 BC', '0044-03-15 12:00:00 BC',
+            '0044-03-15 12:00:00+00 BC')")),
         (1, 1, format!("UPDATE {table} SET t = E'\\\\\"', n = 0.000000000000000000000000000001, jb = '[1, \"two\", 3.0]' WHERE id = 1")),
         (2, 2, format!("DELETE FROM {table} WHERE id = 2")),
         // a new key: the delete of key 3, then the insert of row 30
@@ -1177,7 +1196,7 @@ async fn write_tricky_values(db: &Db, table: &str) -> Vec<(i64, String)> {
         }
         let item = match op {
             2 => format!("{{\"id\":{id}}}"),
-            _ => db.db.query_one(&cursor_item, &[&id]).await.expect("the cursor's item").get(0),
+            _ => fresh.query_one(&cursor_item, &[&id]).await.expect("the cursor's item").get(0),
         };
         expected.push((op, item));
     }

@@ -22,6 +22,8 @@ pub(super) struct Shape {
     pub items: String,
     /// How the last Relation message said `Item`s are built (logged when it changes).
     pub items_path: Mutex<Option<Result<(), String>>>,
+    /// The `TimeZone` of the pooled sessions (read at start): the stream writes times in it.
+    pub time_zone: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +54,7 @@ impl PostgresLogical {
         let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.error(e))?;
         let (wal_level, login, replication, version): (String, String, bool, i32) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
+        let time_zone: String = row.get(4);
         if version < 130_000 {
             return Err(SourceError::Invalid(format!(
                 "postgres-logical needs PostgreSQL 13 or later (it reads pg_replication_slots.wal_status to tell an invalidated slot), and the server is version {}; use postgres-cursor, or upgrade",
@@ -169,6 +172,7 @@ impl PostgresLogical {
             catalog,
             item_columns: wanted,
             items_path: Mutex::new(None),
+            time_zone,
         })
     }
 

@@ -34,6 +34,10 @@ pub(super) enum Render {
     Text,
     /// The text itself (json, jsonb).
     Json,
+    /// date, timestamp, timestamptz written in ISO (`DateStyle` ISO): `row_to_json`'s ISO 8601 with `T`.
+    Date,
+    Timestamp,
+    TimestampTz,
 }
 
 /// The render of a type OID pgoutput names, when it is on the whitelist.
@@ -42,8 +46,11 @@ pub(super) fn render_of(type_oid: u32) -> Option<Render> {
         20 | 21 | 23 => Render::Integer,
         1700 => Render::Numeric,
         16 => Render::Bool,
-        19 | 25 | 1042 | 1043 | 2950 => Render::Text,
+        19 | 25 | 1042 | 1043 | 2950 | 5069 => Render::Text,
         114 | 3802 => Render::Json,
+        1082 => Render::Date,
+        1114 => Render::Timestamp,
+        1184 => Render::TimestampTz,
         _ => return None,
     })
 }
@@ -55,8 +62,9 @@ pub(super) struct Plan {
     key: Vec<(String, String, Render)>,
 }
 
-/// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement.
-pub(super) fn plan(r: &Relation, shape: &Shape) -> Result<Plan, String> {
+/// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement. `iso_times`:
+/// the WAL's dates and times are ISO, in the time zone of the sessions that build Items (the stream's are).
+pub(super) fn plan(r: &Relation, shape: &Shape, iso_times: bool) -> Result<Plan, String> {
     let same = r.columns.len() == shape.catalog.len()
         && r.columns
             .iter()
@@ -74,6 +82,12 @@ pub(super) fn plan(r: &Relation, shape: &Shape) -> Result<Plan, String> {
         let render = render_of(k.oid).ok_or_else(|| {
             format!("column {name:?} is {} (type OID {}), whose JSON the handler does not build", k.type_name, k.oid)
         })?;
+        if !iso_times && matches!(render, Render::Date | Render::Timestamp | Render::TimestampTz) {
+            return Err(format!(
+                "column {name:?} is {}, and the SQL reader's text of it follows the session's DateStyle",
+                k.type_name
+            ));
+        }
         Ok((name.to_string(), escape_json(name), render))
     };
     let row = shape.item_columns.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;
@@ -125,9 +139,66 @@ fn render_value(render: Render, text: &str, out: &mut String) -> Option<()> {
         Render::Bool if text == "f" => out.push_str("false"),
         Render::Text => out.push_str(&escape_json(text)),
         Render::Json => out.push_str(text),
+        Render::Date | Render::Timestamp | Render::TimestampTz => {
+            let iso = if matches!(text, "infinity" | "-infinity") { text.to_string() } else { iso_8601(render, text)? };
+            out.push('"');
+            out.push_str(&iso);
+            out.push('"');
+        }
         _ => return None,
     }
     Some(())
+}
+
+/// A date or time in `DateStyle` ISO (`2024-02-29 23:59:59.5+05:30`) as `row_to_json` writes it (XSD: `T`
+/// between date and time, a time zone always with minutes); `None` for what ISO output does not write (and
+/// for BC dates, left to the statement).
+fn iso_8601(render: Render, text: &str) -> Option<String> {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    let (date, rest) = match render {
+        Render::Date => (text, None),
+        _ => text.split_once(' ').map(|(d, r)| (d, Some(r)))?,
+    };
+    let mut d = date.split('-');
+    let (y, m, day) = (d.next()?, d.next()?, d.next()?);
+    if d.next().is_some() || y.len() < 4 || !digits(y, y.len()) || !digits(m, 2) || !digits(day, 2) {
+        return None;
+    }
+    let Some(rest) = rest else { return Some(date.to_string()) };
+    let (time, zone) = match render {
+        Render::TimestampTz => {
+            let at = rest.find(['+', '-'])?;
+            (&rest[..at], Some((&rest[at..at + 1], &rest[at + 1..])))
+        }
+        _ => (rest, None),
+    };
+    let (hms, fraction) = match time.split_once('.') {
+        Some((hms, f)) if !f.is_empty() && f.len() <= 6 && digits(f, f.len()) => (hms, Some(f)),
+        Some(_) => return None,
+        None => (time, None),
+    };
+    let mut t = hms.split(':');
+    let (h, mi, s) = (t.next()?, t.next()?, t.next()?);
+    if t.next().is_some() || !digits(h, 2) || !digits(mi, 2) || !digits(s, 2) {
+        return None;
+    }
+    let mut out = format!("{date}T{hms}");
+    if let Some(f) = fraction {
+        out.push('.');
+        out.push_str(f);
+    }
+    if let Some((sign, zone)) = zone {
+        let parts: Vec<&str> = zone.split(':').collect();
+        if parts.is_empty() || parts.len() > 3 || !parts.iter().all(|p| digits(p, 2)) {
+            return None;
+        }
+        out.push_str(sign);
+        out.push_str(zone);
+        if parts.len() == 1 {
+            out.push_str(":00");
+        }
+    }
+    Some(out)
 }
 
 /// `-?(0|[1-9][0-9]*)`, and with `fraction` an optional `.[0-9]+`: what int and numeric output write for a
@@ -225,6 +296,41 @@ mod tests {
     }
 
     #[test]
+    fn iso_dates_and_times_become_iso_8601_with_t_and_a_zone_with_minutes() {
+        let q = |s: &str| Some(format!("\"{s}\""));
+        assert_eq!(one(Render::Date, "2024-02-29"), q("2024-02-29"));
+        assert_eq!(one(Render::Date, "12345-01-01"), q("12345-01-01"));
+        assert_eq!(one(Render::Timestamp, "1999-12-31 23:59:59.999999"), q("1999-12-31T23:59:59.999999"));
+        assert_eq!(one(Render::Timestamp, "1999-12-31 23:59:59"), q("1999-12-31T23:59:59"));
+        assert_eq!(one(Render::TimestampTz, "2024-02-29 20:29:59.123456+02"), q("2024-02-29T20:29:59.123456+02:00"));
+        assert_eq!(one(Render::TimestampTz, "2024-02-29 14:29:59-04:30"), q("2024-02-29T14:29:59-04:30"));
+        assert_eq!(one(Render::TimestampTz, "1850-01-01 00:00:00+00:19:32"), q("1850-01-01T00:00:00+00:19:32"));
+        for r in [Render::Date, Render::Timestamp, Render::TimestampTz] {
+            assert_eq!(one(r, "infinity"), q("infinity"));
+            assert_eq!(one(r, "-infinity"), q("-infinity"));
+        }
+    }
+
+    #[test]
+    fn dates_and_times_in_another_style_or_bc_are_left_to_the_statement() {
+        for text in ["2024-02-29 BC", "02/29/2024", "29.02.2024", "2024-2-29", "Thu Feb 29 2024", ""] {
+            assert_eq!(one(Render::Date, text), None, "{text:?}");
+        }
+        for text in ["0001-01-01 00:00:00 BC", "2024-02-29T23:59:59", "Thu Feb 29 23:59:59 2024", "2024-02-29 23:59"] {
+            assert_eq!(one(Render::Timestamp, text), None, "{text:?}");
+        }
+        for text in [
+            "0001-01-01 00:00:00+00 BC",
+            "2024-02-29 23:59:59",
+            "2024-02-29 23:59:59 CET",
+            "2024-02-29 23:59:59+2",
+            "Thu 29 Feb 23:59:59 2024 CET",
+        ] {
+            assert_eq!(one(Render::TimestampTz, text), None, "{text:?}");
+        }
+    }
+
+    #[test]
     fn json_keeps_its_text() {
         let text = "{\"b\":1,  \"a\" : 2, \"a\": 3}";
         assert_eq!(one(Render::Json, text).as_deref(), Some(text));
@@ -248,11 +354,11 @@ mod tests {
 
     #[test]
     fn only_the_whitelisted_types_have_a_render() {
-        for oid in [20, 21, 23, 1700, 16, 19, 25, 1042, 1043, 2950, 114, 3802] {
+        for oid in [20, 21, 23, 1700, 16, 19, 25, 1042, 1043, 2950, 5069, 114, 3802, 1082, 1114, 1184] {
             assert!(render_of(oid).is_some(), "{oid}");
         }
-        // float4, float8, bytea, timestamp, timestamptz, date, time, interval, oid, "char", text[], money
-        for oid in [700, 701, 17, 1114, 1184, 1082, 1083, 1186, 26, 18, 1009, 790] {
+        // float4, float8, bytea, time, timetz, interval, oid, xid, "char", text[], money
+        for oid in [700, 701, 17, 1083, 1266, 1186, 26, 28, 18, 1009, 790] {
             assert_eq!(render_of(oid), None, "{oid}");
         }
     }

@@ -4,10 +4,11 @@
 
 use crate::ident::Ident;
 
-/// The server's wal_level, the login, whether the login may use replication slots, and the server's version.
+/// The server's wal_level, the login, whether the login may use replication slots, the server's version, and
+/// the session's time zone.
 pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text,
     coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
-    current_setting('server_version_num')::int4";
+    current_setting('server_version_num')::int4, current_setting('TimeZone')";
 
 /// The table's oid, replica identity, schema and name; no row when it does not exist.
 pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text

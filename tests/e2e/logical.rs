@@ -563,6 +563,8 @@ async fn toast_case(replica_identity_full: bool, delete_before_firing: bool) {
         all[1].1["big"].to_string().chars().take(80).collect::<String>()
     );
     assert!(all[1].1["big"] == json!(big), "the update's Item has another big text");
+    // the insert's Item was built in the handler, the update's by the statement that reads the value back
+    assert!(host.output().contains("the Items of public.docs are built in the handler"), "{}", host.output());
 }
 
 #[tokio::test]
@@ -1130,6 +1132,131 @@ async fn json_and_jsonb_columns_keep_their_text_and_exact_numbers_as_the_cursor_
     let expected: String =
         db.db.query_one("SELECT row_to_json(t)::text FROM docs t", &[]).await.expect("row_to_json").get(0);
     assert_eq!(answered_items(&invocation), [(0, expected)]);
+}
+
+/// Every type whose `Item` the handler builds itself (int2/4/8, numeric, bool, text, varchar, bpchar, name,
+/// uuid, xid8, json, jsonb, date, timestamp, timestamptz), with a name that needs escaping; `{extra}` adds
+/// columns. The database's sessions write dates as `SQL, DMY` in a time zone whose offsets had seconds (LMT).
+fn handler_built_table(table: &str, extra: &str) -> String {
+    format!(
+        r#"CREATE TABLE public.{table} (id int8 PRIMARY KEY, i2 int2, i4 int4, i8 int8, n numeric, n2 numeric(12, 2),
+            ok bool, t text, v varchar(20), c char(5), nm name, u uuid, js json, jb jsonb, "Odd ""name"" é\" text,
+            x8 xid8 DEFAULT pg_current_xact_id(), d date, ts timestamp, tz timestamptz{extra});
+        DO $$ BEGIN
+            EXECUTE format('ALTER DATABASE %I SET timezone TO %L', current_database(), 'Europe/Amsterdam');
+            EXECUTE format('ALTER DATABASE %I SET DateStyle TO %L', current_database(), 'SQL, DMY');
+        END $$;"#
+    )
+}
+
+/// Writes with every tricky value the handler renders itself, one statement (transaction) at a time, to a
+/// table made by [`handler_built_table`]; returns the `Item` the cursor source would send for each change,
+/// read right after its write (a delete's: its key).
+async fn write_tricky_values(db: &Db, table: &str) -> Vec<(i64, String)> {
+    // row_to_json of the whole row (no bytea, so the cursor source's projection is the same), in a session
+    // with the database's settings
+    let cursor_item = format!("SELECT row_to_json(w)::text FROM public.{table} w WHERE w.id = $1");
+    let fresh = embedded::connect(&db.url).await.expect("a session with the database's settings");
+    let cols = r#"id, i2, i4, i8, n, n2, ok, t, v, c, nm, u, js, jb, "Odd ""name"" é\""#;
+    let writes: Vec<(i64, i64, String)> = vec![
+        (0, 1, format!(r#"INSERT INTO {table} ({cols}) VALUES (1, -32768, -2147483648, -9223372036854775808,
+            123456789012345678901234567890.000000000000000000001, -0.50, true,
+            E'quote " back \\ nl \n cr \r tab \t bs \b ff \f ctl \x01 \x1f del \x7f slash / é€😀 \u2028',
+            '', 'ab', 'n"m\', 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11',
+            '{{"b":1,  "a" : 2, "a": 3, "s": "\u00e9\n\"", "n": 1E+2, "z": 0.10000000000000000000001}} ',
+            '{{"nested": {{"k": [1, "x", null, true, {{}}]}}, "é": "\"\\\n\u0001\u001f", "n": 1.50, "e": 1e-30,
+              "big": 123456789012345678901234567890.5, "": [], "neg": -0.0}}', 'x')"#)),
+        (0, 2, format!("INSERT INTO {table} (id, i2, i4, i8, n, n2, ok) VALUES (2, 32767, 2147483647, 9223372036854775807, 'NaN', 'NaN', false)")),
+        (0, 3, format!("INSERT INTO {table} (id, n) VALUES (3, 'Infinity')")),
+        (0, 4, format!("INSERT INTO {table} (id, n) VALUES (4, '-Infinity')")),
+        (0, 5, format!(r#"INSERT INTO {table} ({cols}) VALUES (5, 0, 0, 0, -0.0, 0, false, '', '', '', '',
+            '00000000-0000-0000-0000-000000000000', '  [ ]  ', '"just a string"', '')"#)),
+        (0, 6, format!("INSERT INTO {table} (id, js, jb) VALUES (6, 'null', 'null')")),
+        (0, 7, format!("INSERT INTO {table} (id, x8, d, ts, tz) VALUES (7, '18446744073709551615', '2024-02-29',
+            '1999-12-31 23:59:59.999999', '2024-02-29 23:59:59.123456+05:30')")),
+        (0, 8, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (8, 'infinity', '-infinity', 'infinity')")),
+        (0, 9, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (9, '-infinity', 'infinity', '-infinity')")),
+        // local mean time (+00:19:32), a summer time, a time zone of minutes, a year of five digits
+        (0, 10, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (10, '12345-01-01', '1850-01-01 00:00:00',
+            '1850-01-01 00:00:00')")),
+        (0, 11, format!("INSERT INTO {table} (id, ts, tz) VALUES (11, '2024-07-01 12:00:00.5', '2024-07-01 12:00:00-03:30')")),
+        // BC: left to the statement, value by value
+        (0, 12, format!("INSERT INTO {table} (id, d, ts, tz) VALUES (12, '0044-03-15 BC', '0044-03-15 12:00:00 BC',
+            '0044-03-15 12:00:00+00 BC')")),
+        (1, 1, format!("UPDATE {table} SET t = E'\\\\\"', n = 0.000000000000000000000000000001, jb = '[1, \"two\", 3.0]' WHERE id = 1")),
+        (2, 2, format!("DELETE FROM {table} WHERE id = 2")),
+        // a new key: the delete of key 3, then the insert of row 30
+        (2, 3, format!("UPDATE {table} SET id = 30 WHERE id = 3")),
+        (0, 30, String::new()),
+    ];
+    let mut expected = Vec::new();
+    for (op, id, statement) in writes {
+        if !statement.is_empty() {
+            db.db.batch_execute(&statement).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+        let item = match op {
+            2 => format!("{{\"id\":{id}}}"),
+            _ => fresh.query_one(&cursor_item, &[&id]).await.expect("the cursor's item").get(0),
+        };
+        expected.push((op, item));
+    }
+    expected
+}
+
+/// Invokes until `n` changes were answered; their raw `Item`s.
+async fn answered_until(host: &HostDriver, n: usize) -> Vec<(i64, String)> {
+    let mut items = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while items.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} changes answered within 20 s: {items:#?}\n{}",
+            items.len(),
+            host.output()
+        );
+        let invocation = host.invoke(FUNCTION, None).await.expect("invoke");
+        assert_eq!(invocation.status, 200, "{}\n{}", invocation.body, host.output());
+        if !answered_changes(&invocation).is_empty() {
+            items.extend(answered_items(&invocation));
+        }
+    }
+    items
+}
+
+/// The same tricky values through a table whose every type the handler renders (`fast`), and through one with
+/// a float8 column more, whose Items PostgreSQL builds (`by_sql`): both must be the cursor source's bytes.
+async fn handler_built_case(table: &str, extra: &str, built_here: bool) {
+    // GIVEN a table of every whitelisted type (and, for the statement's path, a float8 column)
+    let db = Db::shared(&format!("logical_{table}"), &handler_built_table(table, extra)).await;
+    let (app, _) = logical_app(&db, &format!("public.{table}"), json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN inserts of edge values, nulls and empty strings, an update, a delete and a key change are written
+    let expected = write_tricky_values(&db, table).await;
+    let items = answered_until(&host, expected.len()).await;
+
+    // THEN every Item is, byte for byte, what the cursor source's row_to_json gives, in order
+    assert_eq!(items.len(), expected.len(), "{items:#?}");
+    for (i, (got, want)) in items.iter().zip(&expected).enumerate() {
+        assert_eq!(got, want, "change {i}");
+    }
+    // AND the log says which path built them
+    let output = host.output();
+    let here = format!("the Items of public.{table} are built in the handler from the WAL's values");
+    let by_sql = format!("the Items of public.{table} are built by PostgreSQL, one statement per batch: column \"z\" is double precision (type OID 701)");
+    assert_eq!(output.contains(&here), built_here, "{output}");
+    assert_eq!(output.contains(&by_sql), !built_here, "{output}");
+}
+
+#[tokio::test]
+async fn items_the_handler_builds_from_the_wal_are_byte_for_byte_the_cursor_sources_json() {
+    handler_built_case("fast", "", true).await;
+}
+
+#[tokio::test]
+async fn the_same_values_in_a_table_with_a_column_of_another_type_are_built_by_postgresql_identically() {
+    handler_built_case("by_sql", ", z float8", false).await;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -160,6 +160,7 @@ mod tests {
             operation: Operation::Insert,
             kind: 0,
             values: Map::new(),
+            item: None,
             lsn: Lsn(commit),
             xid: 1,
             commit_time: 0,

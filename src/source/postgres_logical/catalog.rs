@@ -5,7 +5,7 @@ use super::options::DeleteItem;
 use super::{sql, PostgresLogical};
 use crate::ident::Ident;
 use crate::source::SourceError;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The table as the catalog describes it.
 #[derive(Debug)]
@@ -15,7 +15,24 @@ pub(super) struct Shape {
     pub key: Vec<Ident>,
     /// The column names, in table order.
     pub columns: Vec<String>,
+    /// Every column, in table order, with its type as the catalog read at start has it (`item::plan`).
+    pub catalog: Vec<CatalogColumn>,
+    /// The columns of `Item`, in `Item` order.
+    pub item_columns: Vec<Ident>,
     pub items: String,
+    /// How the last Relation message said `Item`s are built (logged when it changes).
+    pub items_path: Mutex<Option<Result<(), String>>>,
+    /// The `TimeZone` of the pooled sessions (read at start): the stream writes times in it.
+    pub time_zone: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CatalogColumn {
+    pub name: String,
+    pub oid: u32,
+    pub typmod: i32,
+    /// As SQL spells it (`format_type`).
+    pub type_name: String,
 }
 
 impl PostgresLogical {
@@ -37,6 +54,7 @@ impl PostgresLogical {
         let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.error(e))?;
         let (wal_level, login, replication, version): (String, String, bool, i32) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
+        let time_zone: String = row.get(4);
         if version < 130_000 {
             return Err(SourceError::Invalid(format!(
                 "postgres-logical needs PostgreSQL 13 or later (it reads pg_replication_slots.wal_status to tell an invalidated slot), and the server is version {}; use postgres-cursor, or upgrade",
@@ -56,12 +74,11 @@ impl PostgresLogical {
         };
         let (oid, identity, schema, name): (u32, String, String, String) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
-        let columns: Vec<(String, String, bool)> = client
-            .query(sql::COLUMNS, &[&oid])
-            .await
-            .map_err(|e| self.error(e))?
+        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| self.error(e))?;
+        let columns: Vec<(String, String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        let catalog: Vec<CatalogColumn> = rows
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .map(|r| CatalogColumn { name: r.get(0), type_name: r.get(1), oid: r.get(3), typmod: r.get(4) })
             .collect();
         let has = |c: &Ident| columns.iter().any(|(n, _, _)| n == c.as_str());
         let key: Vec<Ident> = match &self.spec.primary_key {
@@ -152,6 +169,10 @@ impl PostgresLogical {
             items: sql::items(&quoted, &key, &item_columns),
             key,
             columns: columns.into_iter().map(|(n, _, _)| n).collect(),
+            catalog,
+            item_columns: wanted,
+            items_path: Mutex::new(None),
+            time_zone,
         })
     }
 

@@ -3,6 +3,7 @@
 //! for the watched table only, each placed as [`position`](super::position) describes.
 
 use super::catalog::Shape;
+use super::item::{self, Plan};
 use super::options::DeleteItem;
 use super::pgoutput::{self, Message, OldKind, Relation};
 use super::position::{Lsn, Place};
@@ -22,6 +23,8 @@ pub(super) struct Decoded {
     /// 0 the row, 1 the key, 2 the row with left-out columns read from the table (`sql::items`).
     pub kind: i32,
     pub values: Map<String, Value>,
+    /// The `Item` built in the handler (`item`), or `None` when `sql::items` builds it.
+    pub item: Option<String>,
     pub lsn: Lsn,
     pub xid: u32,
     pub commit_time: i64,
@@ -65,6 +68,10 @@ pub(super) struct Decoder {
     values: bool,
     txn: Option<Txn>,
     relation: Option<Relation>,
+    /// How the relation's `Item`s are built in the handler, when they can be.
+    plan: Option<Plan>,
+    /// The text of dates and times is ISO in the pooled sessions' time zone (the stream's, see `item`).
+    pub iso_times: bool,
     /// The table's columns as the last Relation message described them, to notice a schema change.
     pub columns: Option<Vec<(String, u32)>>,
     /// A Relation message showed columns the shape does not have: the catalog must be read again.
@@ -88,6 +95,8 @@ impl Decoder {
             values,
             txn: None,
             relation: None,
+            plan: None,
+            iso_times: false,
             columns,
             shape_changed: false,
             last_end: Lsn(0),
@@ -129,6 +138,9 @@ impl Decoder {
                     }
                 }
                 self.columns = Some(columns);
+                if self.values {
+                    self.plan = self.plan_for(&r);
+                }
                 self.relation = Some(r);
             }
             Message::Insert { relation: id, .. }
@@ -153,11 +165,15 @@ impl Decoder {
                         }
                         (true, _, _) => row_values(&message, r, &shape, self.delete_item),
                     };
+                    let item = self.plan.as_ref().and_then(|p| item::build(p, kind, &values));
+                    // What the statement would read is not needed once the Item is built.
+                    let values = if item.is_some() { Map::new() } else { values };
                     out.push(Event::Change(Decoded {
                         place: Place { commit: t.commit, seq: t.seq },
                         operation,
                         kind,
                         values,
+                        item,
                         lsn,
                         xid: t.xid,
                         commit_time: t.commit_time,
@@ -172,6 +188,26 @@ impl Decoder {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The relation's plan, saying (once per process and path) how its `Item`s are built.
+    fn plan_for(&self, r: &Relation) -> Option<Plan> {
+        let plan = item::plan(r, &self.shape, self.iso_times);
+        let path = plan.as_ref().map(|_| ()).map_err(Clone::clone);
+        let mut logged = self.shape.items_path.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.as_ref() != Some(&path) {
+            let table = &self.table;
+            match &path {
+                Ok(()) => {
+                    tracing::info!(table = %table, "the Items of {table} are built in the handler from the WAL's values")
+                }
+                Err(why) => {
+                    tracing::info!(table = %table, "the Items of {table} are built by PostgreSQL, one statement per batch: {why}")
+                }
+            }
+            *logged = Some(path);
+        }
+        plan.ok()
     }
 }
 

@@ -17,15 +17,18 @@
 //! stream keeps what a tick has not passed (up to its bound), a peek decodes it again.
 //!
 //! # Values
-//! pgoutput sends each value in its type's text form. One statement per batch turns them into the cursor
-//! source's JSON (`sql::items`): the same `row_to_json`, so numerics keep every digit, timestamps are ISO
-//! 8601, json stays JSON and bytea is base64. A TOAST-ed value an update did not touch is not in the WAL: with
+//! pgoutput sends each value in its type's text form. For a table whose every column has a type on
+//! [`item`]'s whitelist, the decoder builds each `Item` from that text, byte for byte the cursor source's
+//! JSON; otherwise (and for a value it cannot map with certainty) one statement per batch does
+//! (`sql::items`): the same `row_to_json`, so numerics keep every digit, timestamps are ISO 8601, json stays
+//! JSON and bytea is base64. A TOAST-ed value an update did not touch is not in the WAL: with
 //! `REPLICA IDENTITY FULL` it comes from the old row the WAL carries; otherwise it is read from the table by
 //! key (its current value — a later change to it is delivered later, so a consumer converges).
 
 mod buffer;
 mod catalog;
 mod decode;
+mod item;
 mod options;
 mod peek;
 mod pgoutput;

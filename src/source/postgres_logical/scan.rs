@@ -120,32 +120,20 @@ impl<'a> Scanner<'a> {
 }
 
 impl PostgresLogical {
-    /// Builds the changes of a scan: one statement turns the values into `Item`s.
+    /// Builds the changes of a scan: the `Item`s the decoder built (`item`), and one statement for the rest.
     pub(super) async fn changes(&self, scan: &Scan) -> Result<Vec<Change>, SourceError> {
-        if scan.changes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let shape = self.shape().await?;
-        let client = self.client().await?;
-        let objects =
-            scan.changes.iter().map(|c| serde_json::to_string(&c.values)).collect::<Result<Vec<String>, _>>().map_err(
-                |e| SourceError::Invalid(format!("a change's values do not serialize ({e}); please report it")),
-            )?;
-        let kinds: Vec<i32> = scan.changes.iter().map(|c| c.kind).collect();
-        let statement = client.prepare_cached(&shape.items).await.map_err(|e| self.error(e))?;
-        let rows = client.query(&statement, &[&objects, &kinds]).await.map_err(|e| self.error(e))?;
-        if rows.len() != scan.changes.len() {
-            return Err(SourceError::Invalid(format!(
-                "building the items of {} changes returned {} rows; please report it",
-                scan.changes.len(),
-                rows.len()
-            )));
-        }
-        let mut out = Vec::with_capacity(rows.len());
-        for (decoded, row) in scan.changes.iter().zip(&rows) {
-            let item: String = row.get(0);
+        let rest: Vec<&Decoded> = scan.changes.iter().filter(|c| c.item.is_none()).collect();
+        let mut built = self.items_by_sql(&rest).await?.into_iter();
+        let mut out = Vec::with_capacity(scan.changes.len());
+        for decoded in &scan.changes {
+            let item = match &decoded.item {
+                Some(item) => item.clone(),
+                None => {
+                    built.next().ok_or_else(|| SourceError::Invalid("an Item went missing; please report it".into()))?
+                }
+            };
             let mut change = Change::from_json(decoded.operation, item)
-                .map_err(|e| SourceError::Invalid(format!("PostgreSQL returned invalid row JSON: {e}")))?;
+                .map_err(|e| SourceError::Invalid(format!("an Item is not valid JSON: {e}")))?;
             if self.options.include_metadata {
                 let metadata = json!({
                     "Lsn": decoded.lsn.to_string(),
@@ -158,6 +146,30 @@ impl PostgresLogical {
             out.push(change);
         }
         Ok(out)
+    }
+
+    /// The `Item`s of changes the decoder could not build, in order: one statement (`sql::items`).
+    async fn items_by_sql(&self, changes: &[&Decoded]) -> Result<Vec<String>, SourceError> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shape = self.shape().await?;
+        let client = self.client().await?;
+        let objects =
+            changes.iter().map(|c| serde_json::to_string(&c.values)).collect::<Result<Vec<String>, _>>().map_err(
+                |e| SourceError::Invalid(format!("a change's values do not serialize ({e}); please report it")),
+            )?;
+        let kinds: Vec<i32> = changes.iter().map(|c| c.kind).collect();
+        let statement = client.prepare_cached(&shape.items).await.map_err(|e| self.error(e))?;
+        let rows = client.query(&statement, &[&objects, &kinds]).await.map_err(|e| self.error(e))?;
+        if rows.len() != changes.len() {
+            return Err(SourceError::Invalid(format!(
+                "building the items of {} changes returned {} rows; please report it",
+                changes.len(),
+                rows.len()
+            )));
+        }
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The batch a scan found, with its `Item`s: its last position, or with no change what the scan proved.

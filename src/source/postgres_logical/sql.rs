@@ -4,19 +4,21 @@
 
 use crate::ident::Ident;
 
-/// The server's wal_level, the login, whether the login may use replication slots, and the server's version.
+/// The server's wal_level, the login, whether the login may use replication slots, the server's version, and
+/// the session's time zone.
 pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level'), current_user::text,
     coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
-    current_setting('server_version_num')::int4";
+    current_setting('server_version_num')::int4, current_setting('TimeZone')";
 
 /// The table's oid, replica identity, schema and name; no row when it does not exist.
 pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.relname::text
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)";
 
 /// Columns in table order: name, type (as SQL spells it), and whether the type (or a domain's base type) is
-/// json or jsonb, whose text `jsonb_populate_record` would keep as a JSON string.
+/// json or jsonb, whose text `jsonb_populate_record` would keep as a JSON string; then the type's OID and
+/// modifier, as a Relation message names them.
 pub const COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
-        coalesce(b.typname, t.typname) IN ('json', 'jsonb')
+        coalesce(b.typname, t.typname) IN ('json', 'jsonb'), a.atttypid, a.atttypmod
     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type b ON b.oid = nullif(t.typbasetype, 0)
     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 

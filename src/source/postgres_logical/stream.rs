@@ -137,7 +137,10 @@ impl PostgresLogical {
         };
         let config = crate::db::postgres::config(&self.spec.connection_setting, &self.spec.connection)
             .map_err(SourceError::Invalid)?;
-        let mut wire = Wire::connect(&config, &self.tls, &application_name()).await.map_err(|e| self.wire_error(e))?;
+        // Dates and times in ISO, in the time zone of the sessions that build Items (`item`).
+        let session = [("DateStyle", "ISO, MDY"), ("TimeZone", shape.time_zone.as_str())];
+        let mut wire =
+            Wire::connect(&config, &self.tls, &application_name(), &session).await.map_err(|e| self.wire_error(e))?;
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
         let previous = *lock(&self.streams.previous);
         loop {
@@ -167,7 +170,8 @@ impl PostgresLogical {
         let flush = lock(&self.streams.acked).map_or(confirmed, |a| a.max(confirmed));
         let buffer = Buffer::new(confirmed, flush, self.options.buffer_bytes, self.options.buffer_changes);
         let shared = Arc::new(Shared { buffer: Mutex::new(buffer), changed: Notify::new(), wake: Notify::new() });
-        let decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
+        let mut decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
+        decoder.iso_times = true;
         tracing::info!(slot = %slot, at = %confirmed, pid = wire.pid, "streaming replication slot {slot} from {confirmed} (server process {})", wire.pid);
         let idle = Duration::from_millis(self.options.idle_release_ms);
         let pid = wire.pid;

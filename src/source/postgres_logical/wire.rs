@@ -69,8 +69,14 @@ impl std::fmt::Debug for Wire {
 }
 
 impl Wire {
-    /// Connects to the first host of `config` that answers, and logs in as a replication connection.
-    pub async fn connect(config: &Config, tls: &PostgresTls, application_name: &str) -> Result<Self, WireError> {
+    /// Connects to the first host of `config` that answers, and logs in as a replication connection with the
+    /// `session` settings (name, value) besides its own.
+    pub async fn connect(
+        config: &Config,
+        tls: &PostgresTls,
+        application_name: &str,
+        session: &[(&str, &str)],
+    ) -> Result<Self, WireError> {
         let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
         let ports = config.get_ports();
         let mut last = WireError::Misconfigured("the connection string names no host".into());
@@ -80,7 +86,7 @@ impl Wire {
                 let (io, end_point) = open(config, tls, host, i, port).await?;
                 let mut wire =
                     Wire { io, buf: BytesMut::with_capacity(64 << 10), out: BytesMut::new(), pid: 0, end_point };
-                wire.login(config, application_name).await?;
+                wire.login(config, application_name, session).await?;
                 Ok::<_, WireError>(wire)
             };
             match tokio::time::timeout(timeout, attempt).await {
@@ -95,7 +101,12 @@ impl Wire {
         Err(last)
     }
 
-    async fn login(&mut self, config: &Config, application_name: &str) -> Result<(), WireError> {
+    async fn login(
+        &mut self,
+        config: &Config,
+        application_name: &str,
+        session: &[(&str, &str)],
+    ) -> Result<(), WireError> {
         let user =
             config.get_user().ok_or_else(|| WireError::Misconfigured("the connection string names no user".into()))?;
         let database = config.get_dbname().unwrap_or(user);
@@ -106,7 +117,7 @@ impl Wire {
             ("replication", "database"),
             ("client_encoding", "UTF8"),
         ];
-        frontend::startup_message(params.iter().copied(), &mut self.out)?;
+        frontend::startup_message(params.iter().copied().chain(session.iter().copied()), &mut self.out)?;
         self.flush().await?;
         let password = config.get_password();
         let need_password = || {

@@ -13,6 +13,7 @@ mod delivery;
 mod failure_matrix;
 mod host_behaviour;
 mod lag;
+mod log_levels;
 mod logical;
 mod operations;
 mod outages;

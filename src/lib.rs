@@ -12,6 +12,8 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ident;
 pub mod ops;
 pub mod protocol;

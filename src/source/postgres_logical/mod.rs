@@ -25,7 +25,7 @@
 //! key (its current value — a later change to it is delivered later, so a consumer converges).
 
 mod options;
-mod pgoutput;
+pub(crate) mod pgoutput;
 mod position;
 mod sql;
 

@@ -20,5 +20,6 @@ mod outages;
 mod outputs;
 mod protocol;
 mod runner;
+mod secrets;
 mod sinks;
 mod values;

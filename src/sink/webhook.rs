@@ -32,9 +32,11 @@ impl WebhookSink {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(format!("webhook url must be http or https, not {}", parsed.scheme()));
         }
-        // Show scheme, host and path only: a query string may carry a key.
+        // Show scheme, host and port only: a query string may carry a key, and so may the path (Slack's, Teams'
+        // and Discord's incoming webhooks put theirs there).
         let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
-        let display = format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
+        let path = if parsed.path() == "/" { "/" } else { "/***" };
+        let display = format!("{}://{}{port}{path}", parsed.scheme(), parsed.host_str().unwrap_or(""));
         let timeout = options.get("timeoutMs").and_then(Value::as_u64).unwrap_or(10_000);
         let max_retries = options.get("maxRetries").and_then(Value::as_u64).unwrap_or(0).min(20) as u32;
         // Checked here, not at the first POST: a header reqwest cannot send would fail every delivery as if the
@@ -272,9 +274,14 @@ mod tests {
     }
 
     #[test]
-    fn the_description_names_scheme_host_port_and_path_but_not_credentials() {
+    fn the_description_names_scheme_host_and_port_but_neither_credentials_nor_the_path() {
         let webhook = sink(serde_json::json!({ "url": "https://user:pw@hooks.example.com:8443/in/orders?code=k" }));
-        assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/in/orders");
+        assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/***");
+        // Slack's incoming webhooks carry their key in the path.
+        let slack = sink(serde_json::json!({ "url": "https://hooks.slack.com/services/T0/B0/XyZsecret" }));
+        assert_eq!(slack.describe(), "webhook https://hooks.slack.com/***");
+        let root = sink(serde_json::json!({ "url": "http://127.0.0.1:8080" }));
+        assert_eq!(root.describe(), "webhook http://127.0.0.1:8080/");
     }
 
     #[test]

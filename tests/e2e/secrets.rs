@@ -22,6 +22,8 @@ const SAS_SIGNATURE: &str = "U2FzU2lnbmF0dXJlUmVmdXNlZDkxZTc";
 const SAS_UNREACHABLE_SIGNATURE: &str = "U2FzU2lnbmF0dXJlVW5yZWFjaGFibGU0NGE";
 const ADMIN_KEY: &str = "AdminKey-e61b0a77";
 const WEBHOOK_CODE: &str = "WebhookQueryCode-19fd3c";
+/// Slack, Teams and Discord put the webhook's key in the URL's path.
+const WEBHOOK_PATH_TOKEN: &str = "WebhookPathToken-5e2a90";
 const WEBHOOK_BEARER: &str = "WebhookBearerToken-c0ffee11";
 const INSTRUMENTATION_KEY: &str = "6a1f2b3c-4d5e-4f60-8a7b-9c0d1e2f3a4b";
 const OTLP_API_KEY: &str = "OtlpApiKey-8d8e2f";
@@ -36,6 +38,7 @@ const SECRETS: &[(&str, &str)] = &[
     ("a SAS signature for storage that does not answer", SAS_UNREACHABLE_SIGNATURE),
     ("the admin key", ADMIN_KEY),
     ("a webhook URL's query key", WEBHOOK_CODE),
+    ("a webhook URL's path key", WEBHOOK_PATH_TOKEN),
     ("a webhook header", WEBHOOK_BEARER),
     ("an Application Insights instrumentation key", INSTRUMENTATION_KEY),
     ("an OTLP header", OTLP_API_KEY),
@@ -106,7 +109,7 @@ fn no_secret_is_printed_at_trace_level_through_the_failure_paths() {
     // 1. A password the server refuses, and servers that do not answer, each function with a webhook sink
     //    whose URL and header carry keys.
     let server = postgres_checking_passwords();
-    let webhook = json!({ "type": "webhook", "url": format!("http://127.0.0.1:1/hook?code={WEBHOOK_CODE}"),
+    let webhook = json!({ "type": "webhook", "url": format!("http://127.0.0.1:1/services/T0/{WEBHOOK_PATH_TOKEN}?code={WEBHOOK_CODE}"),
                           "headers": { "Authorization": "%WebhookAuth%" } });
     let mut mssql =
         json!({ "source": "mssql-change-tracking", "tableName": "dbo.Orders", "connectionStringSetting": "Sql" });

@@ -2,9 +2,9 @@
 //! any case) and tracing's set the level; anything else stops the handler at start with a message on stderr;
 //! and every refusal to start is printed whatever the level, `None` included.
 
+use crate::common::{http, read_all};
 use crate::support::{self, timer_function_json, AppBuilder, AppFolder};
 use serde_json::json;
-use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,33 +37,6 @@ fn command(app: &AppFolder, state: &testbed::embedded::ScratchDir, port: u16, le
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-/// Everything `pipe` writes, until it closes.
-fn drain(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let sink = Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
-            sink.lock().expect("text").push_str(&String::from_utf8_lossy(&chunk[..n]));
-        }
-    });
-    text
-}
-
-/// One HTTP/1.1 request to the handler; the status code, or `None` when nothing answers yet.
-fn http(port: u16, request_line: &str, headers: &str, body: &str) -> Option<u16> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let request = format!(
-        "{request_line} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    answer.split(' ').nth(1)?.parse().ok()
 }
 
 struct Run {
@@ -109,8 +82,8 @@ fn start_and_refuse_one_request(level: &str) -> Run {
     let (app, state) = app();
     let port = testbed::embedded::free_port().expect("a free port");
     let mut child = command(&app, &state, port, level).spawn().expect("the handler starts");
-    let stdout = drain(child.stdout.take().expect("stdout"));
-    let stderr = drain(child.stderr.take().expect("stderr"));
+    let stdout = read_all(child.stdout.take().expect("stdout"));
+    let stderr = read_all(child.stderr.take().expect("stderr"));
     let mut run = Run { child, stdout, stderr };
     let deadline = Instant::now() + Duration::from_secs(20);
     while http(port, "GET /", "", "") != Some(200) {

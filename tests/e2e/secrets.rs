@@ -6,9 +6,9 @@
 //! reference lists is set to a value found nowhere else, and the whole output (stdout and stderr) must hold
 //! none of them. Each failure path is shown to be reached by what it logs.
 
+use crate::common::{http, read_all};
 use crate::support::{self, timer_function_json, AppBuilder, AppFolder};
 use serde_json::json;
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use testbed::embedded::{EmbeddedPostgres, PostgresOptions, ScratchDir};
@@ -177,8 +177,8 @@ fn no_secret_is_printed_at_trace_level_through_the_failure_paths() {
         ("Sql_Trigger_MetricsIntervalMs", "200".to_string()),
     ]);
     let mut child = handler(&app, &env).spawn().expect("the handler starts");
-    let stdout = drain(child.stdout.take().expect("stdout"));
-    let stderr = drain(child.stderr.take().expect("stderr"));
+    let stdout = read_all(child.stdout.take().expect("stdout"));
+    let stderr = read_all(child.stderr.take().expect("stderr"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while http(port, "GET /", "", "") != Some(200) {
         assert!(Instant::now() < deadline, "the handler never answered GET /");
@@ -211,31 +211,4 @@ fn no_secret_is_printed_at_trace_level_through_the_failure_paths() {
     assert!(output.contains("tick failed"), "{output}");
     assert!(output.contains("metrics export started") && output.contains("shut down"), "{output}");
     assert_no_secret("serving the host", &output);
-}
-
-/// Everything `pipe` writes, until it closes.
-fn drain(mut pipe: impl Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
-    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = std::sync::Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
-            sink.lock().expect("text").push_str(&String::from_utf8_lossy(&chunk[..n]));
-        }
-    });
-    text
-}
-
-/// One HTTP/1.1 request; the status code, or `None` when nothing answers.
-fn http(port: u16, request_line: &str, headers: &str, body: &str) -> Option<u16> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let request = format!(
-        "{request_line} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    answer.split(' ').nth(1)?.parse().ok()
 }

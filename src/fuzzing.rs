@@ -332,7 +332,8 @@ fn sas_is_masked(endpoint: &azure_core::http::Url, sas: &Secret) {
     let masked = crate::state::blob::redact_signature(&quoted);
     for signature in url.query().unwrap_or_default().split('&').filter_map(|p| p.strip_prefix("sig=")) {
         let base64 = signature.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=' | '%'));
-        if base64 && signature.len() >= 4 {
+        // A signature the URL holds elsewhere too ("sv=2025" and "sig=2025") may show there.
+        if base64 && signature.len() >= 4 && quoted.matches(signature).count() == 1 {
             assert!(!masked.contains(signature), "signature {signature:?} survives masking: {masked}");
         }
     }

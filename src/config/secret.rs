@@ -29,6 +29,22 @@ impl fmt::Display for Secret {
     }
 }
 
+/// A source's `Debug` names its options but shows none of their values: `options` is the resolved
+/// sqltrigger.json, where a `%Setting%` reference (a sink's header, a webhook URL) has become the secret it names.
+impl fmt::Debug for super::SourceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceSpec")
+            .field("kind", &self.kind)
+            .field("table", &self.table)
+            .field("connection_setting", &self.connection_setting)
+            .field("cursor_column", &self.cursor_column)
+            .field("primary_key", &self.primary_key)
+            .field("start_from", &self.start_from)
+            .field("options", &self.options.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -36,5 +52,26 @@ mod tests {
         let s = super::Secret::new("AccountKey=abc");
         assert_eq!(format!("{s:?} {s}"), "*** ***");
         assert_eq!(s.expose(), "AccountKey=abc");
+    }
+
+    /// Found by the function-folder fuzz target's check (fuzz/corpus/function_config/regression-*): a sink
+    /// header given as `%Setting%` was resolved into the source's options, and `Debug` of the configuration
+    /// printed the secret it named.
+    #[test]
+    fn a_sources_debug_shows_no_resolved_option_value() {
+        let env = crate::config::Env::from_pairs([
+            ("Pg".to_string(), "postgres://app:pw-in-the-string@127.0.0.1/db".to_string()),
+            ("WebhookAuth".to_string(), "Bearer resolved-secret-token".to_string()),
+        ]);
+        let spec = crate::config::SourceSpec::from_json(
+            &serde_json::json!({ "source": "postgres-cursor", "tableName": "public.orders", "connectionStringSetting": "Pg",
+                "cursorColumn": "version", "sink": { "type": "webhook", "url": "https://h.example/in",
+                "headers": { "Authorization": "%WebhookAuth%" } } }),
+            &env,
+        )
+        .expect("a valid source");
+        let debug = format!("{spec:?}");
+        assert!(!debug.contains("resolved-secret-token") && !debug.contains("pw-in-the-string"), "{debug}");
+        assert!(debug.contains("public") && debug.contains("\"sink\""), "{debug}");
     }
 }

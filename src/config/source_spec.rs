@@ -40,8 +40,9 @@ impl SourceKind {
     }
 }
 
-/// What to watch and how; the source module interprets the optional parts for its kind.
-#[derive(Debug, Clone)]
+/// What to watch and how; the source module interprets the optional parts for its kind. `Debug` (in
+/// config/secret.rs) names the options without their values, which may be resolved secrets.
+#[derive(Clone)]
 pub struct SourceSpec {
     pub kind: SourceKind,
     pub table: TableName,

@@ -13,6 +13,8 @@ pub mod config;
 pub mod db;
 pub mod engine;
 pub mod failpoint;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ident;
 pub mod ops;
 pub mod protocol;

@@ -54,7 +54,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let env = Env::from_process();
     // Under the host, stdout is the log; elsewhere stdout carries results (JSON, JSON-lines sinks).
-    init_logging(&env, !matches!(cli.command, None | Some(Command::Serve)));
+    if let Err(e) = init_logging(&env, !matches!(cli.command, None | Some(Command::Serve))) {
+        // Straight to stderr: with no logging there is no level to filter it out.
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     // reqwest is built without a default crypto provider so the tree carries one (ring) only.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
@@ -113,12 +117,15 @@ fn main() -> ExitCode {
 /// (azure-functions-host `WorkerProcess.ParseErrorMessageAndLog`, with `UseStdErrorStreamForErrorsOnly` true in
 /// `HttpWorkerDescription`). A WARN line on stdout would be filed as Information, an INFO line on stderr as
 /// an Error.
-fn init_logging(env: &Env, to_stderr: bool) {
-    let filter = env.get("RUST_LOG").or_else(|| env.get(settings::LOG_LEVEL.name)).unwrap_or("info").to_string();
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
-        eprintln!("warning: log filter {filter:?} is invalid ({e}); using info");
-        tracing_subscriber::EnvFilter::new("info")
-    });
+fn init_logging(env: &Env, to_stderr: bool) -> Result<(), String> {
+    let filter = match (env.get("RUST_LOG"), env.get(settings::LOG_LEVEL.name)) {
+        (Some(rust_log), _) => rust_log.to_string(),
+        (None, Some(level)) => settings::log_filter(level).map_err(|e| e.to_string())?,
+        (None, None) => settings::LOG_LEVEL.default.to_string(),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+        format!("the log filter {filter:?} is invalid ({e}); fix RUST_LOG or {}", settings::LOG_LEVEL.name)
+    })?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false);
     if to_stderr {
         builder.with_writer(std::io::stderr).init();
@@ -127,6 +134,14 @@ fn init_logging(env: &Env, to_stderr: bool) {
         let writer = std::io::stderr.with_max_level(tracing::Level::WARN).or_else(std::io::stdout);
         builder.with_writer(writer).init();
     }
+    Ok(())
+}
+
+/// A refusal to start: on stderr whatever the log level (`None` turns logging off, and a worker that exits
+/// without a word leaves the host's log with no reason).
+fn refuse_to_start(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
 }
 
 async fn serve(env: Env, started: Instant) -> ExitCode {
@@ -135,27 +150,22 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
         Some(p) => match p.trim().parse::<u16>() {
             Ok(p) => p,
             Err(_) => {
-                tracing::error!("FUNCTIONS_CUSTOMHANDLER_PORT is {p:?}, not a port number; the Functions host sets it");
-                return ExitCode::FAILURE;
+                return refuse_to_start(format!(
+                    "FUNCTIONS_CUSTOMHANDLER_PORT is {p:?}, not a port number; the Functions host sets it"
+                ))
             }
         },
     };
     let app = match AppConfig::load(env).and_then(App::build) {
         Ok(app) => Arc::new(app),
-        Err(errors) => {
-            // One message listing every problem, on stderr: the host files it as an error.
-            tracing::error!("{errors}");
-            return ExitCode::FAILURE;
-        }
+        // One message listing every problem, on stderr: the host files it as an error.
+        Err(errors) => return refuse_to_start(errors),
     };
     // Listening for SIGTERM before saying ready: a stop right after start-up ends the process cleanly.
     let signals = sql_pseudo_trigger::shutdown::listen();
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(l) => l,
-        Err(e) => {
-            tracing::error!("cannot listen on 127.0.0.1:{port}: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return refuse_to_start(format!("cannot listen on 127.0.0.1:{port}: {e}")),
     };
     tracing::info!(
         port,

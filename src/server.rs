@@ -123,18 +123,19 @@ async fn direct_admin(
 /// that matches function.json's policy (the host sends one on every attempt when there is a policy, with the
 /// policy's `maxRetryCount`). A blank body stays a manual run without a retry context (lenient, see
 /// `InvocationRequest::decode`).
-fn host_attempt(
-    config: &crate::config::FunctionConfig,
-    headers: &HeaderMap,
+pub(crate) fn host_attempt(
+    timer_binding: &str,
+    policy: Option<&crate::config::RetryPolicy>,
+    id_header: Option<&str>,
     body: &[u8],
 ) -> Result<Attempt, Malformed> {
-    let id = crate::protocol::invocation_id(headers.get(INVOCATION_ID_HEADER).and_then(|v| v.to_str().ok()))?;
+    let id = crate::protocol::invocation_id(id_header)?;
     let request = InvocationRequest::decode(body)?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Attempt::new(id, None));
     }
-    request.check_timer(&config.timer_binding)?;
-    match (&config.retry, &request.retry) {
+    request.check_timer(timer_binding)?;
+    match (policy, &request.retry) {
         (Some(policy), None) => {
             return Err(Malformed(format!(
                 "the body has no Metadata.RetryContext, which the host sends on every attempt of a function with a retry policy (maxRetryCount {})",
@@ -201,7 +202,9 @@ async fn invoke(
         };
         // Everything about the request is checked before any state is read: an answer to something that is
         // not the host's invocation never reaches an output binding, and the batch would be lost.
-        let attempt = match host_attempt(trigger.config(), &headers, &body) {
+        let config = trigger.config();
+        let id_header = headers.get(INVOCATION_ID_HEADER).and_then(|v| v.to_str().ok());
+        let attempt = match host_attempt(&config.timer_binding, config.retry.as_ref(), id_header, &body) {
             Ok(attempt) => attempt,
             Err(Malformed(message)) => {
                 tracing::warn!(error = %message, "refused a request that is not a host invocation");

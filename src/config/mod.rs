@@ -262,6 +262,12 @@ impl AppConfig {
             errors.append(&mut problems);
             PostgresTrust::default()
         });
+        // main refuses a bad level before logging starts; here too, for a level set in local.settings.json.
+        if let Some(level) = env.get(settings::LOG_LEVEL.name) {
+            if let Err(problem) = settings::log_filter(level) {
+                errors.push(problem);
+            }
+        }
         let app_name =
             env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
         if !valid_path_part(&app_name) {

@@ -98,10 +98,13 @@ impl Schedule {
     }
 
     /// The first occurrence strictly after `after` (NCrontab's `GetNextOccurrence`, which never returns its
-    /// base time). For a time span, `after` plus the span.
+    /// base time). For a time span, `after` plus the span. An occurrence
+    /// past the end of the calendar, the end of time (as for a schedule that never fires).
     pub fn next_after(&self, after: PrimitiveDateTime) -> PrimitiveDateTime {
         match self {
-            Self::Every(every) => after + *every,
+            Self::Every(every) => {
+                time::Duration::try_from(*every).ok().and_then(|every| after.checked_add(every)).unwrap_or(END_OF_TIME)
+            }
             Self::Cron(cron) => cron.next_after(after),
         }
     }
@@ -111,12 +114,12 @@ impl Schedule {
         if let Self::Every(every) = self {
             return if every.is_zero() { 0.0 } else { 1.0 / every.as_secs_f64() };
         }
-        let end = from + Duration::from_secs(86_400);
+        let end = from.checked_add(time::Duration::DAY).unwrap_or(END_OF_TIME);
         let mut at = from;
         let mut count = 0u64;
         loop {
             at = self.next_after(at);
-            if at > end {
+            if at > end || at == END_OF_TIME {
                 break;
             }
             count += 1;
@@ -125,14 +128,24 @@ impl Schedule {
     }
 }
 
+/// What NCrontab answers for a schedule with no next occurrence, and [`Schedule::next_after`] for one past
+/// the end of the calendar.
+const END_OF_TIME: PrimitiveDateTime = PrimitiveDateTime::new(Date::MAX, Time::MIDNIGHT);
+
+/// The most whole days a .NET `TimeSpan` holds (`TimeSpan.MaxValue` is 10675199.02:48:05.4775807).
+const TIMESPAN_MAX_DAYS: u64 = 10_675_199;
+
 /// A .NET `TimeSpan` as `TimeSpan.TryParse` reads the usual forms: `hh:mm`, `hh:mm:ss`, `d.hh:mm:ss`, with an
-/// optional fraction of seconds.
+/// optional fraction of seconds, and at most [`TIMESPAN_MAX_DAYS`] days.
 fn timespan(text: &str) -> Option<Duration> {
     let text = text.trim();
     let (days, clock) = match text.split_once('.') {
         Some((days, clock)) if clock.contains(':') && !days.contains(':') => (days.parse::<u64>().ok()?, clock),
         _ => (0, text),
     };
+    if days > TIMESPAN_MAX_DAYS {
+        return None;
+    }
     let parts: Vec<&str> = clock.split(':').collect();
     let (h, m, s) = match parts.as_slice() {
         [h, m] => (*h, *m, "0"),
@@ -162,7 +175,7 @@ impl Cron {
     /// Walks forward second by second through allowed values, coarsest field first: the next allowed month,
     /// day, hour, minute and second after `after`, and a day only when its weekday is allowed too.
     fn next_after(&self, after: PrimitiveDateTime) -> PrimitiveDateTime {
-        let start = after + Duration::from_secs(1);
+        let Some(start) = after.checked_add(time::Duration::SECOND) else { return END_OF_TIME };
         let start = start.replace_nanosecond(0).unwrap_or(start);
         let mut date = start.date();
         let mut from = Some(start.time());
@@ -181,7 +194,7 @@ impl Cron {
             from = None;
         }
         // A schedule that allows no day (31 February): NCrontab answers its end time; so does this.
-        PrimitiveDateTime::new(Date::MAX, Time::MIDNIGHT)
+        END_OF_TIME
     }
 
     /// The first allowed time of a day at or after `from` (the start of the day when `None`).

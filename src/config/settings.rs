@@ -133,8 +133,59 @@ pub const LOG_LEVEL: SettingDef = SettingDef {
     function_key: None,
     host_json_key: None,
     default: "info",
-    doc: "Log filter (tracing EnvFilter syntax, e.g. `info,sql_pseudo_trigger=debug`). RUST_LOG wins when set.",
+    doc: "Log level: the Functions host's names (`Trace`, `Debug`, `Information`, `Warning`, `Error`, `Critical`, `None`, any case) or tracing's (`trace`, `debug`, `info`, `warn`, `error`, `off`), optionally with per-module directives (`info,sql_pseudo_trigger=debug`). Any other value stops the handler at start-up. RUST_LOG (tracing EnvFilter syntax) wins when set.",
 };
+
+/// A level word as tracing's filter spells it: the Functions host's names (host.json `logging.logLevel`) and
+/// tracing's own, any case. `Critical` has no tracing level above error, so it is error.
+fn level_word(word: &str) -> Option<&'static str> {
+    match word.trim().to_ascii_lowercase().as_str() {
+        "trace" => Some("trace"),
+        "debug" => Some("debug"),
+        "information" | "info" => Some("info"),
+        "warning" | "warn" => Some("warn"),
+        "error" | "critical" => Some("error"),
+        "none" | "off" => Some("off"),
+        _ => None,
+    }
+}
+
+/// [`LOG_LEVEL`] as a tracing filter, or why it is refused. tracing's own filter reads a word that is not one
+/// of its levels (`Information`, `verbose`, `-0`) as a module name and then logs nothing at all, errors
+/// included, so only levels and `module=level` directives are accepted here.
+pub fn log_filter(text: &str) -> Result<String, ConfigError> {
+    let refuse = || {
+        ConfigError::new(
+            format!("app setting {}", LOG_LEVEL.name),
+            format!(
+                "{text:?} is not a log level: use Trace, Debug, Information, Warning, Error, Critical or None (the \
+                 Functions host's names, any case), or trace, debug, info, warn, error or off, optionally with \
+                 module directives such as info,sql_pseudo_trigger=debug"
+            ),
+        )
+    };
+    let module = |m: &str| {
+        !m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') && !m.starts_with(':')
+    };
+    let mut directives = Vec::new();
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if let Some(level) = level_word(directive) {
+            directives.push(level.to_string());
+            continue;
+        }
+        match directive.split_once('=') {
+            Some((target, level)) if module(target.trim()) => match level_word(level) {
+                Some(level) => directives.push(format!("{}={level}", target.trim())),
+                None => return Err(refuse()),
+            },
+            _ => return Err(refuse()),
+        }
+    }
+    if directives.is_empty() {
+        return Err(refuse());
+    }
+    Ok(directives.join(","))
+}
 
 pub const ADMIN_KEY: SettingDef = SettingDef {
     name: "Sql_Trigger_AdminKey",
@@ -447,6 +498,34 @@ mod tests {
         let mut errors = vec![];
         let s = Resolver { env: &e, host_sql: None, function: None }.trigger_settings(&mut errors);
         assert_eq!(s.max_batch_size, 42);
+    }
+
+    #[test]
+    fn log_levels_take_the_hosts_names_and_tracings_and_refuse_anything_else() {
+        for (given, filter) in [
+            ("Trace", "trace"),
+            ("DEBUG", "debug"),
+            ("Information", "info"),
+            ("information", "info"),
+            ("Warning", "warn"),
+            ("Error", "error"),
+            ("Critical", "error"),
+            ("None", "off"),
+            ("info", "info"),
+            ("warn", "warn"),
+            ("off", "off"),
+            (" info , sql_pseudo_trigger=Debug ", "info,sql_pseudo_trigger=debug"),
+            ("warn,sql_pseudo_trigger::engine=trace", "warn,sql_pseudo_trigger::engine=trace"),
+        ] {
+            assert_eq!(log_filter(given).as_deref(), Ok(filter), "{given:?}");
+            assert!(tracing_subscriber::EnvFilter::try_new(filter).is_ok(), "{filter}");
+        }
+        for bad in
+            ["verbose", "-0", "0", "Informational", "info,verbose", "=debug", "x=loud", ",", "info;debug", "a b=info"]
+        {
+            let e = log_filter(bad).expect_err(bad).to_string();
+            assert!(e.contains("Sql_Trigger_LogLevel") && e.contains("Information"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

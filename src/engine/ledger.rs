@@ -146,8 +146,7 @@ impl Ledger {
                 detail: "the quarantine document is missing".into(),
             });
         };
-        serde_json::from_slice(&v.bytes)
-            .map_err(|e| TickError::CorruptQuarantine { key: key.to_string(), detail: e.to_string() })
+        QuarantineDoc::read(&v.bytes).map_err(|detail| TickError::CorruptQuarantine { key: key.to_string(), detail })
     }
 
     /// The keys of every quarantine document of the function, oldest batch first.

@@ -28,9 +28,11 @@ impl WebhookSink {
     pub fn new(spec: &WebhookSpec) -> Result<Self, String> {
         let WebhookSpec { url, timeout, max_retries, headers } = spec;
         let parsed = reqwest::Url::parse(url.expose()).map_err(|e| format!("webhook url is not a URL ({e})"))?;
-        // Show scheme, host and path only: a query string may carry a key.
+        // Show scheme, host and port only: a query string may carry a key, and so may the path (Slack's, Teams'
+        // and Discord's incoming webhooks put theirs there).
         let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
-        let display = format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or(""), parsed.path());
+        let path = if parsed.path() == "/" { "/" } else { "/***" };
+        let display = format!("{}://{}{port}{path}", parsed.scheme(), parsed.host_str().unwrap_or(""));
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .timeout(*timeout)
@@ -260,8 +262,13 @@ mod tests {
     }
 
     #[test]
-    fn the_description_names_scheme_host_port_and_path_but_not_credentials() {
+    fn the_description_names_scheme_host_and_port_but_neither_credentials_nor_the_path() {
         let webhook = sink(serde_json::json!({ "url": "https://user:pw@hooks.example.com:8443/in/orders?code=k" }));
-        assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/in/orders");
+        assert_eq!(webhook.describe(), "webhook https://hooks.example.com:8443/***");
+        // Slack's incoming webhooks carry their key in the path.
+        let slack = sink(serde_json::json!({ "url": "https://hooks.slack.com/services/T0/B0/XyZsecret" }));
+        assert_eq!(slack.describe(), "webhook https://hooks.slack.com/***");
+        let root = sink(serde_json::json!({ "url": "http://127.0.0.1:8080" }));
+        assert_eq!(root.describe(), "webhook http://127.0.0.1:8080/");
     }
 }

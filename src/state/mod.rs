@@ -14,7 +14,7 @@
 //!   applied ([`StoreError::is_ambiguous`]); the engine resolves that by reloading on the next tick.
 //! - Stores count the remote operations they perform, so ticks can report their cost.
 
-mod blob;
+pub(crate) mod blob;
 mod file;
 mod memory;
 

@@ -418,3 +418,32 @@ pub async fn kill_at(host: &HostDriver, kill: Kill, idle_firings: usize, extra: 
     }
     note
 }
+
+/// Everything `pipe` writes, until it closes (read on a thread of its own).
+pub fn read_all(mut pipe: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&text);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+            sink.lock().expect("text").push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    text
+}
+
+/// One HTTP/1.1 request to a handler on 127.0.0.1:`port` (`headers` as `Name: value\r\n` lines); the status
+/// code, or `None` when nothing answers.
+pub fn http(port: u16, request_line: &str, headers: &str, body: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let request = format!(
+        "{request_line} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split(' ').nth(1)?.parse().ok()
+}

@@ -77,3 +77,21 @@ fn the_pace_of_a_schedule_is_its_firings_per_second() {
     // Working hours only: 9 hours of 12 firings a minute in 24.
     assert_eq!(pace("*/5 * 9-17 * * *"), 9.0 * 3600.0 / 5.0 / 86_400.0);
 }
+
+/// Found writing the schedule's fuzz target (its inputs are in fuzz/corpus/ncrontab): a time span of more days than the calendar
+/// holds made `next_after` panic ("resulting value is out of range"), and a day count near u64::MAX overflowed
+/// while the span was read. .NET's TimeSpan ends at 10675199 days: longer is refused, as the host refuses it,
+/// and an occurrence past the end of the calendar is the end of time, as for a schedule that never fires.
+#[test]
+fn a_time_span_past_the_calendar_never_fires_and_one_past_dotnets_timespan_is_refused() {
+    let end = PrimitiveDateTime::new(Date::MAX, Time::MIDNIGHT);
+    let longest = Schedule::parse("10675199.00:00:00").expect("TimeSpan's longest whole-day span");
+    assert_eq!(longest.next_after(datetime!(2026-11-25 10:00:00)), end);
+    assert!(longest.firings_per_second(datetime!(2026-11-25 10:00:00)) > 0.0);
+    for refused in ["10675200.00:00:00", "213503982334601.00:00:00", "18446744073709551615.23:59:59"] {
+        assert!(Schedule::parse(refused).is_err(), "{refused}");
+    }
+    // The end of time is no base for a panic either.
+    assert_eq!(Schedule::parse("*/5 * * * * *").expect("valid").next_after(PrimitiveDateTime::MAX), end);
+    assert_eq!(Schedule::parse("00:00:05").expect("valid").next_after(PrimitiveDateTime::MAX), end);
+}

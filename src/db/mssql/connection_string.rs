@@ -40,7 +40,7 @@ pub struct Settings {
 /// `key=value` pairs of an ADO.NET connection string: keys lower-cased without spaces, values unquoted.
 /// Only used to read the keys tiberius does not know (`Authentication`, timeouts) and to scrub values from
 /// error messages; tiberius parses the string itself.
-fn pairs(s: &str) -> Vec<(String, String)> {
+pub(crate) fn pairs(s: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut chars = s.chars().peekable();
     loop {

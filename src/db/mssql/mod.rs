@@ -16,7 +16,7 @@
 //! caller's statements must be single reads or atomic, idempotent batches (the sink's delivery is one
 //! transaction under `XACT_ABORT`, fenced and optionally exactly once).
 
-mod connection_string;
+pub(crate) mod connection_string;
 
 pub use connection_string::{Auth, Settings};
 

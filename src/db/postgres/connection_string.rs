@@ -24,7 +24,7 @@ use std::ops::Range;
 use tokio_postgres::Config;
 
 /// The connection string in app setting `setting`, read as libpq reads it (see the module comment).
-pub(super) fn parse(setting: &str, text: &str) -> Result<Config, String> {
+pub(crate) fn parse(setting: &str, text: &str) -> Result<Config, String> {
     let form =
         if text.starts_with("postgres://") || text.starts_with("postgresql://") { Form::Uri } else { Form::KeyValue };
     let adjusted = match form {

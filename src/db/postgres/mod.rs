@@ -1,7 +1,7 @@
 //! Connections to PostgreSQL, shared by the cursor source and the PostgreSQL sink so both read connection
 //! strings, use TLS, explain a failed connection and classify a failed statement the same way.
 
-mod connection_string;
+pub(crate) mod connection_string;
 mod tls;
 
 pub use tls::PostgresTls;

@@ -44,8 +44,32 @@ fn field_at_fault(object: &Map<String, Value>) -> Option<String> {
     })
 }
 
+/// A number in a position that is not an integer: no source writes one (positions hold integers and strings),
+/// and a float would not even read back as the same number after a write (found by the state-document fuzz
+/// target: `333333333333332425333333333333333333333333333333` came back changed).
+pub(super) fn fractional(position: &Value) -> Option<&serde_json::Number> {
+    match position {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => Some(n),
+        Value::Array(items) => items.iter().find_map(fractional),
+        Value::Object(fields) => fields.values().find_map(fractional),
+        _ => None,
+    }
+}
+
 /// What every document a handler writes holds to, whatever the source.
 fn check(doc: &StateDoc) -> Result<(), String> {
+    let mut positions = vec![("checkpoint", &doc.checkpoint)];
+    if let Some(flight) = &doc.in_flight {
+        positions.extend([("in_flight.from", &flight.range.from), ("in_flight.to", &flight.range.to)]);
+    }
+    for entry in &doc.quarantine {
+        positions.extend([("quarantine.from", &entry.range.from), ("quarantine.to", &entry.range.to)]);
+    }
+    if let Some((field, n)) = positions.into_iter().find_map(|(field, p)| Some((field, fractional(p)?))) {
+        return Err(format!(
+            "field `{field}` holds the number {n}, which no source writes (positions hold integers and strings)"
+        ));
+    }
     if let Some(flight) = &doc.in_flight {
         if flight.batches == 0 {
             return Err("field `in_flight.batches` is 0: a batch in flight holds at least one batch".into());

@@ -91,3 +91,17 @@ fn a_document_changes_only_through_its_own_methods() {
         found.join("\n")
     );
 }
+
+/// Found by the state-document fuzz target (fuzz/corpus/state_document/regression-float-position-*): a
+/// position holding a number beyond f64's precision read as a float that changed through every write and read.
+/// No source writes one, so it is refused by name.
+#[test]
+fn a_position_holding_a_fractional_or_huge_number_is_refused_by_name() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/state_document");
+    let state = std::fs::read(dir.join("regression-float-position-state")).expect("corpus file");
+    let e = super::read(&state).expect_err("refused");
+    assert!(e.contains("field `checkpoint` holds the number"), "{e}");
+    let quarantine = std::fs::read(dir.join("regression-float-position-quarantine")).expect("corpus file");
+    let e = super::QuarantineDoc::read(&quarantine).expect_err("refused");
+    assert!(e.contains("field `from` holds the number"), "{e}");
+}

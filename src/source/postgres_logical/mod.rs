@@ -31,7 +31,7 @@ mod decode;
 mod item;
 mod options;
 mod peek;
-mod pgoutput;
+pub(crate) mod pgoutput;
 mod position;
 mod reader;
 mod scan;

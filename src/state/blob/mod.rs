@@ -15,7 +15,7 @@
 //! against its *own* first attempt. A 412/409 after more than one try is therefore reported as
 //! [`StoreError::Unavailable`] (ambiguous, the engine reloads), never as a plain conflict.
 
-mod connection_string;
+pub(crate) mod connection_string;
 mod identity;
 mod names;
 mod shared_key;
@@ -454,7 +454,7 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Masks `sig=...` query values, which appear in transport errors that quote a SAS request URL.
-fn redact_signature(text: &str) -> String {
+pub(crate) fn redact_signature(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("sig=") {

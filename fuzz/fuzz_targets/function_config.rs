@@ -1,0 +1,3 @@
+#![no_main]
+// See sql_pseudo_trigger::fuzzing::function_config for what is checked; tests/fuzz_corpora.rs replays the corpus.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sql_pseudo_trigger::fuzzing::function_config(data));

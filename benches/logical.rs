@@ -21,11 +21,19 @@
 //! slot with another database's WAL after it; the WAL the slot retains after the drain and one more tick.
 //! Knobs: `BENCH_LOGICAL_REPEATS` (3), `BENCH_LOGICAL_BATCH` (1000), `BENCH_LOGICAL_IDLE_TICKS` (200),
 //! `BENCH_LOGICAL_SLOW_IDLE_TICKS` (20: idle ticks on a slot behind, each of which decodes megabytes).
+//!
+//! Then delivery under the host's timer (benches/logical/latency.rs): a writer at 500 changes/s, the host model
+//! firing the function every second on the wall clock, batch 1000, shipped defaults; latency from commit to
+//! answer, for 10 real minutes (`BENCH_LOGICAL_LATENCY_SECONDS`, `BENCH_LOGICAL_LATENCY_RATE`,
+//! `BENCH_LOGICAL_LATENCY_CURSOR`: 1 runs the cursor source beside it). One part only: `cargo bench --bench
+//! logical latency` (or `drains`; `scripts/bench logical latency`).
 //! `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
 
 #[allow(dead_code)]
 #[path = "shared/host_app.rs"]
 mod host_app;
+#[path = "logical/latency.rs"]
+mod latency;
 
 use host_app::Result;
 use serde_json::json;
@@ -107,6 +115,13 @@ struct Knobs {
     /// Idle ticks where each one decodes megabytes (a slot behind): fewer, or the run takes minutes.
     slow_idle_ticks: usize,
     handler: PathBuf,
+    /// Which parts run: the drains (everything above) and the delivery latency under the host's timer.
+    drains: bool,
+    latency: bool,
+    /// The latency run: seconds of writing, the writer's changes per second, and the cursor source beside it.
+    latency_seconds: u64,
+    latency_rate: u64,
+    latency_cursor: bool,
 }
 
 impl Knobs {
@@ -123,12 +138,19 @@ impl Knobs {
         if !handler.is_file() {
             return Err(format!("{} is missing: cargo build --release --bin handler", handler.display()));
         }
+        // `cargo bench --bench logical latency` (or `drains`): the filter cargo passes, to run one part only.
+        let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
         Ok(Self {
             repeats: number("BENCH_LOGICAL_REPEATS", 3)?.max(1),
             batch: number("BENCH_LOGICAL_BATCH", 1000)?.max(10),
             idle_ticks: number("BENCH_LOGICAL_IDLE_TICKS", 200)?.max(1),
             slow_idle_ticks: number("BENCH_LOGICAL_SLOW_IDLE_TICKS", 20)?.max(1),
             handler,
+            drains: !only.contains(&"latency".to_string()) || only.contains(&"drains".to_string()),
+            latency: !only.contains(&"drains".to_string()) || only.contains(&"latency".to_string()),
+            latency_seconds: number("BENCH_LOGICAL_LATENCY_SECONDS", 600)?.max(1) as u64,
+            latency_rate: number("BENCH_LOGICAL_LATENCY_RATE", 500)?.max(PER_TX as usize) as u64,
+            latency_cursor: number("BENCH_LOGICAL_LATENCY_CURSOR", 1)? != 0,
         })
     }
 }
@@ -236,6 +258,9 @@ async fn run() -> Result<String> {
     .await
     .map_err(err("starting the servers"))??;
     eprintln!("logical: {} on port {}", postgres.version(), postgres.port());
+    if !knobs.drains {
+        return latency::run(&knobs, &postgres, &azurite).await;
+    }
 
     // Every database first: the handler reads its app folder once.
     let mut env = vec![
@@ -363,7 +388,13 @@ async fn run() -> Result<String> {
     host.kill();
     let load_avg_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let idles = [&idle_quiet, &idle_default, &idle_busy];
-    Ok(report(&knobs, &postgres, &repeats, default_window.as_ref(), idles, (&load_avg_before, &load_avg_after)))
+    let mut out =
+        report(&knobs, &postgres, &repeats, default_window.as_ref(), idles, (&load_avg_before, &load_avg_after));
+    if knobs.latency {
+        out.push('\n');
+        out.push_str(&latency::run(&knobs, &postgres, &azurite).await?);
+    }
+    Ok(out)
 }
 
 async fn database(postgres: &EmbeddedPostgres, name: &str) -> Result<String> {

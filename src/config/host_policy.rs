@@ -93,8 +93,12 @@ pub fn parse_timespan(text: &str) -> Option<Duration> {
     if !seconds.is_finite() || seconds < 0.0 {
         return None;
     }
-    let whole = days * 86_400 + h.parse::<u64>().ok()? * 3_600 + m.parse::<u64>().ok()? * 60;
-    Some(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
+    // Checked: a hand-written host.json can hold any digits (found by the function-folder fuzz target:
+    // `"functionTimeout": "00:05:00888…"` panicked converting the seconds).
+    let hours = h.parse::<u64>().ok()?.checked_mul(3_600)?;
+    let minutes = m.parse::<u64>().ok()?.checked_mul(60)?;
+    let whole = days.checked_mul(86_400)?.checked_add(hours)?.checked_add(minutes)?;
+    Duration::from_secs(whole).checked_add(Duration::try_from_secs_f64(seconds).ok()?)
 }
 
 /// host.json's `functionTimeout`: how long the host lets an invocation run before it restarts.
@@ -131,3 +135,20 @@ pub fn proof_window(timeout: FunctionTimeout, retry: Option<&RetryPolicy>) -> Du
 
 /// What the proof window assumes of an invocation when host.json's functionTimeout is `-1`.
 pub const UNBOUNDED_TIMEOUT_ASSUMED: Duration = Duration::from_secs(30 * 60);
+
+#[cfg(test)]
+mod tests {
+    use super::parse_timespan;
+    use std::time::Duration;
+
+    /// Found by the function-folder fuzz target (fuzz/corpus/function_config/regression-function-timeout-*):
+    /// seconds of many digits, or components whose product overflows, panicked instead of being refused.
+    #[test]
+    fn a_timespan_too_large_for_a_duration_is_refused_not_a_panic() {
+        assert_eq!(parse_timespan("00:05:00"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_timespan("1.02:00:00.5"), Some(Duration::from_secs_f64(93_600.5)));
+        assert_eq!(parse_timespan(&format!("00:05:00{}", "8".repeat(400))), None);
+        assert_eq!(parse_timespan("18446744073709551615:00:00"), None);
+        assert_eq!(parse_timespan("999999999999999.00:00:00"), None);
+    }
+}

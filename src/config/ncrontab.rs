@@ -157,7 +157,7 @@ fn timespan(text: &str) -> Option<Duration> {
     if h > 23 || m > 59 || !(0.0..60.0).contains(&s) {
         return None;
     }
-    Some(Duration::from_secs(days * 86_400 + h * 3_600 + m * 60) + Duration::from_secs_f64(s))
+    Duration::from_secs(days * 86_400 + h * 3_600 + m * 60).checked_add(Duration::try_from_secs_f64(s).ok()?)
 }
 
 impl Cron {

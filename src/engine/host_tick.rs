@@ -89,10 +89,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     }
     let (proven, proven_retries) = answered.take_proven(tick.now, duration(trigger.config.proof_window));
     // (Proven late batches lie before the checkpoint and were counted when first proven.)
-    let ranges =
-        |sent: &[Arc<Sent>]| -> Vec<(BatchRange, bool)> { sent.iter().map(|s| (s.range.clone(), s.settled)).collect() };
-    let (proven, proven_retries) = (ranges(&proven), ranges(&proven_retries));
-    tick.dirty |= tick.doc.acknowledge_proven(&proven, &proven_retries, tick.now);
+    tick.dirty |= tick.doc.acknowledge_proven(&ranges(&proven), &ranges(&proven_retries), tick.now);
 
     // 3. What to answer: an owed batch first, then an operator's retry, then new changes.
     let reply = match decide::next_answer(&answered, &tick.doc) {
@@ -185,8 +182,7 @@ async fn retry_reply(
     batch_id: u64,
 ) -> Result<Reply, TickError> {
     let key = tick.trigger.ledger.quarantine_key(batch_id);
-    let q = tick.trigger.ledger.load_quarantine(&key).await?;
-    let changes = q.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.clone(), detail })?;
+    let (q, changes) = tick.trigger.ledger.load_quarantined_batch(&key).await?;
     let range = BatchRange::new(batch_id, q.from, q.to, changes.len() as u64);
     let mut sent = Sent::new(range, attempt, tick.now);
     sent.quarantined = Some(key);
@@ -215,6 +211,11 @@ async fn fetch_reply(
     let batch_id = range.batch_id;
     answered.span.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
     Ok(Some(Reply { batch_id, changes: fetched.changes, kind: OutcomeKind::Delivered, why: None }))
+}
+
+/// Each batch's range and whether it was settled (quarantined) already, as the document acknowledges them.
+fn ranges(sent: &[Arc<Sent>]) -> Vec<(&BatchRange, bool)> {
+    sent.iter().map(|s| (&s.range, s.settled)).collect()
 }
 
 /// A std duration as a time duration (saturating; settings are bounded far below the limit).

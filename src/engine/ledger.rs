@@ -5,6 +5,7 @@
 
 use super::document::{QuarantineDoc, StateDoc};
 use super::error::TickError;
+use crate::change::Change;
 use crate::clock::Clock;
 use crate::state::{Etag, StateStore, StoreError};
 use std::sync::Arc;
@@ -147,6 +148,14 @@ impl Ledger {
             });
         };
         QuarantineDoc::read(&v.bytes).map_err(|detail| TickError::CorruptQuarantine { key: key.to_string(), detail })
+    }
+
+    /// A quarantine document by key with its changes decoded: what re-delivering a quarantined batch needs.
+    pub async fn load_quarantined_batch(&self, key: &str) -> Result<(QuarantineDoc, Vec<Change>), TickError> {
+        let doc = self.load_quarantine(key).await?;
+        let changes =
+            doc.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.to_string(), detail })?;
+        Ok((doc, changes))
     }
 
     /// The keys of every quarantine document of the function, oldest batch first.

@@ -44,9 +44,7 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         Some(batch_id) => {
             tick.dirty = true;
             let key = tick.trigger.ledger.quarantine_key(batch_id);
-            let q = tick.trigger.ledger.load_quarantine(&key).await?;
-            let changes =
-                q.decode_changes().map_err(|detail| TickError::CorruptQuarantine { key: key.clone(), detail })?;
+            let (q, changes) = tick.trigger.ledger.load_quarantined_batch(&key).await?;
             (Fetched { changes, last: Some(q.to.clone()), advance: None }, q.from, Some(key))
         }
         None => {

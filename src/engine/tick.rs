@@ -203,10 +203,7 @@ impl<'a> Tick<'a> {
     /// its document).
     pub async fn changes_of(&self, range: &BatchRange, quarantined: Option<&str>) -> Result<Vec<Change>, TickError> {
         if let Some(key) = quarantined {
-            let doc = self.trigger.ledger.load_quarantine(key).await?;
-            return doc
-                .decode_changes()
-                .map_err(|detail| TickError::CorruptQuarantine { key: key.to_string(), detail });
+            return Ok(self.trigger.ledger.load_quarantined_batch(key).await?.1);
         }
         let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
         Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)

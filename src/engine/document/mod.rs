@@ -182,8 +182,8 @@ impl StateDoc {
     /// was settled (quarantined) already, and so counted. `true` when anything moved. Who: the deferred tick.
     pub fn acknowledge_proven(
         &mut self,
-        span: &[(BatchRange, bool)],
-        retries: &[(BatchRange, bool)],
+        span: &[(&BatchRange, bool)],
+        retries: &[(&BatchRange, bool)],
         now: OffsetDateTime,
     ) -> bool {
         if span.is_empty() && retries.is_empty() {

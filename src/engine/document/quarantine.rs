@@ -37,13 +37,7 @@ impl QuarantineDoc {
     /// A quarantine document read back from the store (an operator may have edited it), or what is wrong with it.
     pub fn read(bytes: &[u8]) -> Result<Self, String> {
         let doc: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        for (field, position) in [("from", &doc.from), ("to", &doc.to)] {
-            if let Some(n) = super::read::fractional(position) {
-                return Err(format!(
-                    "field `{field}` holds the number {n}, which no source writes (positions hold integers and strings)"
-                ));
-            }
-        }
+        super::read::integer_positions(&[("from", &doc.from), ("to", &doc.to)])?;
         Ok(doc)
     }
 

@@ -47,12 +47,23 @@ fn field_at_fault(object: &Map<String, Value>) -> Option<String> {
 /// A number in a position that is not an integer: no source writes one (positions hold integers and strings),
 /// and a float would not even read back as the same number after a write (found by the state-document fuzz
 /// target: `333333333333332425333333333333333333333333333333` came back changed).
-pub(super) fn fractional(position: &Value) -> Option<&serde_json::Number> {
+fn fractional(position: &Value) -> Option<&serde_json::Number> {
     match position {
         Value::Number(n) if !n.is_i64() && !n.is_u64() => Some(n),
         Value::Array(items) => items.iter().find_map(fractional),
         Value::Object(fields) => fields.values().find_map(fractional),
         _ => None,
+    }
+}
+
+/// Refuses the first of `positions` (each with its field's name) that holds a non-integer number; the state
+/// and quarantine readers share it.
+pub(super) fn integer_positions(positions: &[(&str, &Value)]) -> Result<(), String> {
+    match positions.iter().find_map(|(field, p)| Some((field, fractional(p)?))) {
+        Some((field, n)) => Err(format!(
+            "field `{field}` holds the number {n}, which no source writes (positions hold integers and strings)"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -65,11 +76,7 @@ fn check(doc: &StateDoc) -> Result<(), String> {
     for entry in &doc.quarantine {
         positions.extend([("quarantine.from", &entry.range.from), ("quarantine.to", &entry.range.to)]);
     }
-    if let Some((field, n)) = positions.into_iter().find_map(|(field, p)| Some((field, fractional(p)?))) {
-        return Err(format!(
-            "field `{field}` holds the number {n}, which no source writes (positions hold integers and strings)"
-        ));
-    }
+    integer_positions(&positions)?;
     if let Some(flight) = &doc.in_flight {
         if flight.batches == 0 {
             return Err("field `in_flight.batches` is 0: a batch in flight holds at least one batch".into());

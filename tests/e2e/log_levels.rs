@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 /// local disk, so the handler starts with nothing but this machine.
 fn app() -> (AppFolder, testbed::embedded::ScratchDir) {
     let state = testbed::embedded::ScratchDir::new("log-levels").expect("scratch");
-    let app = AppBuilder::new()
-        .function(
-            "Orders",
-            timer_function_json(Some(3)),
-            Some(json!({ "source": "postgres-cursor", "tableName": "orders", "connectionStringSetting": "Pg", "cursorColumn": "version" })),
-        )
-        .write();
-    (app, state)
+    (orders_app().write(), state)
+}
+
+/// The app's one function, for callers that add files.
+fn orders_app() -> AppBuilder {
+    AppBuilder::new().function(
+        "Orders",
+        timer_function_json(Some(3)),
+        Some(json!({ "source": "postgres-cursor", "tableName": "orders", "connectionStringSetting": "Pg", "cursorColumn": "version" })),
+    )
 }
 
 fn command(app: &AppFolder, state: &testbed::embedded::ScratchDir, port: u16, level: &str) -> Command {
@@ -199,14 +201,7 @@ fn every_refusal_to_start_is_printed_whatever_the_level() {
 #[test]
 fn a_bad_level_in_local_settings_json_stops_handler_run() {
     let state = testbed::embedded::ScratchDir::new("log-levels").expect("scratch");
-    let app = AppBuilder::new()
-        .function(
-            "Orders",
-            timer_function_json(Some(3)),
-            Some(json!({ "source": "postgres-cursor", "tableName": "orders", "connectionStringSetting": "Pg", "cursorColumn": "version" })),
-        )
-        .file("local.settings.json", r#"{"Values": {"Sql_Trigger_LogLevel": "verbose"}}"#)
-        .write();
+    let app = orders_app().file("local.settings.json", r#"{"Values": {"Sql_Trigger_LogLevel": "verbose"}}"#).write();
     let output = Command::new(support::handler_exe())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())

@@ -46,8 +46,30 @@ impl App {
         }
         let mut errors = Vec::new();
         let mut triggers = BTreeMap::new();
-        for f in &config.functions {
-            let file = format!("{}/sqltrigger.json", f.name);
+        // Every partition a folder serves is a trigger of its own (`handler run` shares them among processes).
+        // Two folders that would write one state document (or answer to one name) are refused.
+        let mut served: BTreeMap<String, String> = BTreeMap::new();
+        for f in config.functions.iter().flat_map(|folder| folder.partition_triggers()) {
+            let f = &f;
+            let file = format!(
+                "{}/sqltrigger.json",
+                f.dir.file_name().map_or(f.name.clone(), |d| d.to_string_lossy().into_owned())
+            );
+            let folder = file.trim_end_matches("/sqltrigger.json").to_string();
+            let clash = [format!("state {}", f.state_name()), format!("name {}", f.name.to_ascii_lowercase())]
+                .into_iter()
+                .find_map(|k| served.insert(k, folder.clone()));
+            if let Some(other) = clash {
+                errors.push(ConfigError::new(
+                    file,
+                    format!(
+                        "serves {} (state {}), as the folder {other} does: keep either the folders `handler partitions generate` wrote or the one folder with \"partitions\", not both",
+                        f.name,
+                        f.state_name()
+                    ),
+                ));
+                continue;
+            }
             let source = source(f, &postgres_tls).map_err(|e| ConfigError::new(file, e.to_string()));
             // The trigger owns its delivery: the sink the configuration chose (for sink delivery, and under
             // `handler run` always); the host's bindings otherwise.

@@ -6,12 +6,12 @@
 use super::host_policy::{proof_window, FunctionTimeout, RetryPolicy, UNBOUNDED_TIMEOUT_ASSUMED};
 use super::ncrontab::Schedule;
 use super::outputs::OutputShapes;
+use super::partition::{Partition, Partitioning};
 use super::settings::{DeliveryMode, MessageFormat, Resolver, TriggerSettings};
 use super::sink_spec::SinkSpec;
 use super::source_spec::{resolve_references, resolve_text, source_spec, SourceSpec};
 use super::{read_json, valid_path_part, ConfigError, Env};
 use serde_json::Value;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -56,6 +56,9 @@ const KNOWN_KEYS: &[&str] = &[
     "streamBufferChanges",
     "streamPollMs",
     "streamIdleReleaseMs",
+    "partitions",
+    "partition",
+    "partitionGroup",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,12 +89,49 @@ pub struct FunctionConfig {
     /// Where the handler delivers itself: the `"sink"` of sqltrigger.json under deliveryMode sink, and under
     /// `handler run` always (stdout when none is named). `None`: the host's output bindings deliver.
     pub sink: Option<SinkSpec>,
-    /// How many partitions split the function's changes: 1. sqltrigger.json has no `"partitions"` key yet (the
-    /// next issue reads it here), so it is refused as unknown.
-    pub partitions: NonZeroU32,
+    /// How the function's changes are split into partitions (`"partitions"`, `"partition"`, `"partitionGroup"`).
+    pub partitioning: Partitioning,
 }
 
 impl FunctionConfig {
+    /// The configuration of each partition trigger this folder serves: itself when it is not partitioned; else
+    /// one per served partition, each reading only its partition's keys, and named `{group}-p{i}` when the
+    /// folder serves them all (`handler run`). A generated folder keeps its own name.
+    pub fn partition_triggers(&self) -> Vec<FunctionConfig> {
+        if !self.partitioning.is_partitioned() {
+            return vec![self.clone()];
+        }
+        let group = &self.partitioning.group;
+        self.partitioning
+            .served()
+            .into_iter()
+            .map(|p| {
+                let mut f = self.clone();
+                if self.partitioning.only.is_none() {
+                    f.name = p.function_name(group);
+                }
+                f.partitioning.only = Some(p.index);
+                f.source.partition = Some(p);
+                f
+            })
+            .collect()
+    }
+
+    /// The partition this trigger serves: `None` unless the function is partitioned and this is one of its
+    /// partition triggers (see [`FunctionConfig::partition_triggers`]).
+    pub fn partition(&self) -> Option<Partition> {
+        self.source.partition
+    }
+
+    /// The name of this trigger's state document under the app (`{app}/{name}.json`): the function's own name,
+    /// or for a partition its group's partition name, shared by a generated folder and `handler run`.
+    pub fn state_name(&self) -> String {
+        match self.partition() {
+            Some(p) => p.state_name(&self.partitioning.group),
+            None => self.name.clone(),
+        }
+    }
+
     /// What each output binding receives (`outputs` in sqltrigger.json over the defaults by binding type).
     pub fn output_routes(&self) -> Vec<super::OutputRoute> {
         super::outputs::routes(&self.outputs, &self.output_shapes)
@@ -230,6 +270,9 @@ pub(super) fn load(
     let settings = resolver.trigger_settings(errors);
     let proof_window_ms = resolver.optional_whole(&super::settings::PROOF_WINDOW_MS, 86_400_000, errors);
     let source = source_spec(&options, env, &trig_file, errors);
+    let host = mode == super::Mode::Host;
+    let kind = source.as_ref().map(super::SourceSpec::kind);
+    let partitioning = Partitioning::parse(&options, &name, kind, host, &trig_file, errors);
 
     // Under the host, deferred delivery learns of failed output writes only through retries, and the batch
     // must go somewhere. `handler run` delivers to its own sinks and plays the host's retries itself.
@@ -379,10 +422,13 @@ pub(super) fn load(
         outputs,
         retry,
         proof_window,
-        source: source?,
+        source: source.map(|mut s| {
+            s.partition = partitioning.only.map(|index| Partition { index, count: partitioning.count });
+            s
+        })?,
         settings,
         output_shapes,
         sink,
-        partitions: NonZeroU32::MIN,
+        partitioning,
     })
 }

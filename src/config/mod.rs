@@ -8,6 +8,7 @@ mod function;
 mod host_policy;
 pub mod ncrontab;
 mod outputs;
+mod partition;
 mod postgres_trust;
 mod secret;
 pub mod settings;
@@ -20,6 +21,7 @@ pub use host_policy::{
     parse_timespan, proof_window, FunctionTimeout, RetryPolicy, RetryStrategy, PROOF_SLACK, UNBOUNDED_TIMEOUT_ASSUMED,
 };
 pub use outputs::{OutputRoute, OutputShape, OutputShapes};
+pub use partition::{Partition, Partitioning, MAX_PARTITIONS};
 pub use postgres_trust::PostgresTrust;
 pub use secret::Secret;
 pub use settings::{DeliveryMode, MessageFormat, PoisonAction, TriggerSettings};

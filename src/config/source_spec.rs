@@ -74,6 +74,9 @@ pub struct SourceSpec {
     pub start_from: StartFrom,
     /// The kind of source and its own keys.
     pub options: SourceOptions,
+    /// The one partition of the table's keys this source reads (`None`: all of them). Set per partition trigger
+    /// from the function's [`super::Partitioning`]; each source turns it into its own predicate.
+    pub partition: Option<super::Partition>,
 }
 
 impl SourceSpec {
@@ -262,6 +265,7 @@ pub(super) fn source_spec(
         columns,
         start_from,
         options: options?,
+        partition: None,
     })
 }
 

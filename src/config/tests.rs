@@ -196,7 +196,7 @@ mod typed {
             target.checkpoint_table.as_ref().map(ToString::to_string).as_deref(),
             Some("sql_pseudo_trigger_checkpoint")
         );
-        assert_eq!(f.partitions.get(), 1);
+        assert!(!f.partitioning.is_partitioned());
         // AND the host's bindings deliver a deferred function, whose sink is neither read nor built
         let app = load(json!([]), json!({"sink": {"type": "webhook"}})).expect("valid");
         assert!(app.functions[0].sink.is_none());
@@ -215,8 +215,8 @@ mod typed {
         assert!(err.contains("slotName in Orders/sqltrigger.json: is \"Bad-Name\"; use 1 to 63 lower-case"), "{err}");
         assert!(err.contains("cursorColumn in Orders/sqltrigger.json: is for postgres-cursor"), "{err}");
         assert!(err.contains("sink in Orders/sqltrigger.json: unknown key \"exactlyonce\""), "{err}");
-        // AND "partitions" is not accepted yet
+        // AND "partitions" under the host names the command that writes a folder per partition
         let err = load(json!([]), json!({"partitions": 2})).expect_err("refused");
-        assert!(err.contains("unknown key \"partitions\""), "{err}");
+        assert!(err.contains("handler partitions generate Orders 2"), "{err}");
     }
 }

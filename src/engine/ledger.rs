@@ -14,9 +14,10 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Ledger {
     store: Arc<dyn StateStore>,
-    /// `{app}/{function}.json`.
+    app: String,
+    /// `{app}/{function}.json`, or `{app}/{group}/partition-{i}-of-{N}.json` for a partition.
     key: String,
-    /// `{app}/{function}/quarantine/`.
+    /// `{app}/{function}/quarantine/` (a partition's under its own name).
     quarantine_prefix: String,
     clock: Arc<dyn Clock>,
 }
@@ -31,11 +32,14 @@ pub enum Saved {
 }
 
 impl Ledger {
-    pub fn new(store: Arc<dyn StateStore>, app_name: &str, function: &str, clock: Arc<dyn Clock>) -> Self {
+    /// The documents of `name` (a function's name, or a partition's [`crate::config::FunctionConfig::state_name`])
+    /// in `app_name`'s name space.
+    pub fn new(store: Arc<dyn StateStore>, app_name: &str, name: &str, clock: Arc<dyn Clock>) -> Self {
         Self {
             store,
-            key: format!("{app_name}/{function}.json"),
-            quarantine_prefix: format!("{app_name}/{function}/quarantine/"),
+            app: app_name.to_string(),
+            key: format!("{app_name}/{name}.json"),
+            quarantine_prefix: format!("{app_name}/{name}/quarantine/"),
             clock,
         }
     }
@@ -44,6 +48,7 @@ impl Ledger {
     pub fn with_clock(&self, clock: Arc<dyn Clock>) -> Self {
         Self {
             store: self.store.clone(),
+            app: self.app.clone(),
             key: self.key.clone(),
             quarantine_prefix: self.quarantine_prefix.clone(),
             clock,
@@ -59,9 +64,9 @@ impl Ledger {
         &self.key
     }
 
-    /// The app name space of the state key (`{app}/{function}.json`; neither part holds a '/').
+    /// The app name space of the state key.
     pub fn app(&self) -> &str {
-        self.key.rsplit_once('/').map_or("", |(app, _)| app)
+        &self.app
     }
 
     pub fn quarantine_prefix(&self) -> &str {

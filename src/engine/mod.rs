@@ -67,7 +67,7 @@ impl Trigger {
         store: Arc<dyn StateStore>,
         owner: String,
     ) -> Self {
-        let ledger = Arc::new(Ledger::new(store, app_name, &config.name, Arc::new(SystemClock)));
+        let ledger = Arc::new(Ledger::new(store, app_name, &config.state_name(), Arc::new(SystemClock)));
         Self {
             delivery: Delivery::of(config.settings.delivery_mode),
             config,

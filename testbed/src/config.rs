@@ -48,6 +48,6 @@ pub fn function(name: &str, settings: TriggerSettings) -> FunctionConfig {
         settings,
         output_shapes: Default::default(),
         sink: None,
-        partitions: std::num::NonZeroU32::MIN,
+        partitioning: sql_pseudo_trigger::config::Partitioning::single(name),
     }
 }

@@ -398,7 +398,7 @@ async fn driver_waits_for_the_first_answer_and_passes_the_host_environment() {
 
 #[tokio::test]
 async fn a_simulated_hour_of_firings_every_five_seconds_is_720_firings_on_the_schedules_seconds() {
-    // GIVEN the templates' schedule, */5 * * * * *, which is under a minute: no schedule monitor
+    // GIVEN a schedule of */5 * * * * * (the templates' before issue 23), under a minute: no schedule monitor
     let (app, script) = standin_app(None);
     let driver = start_standin(&app, &script, &[]).await;
     let start = time::macros::datetime!(2026-11-25 10:00:00 UTC);

@@ -106,6 +106,13 @@ class FlexTemplate(unittest.TestCase):
         trigger = read_json("function-templates", function, "sqltrigger.json")
         self.assertEqual(self.params["connectionStringSetting"]["default"], trigger["connectionStringSetting"])
 
+    def test_the_default_schedule_is_the_templates(self):
+        # The schedule the templates ship (local.settings.json.example) is the pace docs/operations.md states
+        # and tests/templates.rs checks; the deployed default must not fall behind it.
+        function = self.params["functionName"]["default"]
+        example = read_json("local.settings.json.example")["Values"]
+        self.assertEqual(self.params["schedule"]["default"], example[function + "_Schedule"])
+
     def test_the_connection_string_is_a_secure_parameter(self):
         decorators = [d["type"] for d in self.params["connectionString"]["decorators"]]
         self.assertIn("secure", decorators)

@@ -281,7 +281,8 @@ async fn post(host: &HostDriver, id: Option<&str>, body: Vec<u8>) -> (u16, Strin
 
 #[tokio::test]
 async fn on_the_hosts_schedule_each_firing_delivers_one_batch_and_a_backlog_drains_at_the_schedules_pace() {
-    // GIVEN 1,050 orders and the templates' function: batch 100, fired every five seconds
+    // GIVEN 1,050 orders and a function like the templates: batch 100, fired every five seconds (their schedule
+    // before issue 23)
     let orders = Orders::new("schedule").await;
     orders.insert(1..=1050).await;
     let app = orders_app(&orders, &unique_app_name("schedule"), json!({}), &[]);

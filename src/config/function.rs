@@ -267,7 +267,14 @@ pub(super) fn load(
     }
 
     let resolver = Resolver { env, host_sql, function: Some((&trig_file, &options)) };
-    let settings = resolver.trigger_settings(errors);
+    let mut settings = resolver.trigger_settings(errors);
+    // Unset, the tick timeout stays below a short functionTimeout by itself: the handler answers an error the host
+    // retries, instead of the host cutting the invocation and restarting the worker.
+    if let (true, None, FunctionTimeout::Bounded(limit)) =
+        (mode == super::Mode::Host, resolver.raw(&super::settings::TICK_TIMEOUT_MS), function_timeout)
+    {
+        settings.tick_timeout = settings.tick_timeout.min(limit * 2 / 3);
+    }
     let proof_window_ms = resolver.optional_whole(&super::settings::PROOF_WINDOW_MS, 86_400_000, errors);
     let source = source_spec(&options, env, &trig_file, errors);
     let host = mode == super::Mode::Host;

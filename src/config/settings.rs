@@ -98,7 +98,7 @@ pub const TICK_TIMEOUT_MS: SettingDef = SettingDef {
     function_key: Some("tickTimeoutMs"),
     host_json_key: None,
     default: "240000",
-    doc: "Longest one invocation may work before it gives up and answers an error (keep it below host.json functionTimeout).",
+    doc: "Longest one invocation may work before it gives up and answers an error. Unset under the host with a bounded host.json functionTimeout: two thirds of functionTimeout when that is below the default, so the handler answers before the host cuts the invocation.",
 };
 pub const STATE_STORE: SettingDef = SettingDef {
     name: "Sql_Trigger_StateStore",
@@ -320,7 +320,7 @@ pub struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
-    fn raw(&self, def: &SettingDef) -> Option<(String, String)> {
+    pub(super) fn raw(&self, def: &SettingDef) -> Option<(String, String)> {
         if let (Some((file, obj)), Some(key)) = (self.function, def.function_key) {
             if let Some(v) = obj.get(key) {
                 return Some((value_text(v), format!("{key} in {file}")));

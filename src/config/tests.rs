@@ -104,10 +104,15 @@ mod retry {
             .any(|w| w.contains("can reach Sql_Trigger_MaxAttempts") && w.contains("PoisonAfterMs")));
         assert!(warnings.iter().any(|w| w.contains("functionTimeout") && w.contains("30 min")), "{warnings:?}");
         assert_eq!(app.functions[0].proof_window, Duration::from_secs(30 * 60 + 5 + 30));
-        // AND a tick timeout the host would cut first is warned about too
+        // AND a tick timeout set at or above a functionTimeout the host would cut first is warned about too
         let short = serde_json::json!({ "version": "2.0", "functionTimeout": "00:01:00" });
-        let app = load(fixed(5, "00:00:05"), short, &[]).expect("valid");
+        let set = [("Sql_Trigger_TickTimeoutMs", "60000")];
+        let app = load(fixed(5, "00:00:05"), short.clone(), &set).expect("valid");
         assert!(app.warnings.iter().any(|w| w.to_string().contains("Sql_Trigger_TickTimeoutMs")), "{:?}", app.warnings);
+        // AND left unset, it is two thirds of that functionTimeout, with nothing to warn about
+        let app = load(fixed(5, "00:00:05"), short, &[]).expect("valid");
+        assert!(app.warnings.is_empty(), "{:?}", app.warnings);
+        assert_eq!(app.functions[0].settings.tick_timeout, Duration::from_secs(40));
         // AND the shipped defaults warn about nothing
         let default = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
         assert!(load(fixed(5, "00:00:05"), default, &[]).expect("valid").warnings.is_empty());

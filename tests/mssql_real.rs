@@ -576,7 +576,11 @@ async fn change_tracking_partitions_split_keys_by_hash_in_walk_and_changes_alike
     let mut changed = Vec::new();
     let mut sources = Vec::new();
     for i in 0..4 {
-        let spec = partitioned(ctx.spec(SourceKind::MssqlChangeTracking, &format!("dbo.{t}"), json!({"startFrom": "snapshot"})), i, 4);
+        let spec = partitioned(
+            ctx.spec(SourceKind::MssqlChangeTracking, &format!("dbo.{t}"), json!({"startFrom": "snapshot"})),
+            i,
+            4,
+        );
         let source = MssqlChangeTracking::new(spec).expect("source");
         let start = source.start_position(StartFrom::Earliest).await.expect("start");
         let (b, pos) = drain(&source, &start, 3).await;
@@ -616,20 +620,31 @@ async fn rowversion_partitions_read_through_the_partition_column_and_inline_alik
     let mut through_column = Vec::new();
     for i in 0..4 {
         let options = json!({"partitions": 4, "partitionColumn": "sqltrigger_p4", "columns": ["Id", "V"]});
-        let source =
-            MssqlRowversion::new(partitioned(ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), options), i, 4))
-                .expect("source");
+        let source = MssqlRowversion::new(partitioned(
+            ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), options),
+            i,
+            4,
+        ))
+        .expect("source");
         source.validate().await.expect("the column the handler's DDL makes passes the handler's check");
-        assert_eq!(source.pending(&Value::Null).await.expect("pending"), drain(&source, &Value::Null, 3).await.0.iter().map(|b| b.changes.len() as u64).sum::<u64>());
+        assert_eq!(
+            source.pending(&Value::Null).await.expect("pending"),
+            drain(&source, &Value::Null, 3).await.0.iter().map(|b| b.changes.len() as u64).sum::<u64>()
+        );
         through_column.push(drain(&source, &Value::Null, 3).await.0);
     }
     let through_column = ids_by_partition(&through_column);
     assert_eq!(through_column.iter().map(|s| s.len()).sum::<usize>(), 40, "{through_column:?}");
     let (b, _) = drain(&inline, &Value::Null, 100).await;
-    let inline_ids: std::collections::BTreeSet<i64> = b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
+    let inline_ids: std::collections::BTreeSet<i64> =
+        b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
     assert_eq!(inline_ids, through_column[0], "the inline hash and the column agree");
     let wrong = MssqlRowversion::new(partitioned(
-        ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), json!({"partitions": 8, "partitionColumn": "sqltrigger_p4"})),
+        ctx.spec(
+            SourceKind::MssqlRowversion,
+            &format!("dbo.{t}"),
+            json!({"partitions": 8, "partitionColumn": "sqltrigger_p4"}),
+        ),
         0,
         8,
     ))

@@ -1514,10 +1514,21 @@ async fn a_partitioned_change_tracking_function_filters_every_read_by_its_partit
     assert_eq!(encode_batch(&second.changes).get(), encode_batch(&again.changes).get());
     assert_eq!((pending, lag), (1, Lag::Behind(std::time::Duration::from_secs(30))));
     let table = Wire::Text("[DBO].[ORDERS]".into());
-    assert_eq!(mock.values("ct_part_fetch_start"), vec![table.clone(), Wire::Int(2), Wire::Int(10), Wire::Int(4), Wire::Int(2)]);
+    assert_eq!(
+        mock.values("ct_part_fetch_start"),
+        vec![table.clone(), Wire::Int(2), Wire::Int(10), Wire::Int(4), Wire::Int(2)]
+    );
     assert_eq!(
         mock.values("ct_part_fetch_after_key"),
-        vec![table.clone(), Wire::Int(2), Wire::Int(10), Wire::Int(12), Wire::Text("2".into()), Wire::Int(4), Wire::Int(2)]
+        vec![
+            table.clone(),
+            Wire::Int(2),
+            Wire::Int(10),
+            Wire::Int(12),
+            Wire::Text("2".into()),
+            Wire::Int(4),
+            Wire::Int(2)
+        ]
     );
     let tail = |name: &str| mock.values(name).split_off(mock.values(name).len() - 2);
     for name in ["ct_part_refetch_key_to_key", "ct_part_pending_after_key", "ct_part_oldest_after_key"] {
@@ -1551,8 +1562,7 @@ async fn a_partitioned_composite_key_is_hashed_over_every_key_column_after_the_c
     let mut mock = Mock::start().await;
     order_lines_catalog(&mut mock).await;
     let line = r#"{"Order Id":7,"Line №":"b","Qty":1}"#;
-    mock.register("ct_part_options_fetch_after_key", changes2(60, 10, &[(12, 1, line, ["7", "b"], Some("001"))]))
-        .await;
+    mock.register("ct_part_options_fetch_after_key", changes2(60, 10, &[(12, 1, line, ["7", "b"], Some("001"))])).await;
     let mut spec = spec(
         &mock,
         SourceKind::MssqlChangeTracking,
@@ -1610,8 +1620,7 @@ async fn a_partition_column_with_its_index_turns_every_rowversion_read_into_an_e
     let mut mock = Mock::start().await;
     let source = partitioned_items_source(&mut mock, 3, true).await;
     mock.register("catalog_partition_column", partition_column_facts(P8_DEFINITION, true, 1)).await;
-    mock.register("rv_part_column_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2002, 1, ITEM_3, &["3"])]))
-        .await;
+    mock.register("rv_part_column_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2002, 1, ITEM_3, &["3"])])).await;
     mock.register("rv_part_column_fetch_after_key", rv_rows(&[(2005, 1, ITEM_1, &["1"])])).await;
     mock.register("rv_part_column_refetch_key_to_key", rv_rows(&[(2005, 1, ITEM_1, &["1"])])).await;
     mock.register("rv_part_column_pending_after_key", count(1)).await;
@@ -1636,7 +1645,10 @@ async fn a_partition_column_with_its_index_turns_every_rowversion_read_into_an_e
     );
     assert_eq!(encode_batch(&second.changes).get(), encode_batch(&again.changes).get());
     assert_eq!(pending, 1);
-    assert_eq!(mock.values("rv_part_column_pending_after_key"), vec![Wire::Int(3), Wire::Int(2002), Wire::Text("3".into())]);
+    assert_eq!(
+        mock.values("rv_part_column_pending_after_key"),
+        vec![Wire::Int(3), Wire::Int(2002), Wire::Text("3".into())]
+    );
 }
 
 #[tokio::test]

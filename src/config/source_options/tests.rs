@@ -121,7 +121,10 @@ fn a_partition_column_is_read_for_a_partitioned_rowversion_source_only() {
         (json!({"partitions": 8, "partitionColumn": 3}), "must be a column name"),
     ] {
         let errors = partition_column_of(v.clone(), rv).expect_err("refused");
-        assert!(errors.iter().any(|e| e.starts_with("partitionColumn in f/sqltrigger.json") && e.contains(why)), "{v}: {errors:?}");
+        assert!(
+            errors.iter().any(|e| e.starts_with("partitionColumn in f/sqltrigger.json") && e.contains(why)),
+            "{v}: {errors:?}"
+        );
     }
     let ct = partition_column_of(json!({"partitions": 8, "partitionColumn": "p"}), SourceKind::MssqlChangeTracking);
     assert!(ct.expect_err("refused").iter().any(|e| e.contains("filters each change by the hash of its key")));

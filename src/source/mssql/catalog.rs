@@ -104,7 +104,8 @@ pub async fn partition_column(
 ) -> Result<Option<PartitionColumnFacts>, SourceError> {
     let ctx = "checking the partition column";
     let s = sql::partition_column();
-    let params = [Param::Text(table.mssql()), Param::Text(column.as_str().into()), Param::Text(version.as_str().into())];
+    let params =
+        [Param::Text(table.mssql()), Param::Text(column.as_str().into()), Param::Text(version.as_str().into())];
     let rows = pool.query(&s.sql, &params, ctx).await?;
     if rows.len() > 1 {
         return Err(SourceError::Invalid(format!(

@@ -57,8 +57,7 @@ impl MssqlRowversion {
         let Some(partition) = self.spec.partition.filter(|p| p.count.get() > 1) else { return Ok(()) };
         let warning = match &shape.partition {
             Some(PartitionFilter::Column(column)) => {
-                let facts =
-                    super::catalog::partition_column(&self.pool, &shape.table, column, &shape.version).await?;
+                let facts = super::catalog::partition_column(&self.pool, &shape.table, column, &shape.version).await?;
                 schema::check_partition_column(shape, partition, facts.as_ref())?
             }
             _ => schema::inline_partition_warning(shape, partition),

@@ -629,17 +629,21 @@ mod tests {
     #[test]
     fn a_partition_column_is_read_through_and_left_out_of_item() {
         let s = partitioned("dbo.Items", 8);
-        let shape = rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
+        let shape =
+            rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
         assert_eq!(shape.partition, Some(PartitionFilter::Column(Ident::new("sqltrigger_p8").expect("valid"))));
         let item: Vec<&str> = shape.item.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(item, ["Id", "Name", "RV"], "the handler's column is not the app's data");
-        let inline = rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
+        let inline =
+            rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
         assert_eq!(inline.partition, Some(PartitionFilter::Inline));
         let unpartitioned =
             rowversion_shape(&spec("dbo.Items"), &RowversionOptions::default(), &db(), &table_ok(), &items_cols());
         assert_eq!(unpartitioned.expect("valid").partition, None);
         let missing = rowversion_shape(&s, &with_column("p16"), &db(), &table_ok(), &items_cols());
-        assert!(matches!(missing, Err(SourceError::Invalid(m)) if m.starts_with("partitionColumn \"p16\" is not a column of dbo.Items")));
+        assert!(
+            matches!(missing, Err(SourceError::Invalid(m)) if m.starts_with("partitionColumn \"p16\" is not a column of dbo.Items"))
+        );
     }
 
     #[test]
@@ -654,7 +658,8 @@ mod tests {
     fn the_partition_column_must_hold_the_hash_modulo_n_and_its_index_is_checked() {
         // GIVEN partition 1 of 8 of dbo.Items read through sqltrigger_p8
         let s = partitioned("dbo.Items", 8);
-        let shape = rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
+        let shape =
+            rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
         let p = s.partition.expect("a partition");
         let stored = "((checksum([Id])&(2147483647))%(8))";
 
@@ -664,11 +669,18 @@ mod tests {
         let warning = check_partition_column(&shape, p, Some(&facts(stored, 0))).expect("valid").expect("a warning");
         assert!(warning.contains("has no index leading with ([sqltrigger_p8], [RV])"), "{warning}");
         assert!(warning.contains("to keep about 1 in 8, and each partition does it again"), "{warning}");
-        assert!(warning.ends_with("Run CREATE INDEX [IX_Items_sqltrigger_p8] ON [dbo].[Items] ([sqltrigger_p8], [RV], [Id])"), "{warning}");
+        assert!(
+            warning
+                .ends_with("Run CREATE INDEX [IX_Items_sqltrigger_p8] ON [dbo].[Items] ([sqltrigger_p8], [RV], [Id])"),
+            "{warning}"
+        );
         // AND a column for another N, another key or no computed column at all is refused
         for bad in ["((checksum([Id])&(2147483647))%(4))", "(checksum([Name])&(2147483647))%(8)", "[Id]%(8)"] {
             let err = check_partition_column(&shape, p, Some(&facts(bad, 1))).expect_err(bad);
-            assert!(err.to_string().contains("but 8 partitions of the key need ((CHECKSUM([Id]) & 2147483647) % 8)"), "{err}");
+            assert!(
+                err.to_string().contains("but 8 partitions of the key need ((CHECKSUM([Id]) & 2147483647) % 8)"),
+                "{err}"
+            );
         }
         let err = check_partition_column(&shape, p, None).expect_err("not computed");
         assert!(err.to_string().contains("is not a computed column"), "{err}");
@@ -677,7 +689,8 @@ mod tests {
     #[test]
     fn a_partitioned_rowversion_source_without_a_column_says_what_each_fetch_costs_and_what_to_add() {
         let s = partitioned("dbo.Items", 8);
-        let shape = rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
+        let shape =
+            rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
         let warning = inline_partition_warning(&shape, s.partition.expect("a partition")).expect("a warning");
         assert_eq!(
             warning,

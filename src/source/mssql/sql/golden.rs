@@ -437,10 +437,18 @@ fn every_partitioned_read_filters_on_its_partition_and_only_one_partition() {
     let fetch = orders_partitioned().changes(After::Key, Upto::Current);
     assert!(fetch.sql.contains(&format!("{hash}@P6 AS INT) = CAST(@P7 AS INT) ORDER BY")), "{}", fetch.sql);
     let walk = orders_partitioned().walk(false, false);
-    assert!(walk.sql.contains("WHERE (CHECKSUM(T.[ID]) & 2147483647) % CAST(@P2 AS INT) = CAST(@P3 AS INT)"), "{}", walk.sql);
+    assert!(
+        walk.sql.contains("WHERE (CHECKSUM(T.[ID]) & 2147483647) % CAST(@P2 AS INT) = CAST(@P3 AS INT)"),
+        "{}",
+        walk.sql
+    );
     // With a partition column the fetch is an equality then the rowversion range: a seek on (P8, RV, ID).
     let column = items_partition_column().changes(After::Key, false, Labels::Since);
-    assert!(column.sql.contains("WHERE T.[RV] < @BOUND AND T.[P8] = CAST(@P2 AS INT) AND (T.[RV] >= "), "{}", column.sql);
+    assert!(
+        column.sql.contains("WHERE T.[RV] < @BOUND AND T.[P8] = CAST(@P2 AS INT) AND (T.[RV] >= "),
+        "{}",
+        column.sql
+    );
     assert!(column.sql.ends_with("ORDER BY T.[RV], T.[ID]"), "the index's order: {}", column.sql);
     assert!(!column.slots.contains(&Slot::PartitionCount), "the column holds N already");
 }

@@ -8,7 +8,8 @@
 //!   in lower case and `INFORMATION_SCHEMA.COLUMNS` in upper case; staying upper case everywhere a value is
 //!   bound keeps one spelling valid in every collation. The one statement that reads `sys.databases` binds
 //!   nothing and writes those names in lower case; the lag's read of `sys.dm_tran_commit_table` binds values
-//!   and writes exactly that view's names in lower case (`golden::SYSTEM_NAMES` checks), everything else upper case.
+//!   and writes exactly that view's names in lower case (`golden::SYSTEM_NAMES` checks), and the partition column's
+//!   catalog read the `sys` names it needs (`golden::PARTITION_CATALOG_NAMES`); everything else upper case.
 //! - SQL Server has no row-value comparison, so the keyset `(v, k1, k2) > (@v, @k1, @k2)` is expanded to
 //!   `v >= @v AND (v > @v OR (v = @v AND (k1 > @k1 OR (k1 = @k1 AND k2 > @k2))))`: the leading `v >= @v`
 //!   is redundant for the result but gives the optimizer a bounded range to seek.

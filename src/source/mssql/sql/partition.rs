@@ -8,7 +8,7 @@ use super::{Params, Slot, Statement};
 /// rowversion column `@P3`. Row shape: `DEF, IS_PERSISTED, INDEXED`; no row when `@P2` is not a computed column.
 ///
 /// Only the `sys` catalog has a computed column's definition, so the `sys` names are written in lower case (a
-/// case-sensitive database knows them only so; `golden::SYSTEM_NAMES` lists them). An index counts when it is
+/// case-sensitive database knows them only so; `golden::PARTITION_CATALOG_NAMES` lists them). An index counts when it is
 /// a rowstore index (clustered or nonclustered), enabled and unfiltered: a filtered or disabled one cannot serve
 /// every fetch.
 pub fn partition_column() -> Statement {

@@ -1579,6 +1579,33 @@ async fn a_partitioned_composite_key_is_hashed_over_every_key_column_after_the_c
     assert_eq!(values[values.len() - 3..], [Wire::Bytes(b"MYAPP".to_vec()), Wire::Int(16), Wire::Int(5)]);
 }
 
+/// What the handler logs while it is alive, on this thread (the tests run on a current-thread runtime).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
+    }
+}
+
 /// `[DBO].[ITEMS]` with the partition column `P8` a partitioned rowversion source reads through.
 const ITEMS_P8: &[ColumnRow] = &[
     ("ID", "int", None, Some(10), Some(0), None, 1, Some(1)),
@@ -1657,7 +1684,18 @@ async fn a_partition_column_without_an_index_is_used_and_one_with_another_expres
     let mut mock = Mock::start().await;
     let source = partitioned_items_source(&mut mock, 3, true).await;
     mock.register("catalog_partition_column", partition_column_facts(P8_DEFINITION, false, 0)).await;
+    let (logs, guard) = Logs::capture();
     source.validate().await.expect("no index is a warning, not a refusal");
+    drop(guard);
+    let said = logs.text();
+    assert!(said.contains("WARN"), "{said}");
+    assert!(said.contains("partitionColumn [P8] of DBO.ITEMS has no index leading with ([P8], [RV])"), "{said}");
+    assert!(
+        said.contains(
+            "Run CREATE INDEX [IX_ITEMS_P8] ON [DBO].[ITEMS] ([P8], [RV], [ID]) (and make the column PERSISTED"
+        ),
+        "{said}"
+    );
     drop(mock);
 
     // A column for 4 partitions under 8 would leave keys unread: refused, with the DDL for 8.
@@ -1695,7 +1733,15 @@ async fn without_a_partition_column_the_rowversion_source_hashes_each_key_inline
     mock.register("rv_part_inline_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"])])).await;
     mock.register("rv_part_inline_pending_start", count(4)).await;
 
+    let (logs, guard) = Logs::capture();
     source.validate().await.expect("valid: slow, not wrong");
+    drop(guard);
+    let said = logs.text();
+    assert!(said.contains("DBO.ITEMS is split into 8 partitions without a partition column"), "{said}");
+    assert!(
+        said.contains("ALTER TABLE [DBO].[ITEMS] ADD [sqltrigger_p8] AS ((CHECKSUM([ID]) & 2147483647) % 8) PERSISTED"),
+        "{said}"
+    );
     let fetched = source.fetch(&Value::Null, 100).await.expect("fetch");
     let pending = source.pending(&Value::Null).await.expect("pending");
 

@@ -20,7 +20,7 @@
 //! fence, exactly once and what sink mode resumes from.
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::config::{Env, SourceKind, SourceSpec};
+use sql_pseudo_trigger::config::{Env, Partition, SourceKind, SourceSpec};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
@@ -142,6 +142,8 @@ async fn real_server_suite() {
     scenario!(rowversion_inserted_column_labels_inserts_across_pages);
     scenario!(rowversion_refetch_and_pending);
     scenario!(rowversion_waits_for_an_open_transaction_below_the_bound);
+    scenario!(change_tracking_partitions_split_keys_by_hash_in_walk_and_changes_alike);
+    scenario!(rowversion_partitions_read_through_the_partition_column_and_inline_alike);
     println!("real-server scenario: sink::scenarios");
     sink::scenarios(&mut ctx).await;
     ran.push("sink::scenarios");
@@ -542,4 +544,110 @@ async fn rowversion_waits_for_an_open_transaction_below_the_bound(ctx: &mut Ctx)
     let (b, _) = drain(&source, &start, 10).await;
     let ids: Vec<i64> = b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
     assert_eq!(ids, vec![1, 2]);
+}
+
+/// The spec of partition `index` of `count`.
+fn partitioned(mut spec: SourceSpec, index: u32, count: u32) -> SourceSpec {
+    spec.partition = std::num::NonZeroU32::new(count).and_then(|n| Partition::new(index, n));
+    spec
+}
+
+/// The `Id`s each partition's batches carry, in partition order; panics if a key is in two partitions.
+fn ids_by_partition(batches: &[Vec<Fetched>]) -> Vec<std::collections::BTreeSet<i64>> {
+    let sets: Vec<std::collections::BTreeSet<i64>> = batches
+        .iter()
+        .map(|b| b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect())
+        .collect();
+    for (i, a) in sets.iter().enumerate() {
+        for b in &sets[i + 1..] {
+            assert!(a.is_disjoint(b), "a key in two partitions: {a:?} / {b:?}");
+        }
+    }
+    sets
+}
+
+async fn change_tracking_partitions_split_keys_by_hash_in_walk_and_changes_alike(ctx: &mut Ctx) {
+    // Issue 23: each partition walks and follows only the keys whose CHECKSUM lands in it; CHANGETABLE's key
+    // columns hash as the table's do, so a key's snapshot row and its later changes are in one partition.
+    let t = tracked(ctx, "ctpart", "Id int PRIMARY KEY, V int").await;
+    let values: Vec<String> = (1..=40).map(|i| format!("({i}, 0)")).collect();
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES {}", values.join(", "))).await;
+    let mut walked = Vec::new();
+    let mut changed = Vec::new();
+    let mut sources = Vec::new();
+    for i in 0..4 {
+        let spec = partitioned(
+            ctx.spec(SourceKind::MssqlChangeTracking, &format!("dbo.{t}"), json!({"startFrom": "snapshot"})),
+            i,
+            4,
+        );
+        let source = MssqlChangeTracking::new(spec).expect("source");
+        let start = source.start_position(StartFrom::Earliest).await.expect("start");
+        let (b, pos) = drain(&source, &start, 3).await;
+        walked.push(b);
+        sources.push((source, pos));
+    }
+    ctx.exec(&format!("UPDATE [dbo].[{t}] SET V = 1; DELETE FROM [dbo].[{t}] WHERE Id > 30")).await;
+    for (source, pos) in &sources {
+        changed.push(drain(source, pos, 3).await.0);
+    }
+    let walked = ids_by_partition(&walked);
+    let changed = ids_by_partition(&changed);
+    assert_eq!(walked.iter().map(|s| s.len()).sum::<usize>(), 40, "every row walked once: {walked:?}");
+    assert_eq!(walked, changed, "each key's walk and changes are in one partition");
+    assert!(walked.iter().all(|s| !s.is_empty()), "forty int keys spread over four partitions: {walked:?}");
+}
+
+async fn rowversion_partitions_read_through_the_partition_column_and_inline_alike(ctx: &mut Ctx) {
+    // Issue 23: the DDL the handler prints makes a column whose stored definition passes its check, an index the
+    // catalog read finds, and partitions that split the keys as the inline hash does.
+    let t = ctx.table("rvpart");
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, V int, RV rowversion)")).await;
+    let inline = MssqlRowversion::new(partitioned(
+        ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), json!({"partitions": 4, "columns": ["Id", "V"]})),
+        0,
+        4,
+    ))
+    .expect("source");
+    inline.validate().await.expect("the inline hash needs nothing of the table");
+    ctx.exec(&format!(
+        "ALTER TABLE [dbo].[{t}] ADD [sqltrigger_p4] AS ((CHECKSUM([Id]) & 2147483647) % 4) PERSISTED; CREATE INDEX [IX_{t}_sqltrigger_p4] ON [dbo].[{t}] ([sqltrigger_p4], [RV], [Id])"
+    ))
+    .await;
+    let values: Vec<String> = (1..=40).map(|i| format!("({i}, {i})")).collect();
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, V) VALUES {}", values.join(", "))).await;
+    let mut through_column = Vec::new();
+    for i in 0..4 {
+        let options = json!({"partitions": 4, "partitionColumn": "sqltrigger_p4", "columns": ["Id", "V"]});
+        let source = MssqlRowversion::new(partitioned(
+            ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), options),
+            i,
+            4,
+        ))
+        .expect("source");
+        source.validate().await.expect("the column the handler's DDL makes passes the handler's check");
+        assert_eq!(
+            source.pending(&Value::Null).await.expect("pending"),
+            drain(&source, &Value::Null, 3).await.0.iter().map(|b| b.changes.len() as u64).sum::<u64>()
+        );
+        through_column.push(drain(&source, &Value::Null, 3).await.0);
+    }
+    let through_column = ids_by_partition(&through_column);
+    assert_eq!(through_column.iter().map(|s| s.len()).sum::<usize>(), 40, "{through_column:?}");
+    let (b, _) = drain(&inline, &Value::Null, 100).await;
+    let inline_ids: std::collections::BTreeSet<i64> =
+        b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
+    assert_eq!(inline_ids, through_column[0], "the inline hash and the column agree");
+    let wrong = MssqlRowversion::new(partitioned(
+        ctx.spec(
+            SourceKind::MssqlRowversion,
+            &format!("dbo.{t}"),
+            json!({"partitions": 8, "partitionColumn": "sqltrigger_p4"}),
+        ),
+        0,
+        8,
+    ))
+    .expect("source");
+    let err = wrong.validate().await.expect_err("a column for 4 partitions under 8");
+    assert!(err.to_string().contains("but 8 partitions of the key need"), "{err}");
 }

@@ -22,7 +22,7 @@ use mssql_mock_tds::{
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::encode_batch;
 use sql_pseudo_trigger::clock::ManualClock;
-use sql_pseudo_trigger::config::{AppConfig, Env, Secret, SourceKind, SourceSpec};
+use sql_pseudo_trigger::config::{AppConfig, Env, Partition, Secret, SourceKind, SourceSpec};
 use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::ident::Ident;
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
@@ -30,6 +30,7 @@ use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Lag, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::MemoryStore;
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -1440,4 +1441,312 @@ async fn a_pooled_connection_cut_while_idle_is_replaced_and_without_connect_retr
             assert_eq!(relay.accepted(), 2, "{retry_count}");
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Partitions (issue 23): each partition's reads carry its hash filter, with its index (and count) bound
+// ---------------------------------------------------------------------------------------------------------------
+
+/// One partition of `count`.
+fn partition(index: u32, count: u32) -> Option<Partition> {
+    Partition::new(index, NonZeroU32::new(count).expect("a count above 0"))
+}
+
+/// The folder `handler partitions generate` writes for partition `index` of `count` of the orders function,
+/// loaded as the handler loads it: its one partition trigger's source spec.
+fn generated_partition_spec(mock: &Mock, index: u32, count: u32) -> SourceSpec {
+    let root = std::env::temp_dir().join(format!("mssql-wire-part-{}-{}", std::process::id(), mock.port));
+    let dir = root.join(format!("OrdersChanged-p{index}"));
+    std::fs::create_dir_all(&dir).expect("app folder");
+    std::fs::write(root.join("host.json"), r#"{"version":"2.0"}"#).expect("host.json");
+    std::fs::write(
+        dir.join("function.json"),
+        r#"{"bindings":[{"type":"timerTrigger","direction":"in","name":"timer","schedule":"*/5 * * * * *"},{"type":"queue","direction":"out","name":"changes","queueName":"orders","connection":"AzureWebJobsStorage"}],"retry":{"strategy":"fixedDelay","maxRetryCount":3,"delayInterval":"00:00:05"}}"#,
+    )
+    .expect("function.json");
+    let sqltrigger = json!({"source": "mssql-change-tracking", "tableName": "[DBO].[ORDERS]",
+        "connectionStringSetting": "SqlConnectionString", "partitions": count, "partition": index,
+        "partitionGroup": "OrdersChanged"});
+    std::fs::write(dir.join("sqltrigger.json"), sqltrigger.to_string()).expect("sqltrigger.json");
+    let env = Env::from_pairs([("SqlConnectionString".to_string(), mock.connection_string("ConnectRetryCount=1"))]);
+    let config = AppConfig::load_from(&root, env).expect("the app config loads");
+    let triggers = config.functions[0].partition_triggers();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(triggers.len(), 1, "a generated folder serves one partition");
+    triggers[0].source.clone()
+}
+
+#[tokio::test]
+async fn a_partitioned_change_tracking_function_filters_every_read_by_its_partitions_key_hash() {
+    // GIVEN the folder of partition 2 of 4 of the orders function, and a tracked table
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_part_fetch_start", changes(42, 10, &[(11, 0, INSERTED, "1"), (12, 1, NULLS, "2")])).await;
+    mock.register("ct_part_fetch_after_key", changes(42, 10, &[(13, 2, DELETED, "3")])).await;
+    mock.register("ct_part_refetch_key_to_key", changes(42, 10, &[(13, 2, DELETED, "3")])).await;
+    mock.register(
+        "ct_part_pending_after_key",
+        QueryResponse::new(
+            vec![Col::new("MINV", T::BigInt), Col::new("PENDING", T::BigInt)],
+            vec![Row::new(vec![V::BigInt(10), V::BigInt(1)])],
+        ),
+    )
+    .await;
+    mock.register("ct_part_oldest_after_key", oldest(13, Some(30))).await;
+    let spec = generated_partition_spec(&mock, 2, 4);
+    assert_eq!(spec.partition, partition(2, 4));
+    let source = MssqlChangeTracking::new(spec).expect("source builds");
+
+    // WHEN it starts, fetches two batches, reads the second again, counts and dates what waits
+    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    let first = source.fetch(&start, 2).await.expect("first batch");
+    let at = first.last.clone().expect("a position");
+    let second = source.fetch(&at, 2).await.expect("second batch");
+    let again = source
+        .refetch(&at, &json!({"phase": "changes", "base": 10, "last": {"version": 13, "key": ["3"]}}), 2)
+        .await
+        .expect("refetch");
+    let pending = source.pending(&at).await.expect("pending");
+    let lag = source.oldest_pending_age(&at).await.expect("lag");
+
+    // THEN every read is the partitioned statement, with the partition count (4) and index (2) bound last
+    assert_eq!(encode_batch(&second.changes).get(), encode_batch(&again.changes).get());
+    assert_eq!((pending, lag), (1, Lag::Behind(std::time::Duration::from_secs(30))));
+    let table = Wire::Text("[DBO].[ORDERS]".into());
+    assert_eq!(
+        mock.values("ct_part_fetch_start"),
+        vec![table.clone(), Wire::Int(2), Wire::Int(10), Wire::Int(4), Wire::Int(2)]
+    );
+    assert_eq!(
+        mock.values("ct_part_fetch_after_key"),
+        vec![
+            table.clone(),
+            Wire::Int(2),
+            Wire::Int(10),
+            Wire::Int(12),
+            Wire::Text("2".into()),
+            Wire::Int(4),
+            Wire::Int(2)
+        ]
+    );
+    let tail = |name: &str| mock.values(name).split_off(mock.values(name).len() - 2);
+    for name in ["ct_part_refetch_key_to_key", "ct_part_pending_after_key", "ct_part_oldest_after_key"] {
+        assert_eq!(tail(name), vec![Wire::Int(4), Wire::Int(2)], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_partitioned_snapshot_start_walks_and_counts_only_its_partitions_rows() {
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_part_walk_first", walk(&[(INSERTED, "1")])).await;
+    mock.register("ct_part_walk_pending_first", count(25)).await;
+    let mut spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({"startFrom": "snapshot"}), "");
+    spec.partition = partition(0, 8);
+    let source = MssqlChangeTracking::new(spec).expect("source builds");
+
+    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    let walked = source.fetch(&start, 100).await.expect("walk");
+    let waiting = source.pending(&start).await.expect("pending");
+
+    assert_eq!(encode_batch(&walked.changes).get(), format!(r#"[{{"Operation":0,"Item":{INSERTED}}}]"#));
+    assert_eq!(waiting, 25);
+    assert_eq!(mock.values("ct_part_walk_first"), vec![Wire::Int(100), Wire::Int(8), Wire::Int(0)]);
+    assert_eq!(mock.values("ct_part_walk_pending_first"), vec![Wire::Int(8), Wire::Int(0)]);
+}
+
+#[tokio::test]
+async fn a_partitioned_composite_key_is_hashed_over_every_key_column_after_the_context_filter() {
+    let mut mock = Mock::start().await;
+    order_lines_catalog(&mut mock).await;
+    let line = r#"{"Order Id":7,"Line №":"b","Qty":1}"#;
+    mock.register("ct_part_options_fetch_after_key", changes2(60, 10, &[(12, 1, line, ["7", "b"], Some("001"))])).await;
+    let mut spec = spec(
+        &mock,
+        SourceKind::MssqlChangeTracking,
+        "[Sales Ünïcode].[Order]] Lines]",
+        json!({"skipOwnChangesContext": "0x4D59415050", "includeMetadata": true, "columns": ["Order Id", "Line №", "Qty"]}),
+        "",
+    );
+    spec.partition = partition(5, 16);
+    let source = MssqlChangeTracking::new(spec).expect("source builds");
+    let at = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["7", "a"]}});
+    let fetched = source.fetch(&at, 1).await.expect("fetch");
+    assert_eq!(fetched.changes.len(), 1);
+    let values = mock.values("ct_part_options_fetch_after_key");
+    assert_eq!(values[values.len() - 3..], [Wire::Bytes(b"MYAPP".to_vec()), Wire::Int(16), Wire::Int(5)]);
+}
+
+/// What the handler logs while it is alive, on this thread (the tests run on a current-thread runtime).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("logs").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("logs")).into_owned()
+    }
+}
+
+/// `[DBO].[ITEMS]` with the partition column `P8` a partitioned rowversion source reads through.
+const ITEMS_P8: &[ColumnRow] = &[
+    ("ID", "int", None, Some(10), Some(0), None, 1, Some(1)),
+    ("TITLE", "nvarchar", Some(200), None, None, None, 2, None),
+    ("IS_DELETED", "bit", None, None, None, None, 3, None),
+    ("RV", "timestamp", Some(8), None, None, None, 4, None),
+    ("P8", "int", None, Some(10), Some(0), None, 5, None),
+];
+
+/// The partition column's catalog answer: its stored definition, whether persisted, how many indexes lead with it.
+fn partition_column_facts(definition: &str, persisted: bool, indexes: i32) -> QueryResponse {
+    QueryResponse::new(
+        vec![Col::new("DEF", T::NVarCharMax), Col::new("IS_PERSISTED", T::Int), Col::new("INDEXED", T::Int)],
+        vec![Row::new(vec![nvarchar_max(definition), V::Int(i32::from(persisted)), V::Int(indexes)])],
+    )
+}
+
+/// The items source as partition `index` of 8, reading through `P8` (or, `column` false, hashing inline).
+async fn partitioned_items_source(mock: &mut Mock, index: u32, column: bool) -> MssqlRowversion {
+    mock.register("catalog_database", database(None)).await;
+    mock.register("catalog_table", table(None, false)).await;
+    mock.register("catalog_columns", columns(ITEMS_P8)).await;
+    let options = if column {
+        json!({"softDeleteColumn": "IS_DELETED", "partitions": 8, "partitionColumn": "P8", "columns": ["ID", "TITLE", "IS_DELETED"]})
+    } else {
+        json!({"softDeleteColumn": "IS_DELETED", "partitions": 8, "columns": ["ID", "TITLE", "IS_DELETED"]})
+    };
+    let mut s = spec(mock, SourceKind::MssqlRowversion, "[DBO].[ITEMS]", options, "ConnectRetryCount=0");
+    s.partition = partition(index, 8);
+    MssqlRowversion::new(s).expect("source")
+}
+
+/// How SQL Server stores `(CHECKSUM([ID]) & 2147483647) % 8` as a computed column's definition.
+const P8_DEFINITION: &str = "((checksum([ID])&(2147483647))%(8))";
+
+#[tokio::test]
+async fn a_partition_column_with_its_index_turns_every_rowversion_read_into_an_equality_on_it() {
+    // GIVEN partition 3 of 8 of a table with the persisted column P8 and an index leading with (P8, RV)
+    let mut mock = Mock::start().await;
+    let source = partitioned_items_source(&mut mock, 3, true).await;
+    mock.register("catalog_partition_column", partition_column_facts(P8_DEFINITION, true, 1)).await;
+    mock.register("rv_part_column_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"]), (2002, 1, ITEM_3, &["3"])])).await;
+    mock.register("rv_part_column_fetch_after_key", rv_rows(&[(2005, 1, ITEM_1, &["1"])])).await;
+    mock.register("rv_part_column_refetch_key_to_key", rv_rows(&[(2005, 1, ITEM_1, &["1"])])).await;
+    mock.register("rv_part_column_pending_after_key", count(1)).await;
+
+    // WHEN it validates, fetches two batches, reads the second again and counts what waits
+    source.validate().await.expect("the partition column is what 8 partitions need");
+    let first = source.fetch(&Value::Null, 2).await.expect("first");
+    let at = first.last.clone().expect("a position");
+    let second = source.fetch(&at, 2).await.expect("second");
+    let again = source.refetch(&at, second.last.as_ref().expect("an end"), 2).await.expect("refetch");
+    let pending = source.pending(&at).await.expect("pending");
+
+    // THEN the catalog was asked about P8 beside RV, and each read bound the partition's index (3), no count
+    assert_eq!(
+        mock.values("catalog_partition_column"),
+        vec![Wire::Text("[DBO].[ITEMS]".into()), Wire::Text("P8".into()), Wire::Text("RV".into())]
+    );
+    assert_eq!(mock.values("rv_part_column_fetch_start"), vec![Wire::Int(2), Wire::Int(3)]);
+    assert_eq!(
+        mock.values("rv_part_column_fetch_after_key"),
+        vec![Wire::Int(2), Wire::Int(3), Wire::Int(2002), Wire::Text("3".into())]
+    );
+    assert_eq!(encode_batch(&second.changes).get(), encode_batch(&again.changes).get());
+    assert_eq!(pending, 1);
+    assert_eq!(
+        mock.values("rv_part_column_pending_after_key"),
+        vec![Wire::Int(3), Wire::Int(2002), Wire::Text("3".into())]
+    );
+}
+
+#[tokio::test]
+async fn a_partition_column_without_an_index_is_used_and_one_with_another_expression_is_refused() {
+    // Without an index the reads are right but slow: the source starts (and warns, see schema.rs's tests).
+    let mut mock = Mock::start().await;
+    let source = partitioned_items_source(&mut mock, 3, true).await;
+    mock.register("catalog_partition_column", partition_column_facts(P8_DEFINITION, false, 0)).await;
+    let (logs, guard) = Logs::capture();
+    source.validate().await.expect("no index is a warning, not a refusal");
+    drop(guard);
+    let said = logs.text();
+    assert!(said.contains("WARN"), "{said}");
+    assert!(said.contains("partitionColumn [P8] of DBO.ITEMS has no index leading with ([P8], [RV])"), "{said}");
+    assert!(
+        said.contains(
+            "Run CREATE INDEX [IX_ITEMS_P8] ON [DBO].[ITEMS] ([P8], [RV], [ID]) (and make the column PERSISTED"
+        ),
+        "{said}"
+    );
+    drop(mock);
+
+    // A column for 4 partitions under 8 would leave keys unread: refused, with the DDL for 8.
+    let mut mock = Mock::start().await;
+    let source = partitioned_items_source(&mut mock, 3, true).await;
+    mock.register("catalog_partition_column", partition_column_facts("((checksum([ID])&(2147483647))%(4))", true, 1))
+        .await;
+    let err = source.validate().await.expect_err("another expression");
+    assert!(
+        err.to_string().contains("is defined as ((checksum([ID])&(2147483647))%(4)), but 8 partitions of the key need ((CHECKSUM([ID]) & 2147483647) % 8)"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ALTER TABLE [DBO].[ITEMS] ADD [sqltrigger_p8] AS ((CHECKSUM([ID]) & 2147483647) % 8) PERSISTED; CREATE INDEX [IX_ITEMS_sqltrigger_p8] ON [DBO].[ITEMS] ([sqltrigger_p8], [RV], [ID])"), "{err}");
+    drop(mock);
+
+    // A plain column (no row in sys.computed_columns) is refused too.
+    let mut mock = Mock::start().await;
+    let source = partitioned_items_source(&mut mock, 3, true).await;
+    mock.register(
+        "catalog_partition_column",
+        QueryResponse::new(
+            vec![Col::new("DEF", T::NVarCharMax), Col::new("IS_PERSISTED", T::Int), Col::new("INDEXED", T::Int)],
+            vec![],
+        ),
+    )
+    .await;
+    let err = source.validate().await.expect_err("not computed");
+    assert!(err.to_string().contains("partitionColumn \"P8\" of DBO.ITEMS is not a computed column"), "{err}");
+}
+
+#[tokio::test]
+async fn without_a_partition_column_the_rowversion_source_hashes_each_key_inline() {
+    let mut mock = Mock::start().await;
+    let source = partitioned_items_source(&mut mock, 7, false).await;
+    mock.register("rv_part_inline_fetch_start", rv_rows(&[(2001, 1, ITEM_1, &["1"])])).await;
+    mock.register("rv_part_inline_pending_start", count(4)).await;
+
+    let (logs, guard) = Logs::capture();
+    source.validate().await.expect("valid: slow, not wrong");
+    drop(guard);
+    let said = logs.text();
+    assert!(said.contains("DBO.ITEMS is split into 8 partitions without a partition column"), "{said}");
+    assert!(
+        said.contains("ALTER TABLE [DBO].[ITEMS] ADD [sqltrigger_p8] AS ((CHECKSUM([ID]) & 2147483647) % 8) PERSISTED"),
+        "{said}"
+    );
+    let fetched = source.fetch(&Value::Null, 100).await.expect("fetch");
+    let pending = source.pending(&Value::Null).await.expect("pending");
+
+    assert_eq!(fetched.changes.len(), 1);
+    assert_eq!(pending, 4);
+    assert_eq!(mock.values("rv_part_inline_fetch_start"), vec![Wire::Int(100), Wire::Int(8), Wire::Int(7)]);
+    assert_eq!(mock.values("rv_part_inline_pending_start"), vec![Wire::Int(8), Wire::Int(7)]);
 }

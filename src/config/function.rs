@@ -59,6 +59,7 @@ const KNOWN_KEYS: &[&str] = &[
     "partitions",
     "partition",
     "partitionGroup",
+    "partitionColumn",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]

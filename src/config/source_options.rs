@@ -2,7 +2,7 @@
 //! load: a typo fails at start-up in the one list of problems, naming its key, rather than when the source is
 //! built or on the first tick.
 
-use super::ConfigError;
+use super::{ConfigError, SourceKind};
 use crate::ident::Ident;
 use serde_json::{Map, Value};
 use std::time::Duration;
@@ -47,6 +47,11 @@ pub struct RowversionOptions {
     pub cursor_column: Option<Ident>,
     pub inserted_column: Option<Ident>,
     pub soft_delete_column: Option<Ident>,
+    /// `partitionColumn`: a persisted computed column holding each row's partition,
+    /// `(CHECKSUM(<key>) & 2147483647) % N`, so a partition's fetch seeks an index on (it, rowversion, key).
+    /// Only with `"partitions"` above 1; unset there, the hash is computed inline and every partition reads every
+    /// changed row (docs/sql-server.md, "Partitions").
+    pub partition_column: Option<Ident>,
 }
 
 /// What a delete's `Item` holds (postgres-logical `deleteItem`).
@@ -247,6 +252,42 @@ pub(super) fn postgres_logical(
         poll_ms,
         idle_release_ms,
     })
+}
+
+/// Reads `partitionColumn`: a column name, for mssql-rowversion only, and only beside `"partitions"` above 1
+/// (the column holds the hash modulo N, which means nothing without N partitions).
+pub(super) fn partition_column(
+    o: &Map<String, Value>,
+    kind: SourceKind,
+    file: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Ident> {
+    let v = o.get("partitionColumn")?;
+    let mut bad = |what: String| errors.push(ConfigError::new(format!("partitionColumn in {file}"), what));
+    if kind != SourceKind::MssqlRowversion {
+        let why = match kind {
+            SourceKind::MssqlChangeTracking => "CHANGETABLE(CHANGES ...) returns changes, not the table's rows, so no column of the table can narrow it: the change-tracking source filters each change by the hash of its key instead (docs/sql-server.md, \"Partitions\"). Remove it",
+            _ => "is for mssql-rowversion; remove it",
+        };
+        bad(format!("is not used by {}: {why}", kind.as_str()));
+        return None;
+    }
+    let partitions = o.get("partitions").and_then(Value::as_u64).unwrap_or(1);
+    if partitions <= 1 {
+        bad("names the computed column that holds each row's partition, so it needs \"partitions\" above 1; set \"partitions\" or remove it".into());
+        return None;
+    }
+    match v.as_str().map(Ident::new) {
+        Some(Ok(i)) => Some(i),
+        Some(Err(e)) => {
+            bad(e);
+            None
+        }
+        None => {
+            bad("must be a column name (a string)".into());
+            None
+        }
+    }
 }
 
 /// Longest `CHANGE_TRACKING_CONTEXT` SQL Server accepts.

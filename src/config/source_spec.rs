@@ -235,6 +235,7 @@ pub(super) fn source_spec(
     if kind == SourceKind::PostgresCursor && cursor_column.is_none() && o.get("cursorColumn").is_none() {
         problem("cursorColumn", "is required for postgres-cursor: an xid8 (recommended), bigint or timestamp column that every insert and update sets".into());
     }
+    let partition_column = source_options::partition_column(o, kind, file, errors);
     let options = match kind {
         SourceKind::PostgresCursor => cursor_column.map(|cursor_column| {
             SourceOptions::PostgresCursor(PostgresCursorOptions {
@@ -255,6 +256,7 @@ pub(super) fn source_spec(
             cursor_column,
             inserted_column,
             soft_delete_column,
+            partition_column,
         })),
     };
     Some(SourceSpec {

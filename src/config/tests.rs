@@ -224,4 +224,23 @@ mod typed {
         let err = load(json!([]), json!({"partitions": 2})).expect_err("refused");
         assert!(err.contains("handler partitions generate Orders 2"), "{err}");
     }
+
+    #[test]
+    fn a_partition_column_travels_typed_to_a_rowversion_partition_and_is_refused_without_partitions() {
+        // GIVEN the folder of partition 1 of 4 of a rowversion function naming its partition column
+        let rowversion = json!({"source": "mssql-rowversion", "tableName": "dbo.Items", "partitions": 4,
+            "partition": 1, "partitionGroup": "Orders", "partitionColumn": "sqltrigger_p4"});
+        let app = load(json!([]), rowversion).expect("valid");
+        // THEN its one partition trigger's source reads partition 1 of 4 through the column
+        let triggers = app.functions[0].partition_triggers();
+        let source = &triggers[0].source;
+        assert_eq!(source.partition.map(|p| (p.index, p.count.get())), Some((1, 4)));
+        let SourceOptions::MssqlRowversion(options) = &source.options else { panic!("{:?}", source.options) };
+        assert_eq!(options.partition_column.as_ref().map(|c| c.as_str()), Some("sqltrigger_p4"));
+        // AND without partitions the key is refused, naming why
+        let err =
+            load(json!([]), json!({"source": "mssql-rowversion", "tableName": "dbo.Items", "partitionColumn": "p"}))
+                .expect_err("refused");
+        assert!(err.contains("partitionColumn in Orders/sqltrigger.json: names the computed column"), "{err}");
+    }
 }

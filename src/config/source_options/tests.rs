@@ -98,3 +98,34 @@ fn bad_change_tracking_values_name_their_key() {
     assert!(e[0].starts_with("includeMetadata"), "{e:?}");
     assert!(ct(json!({"onPositionLost": "resync", "startFrom": "snapshot"})).expect("valid").snapshot_start);
 }
+
+fn partition_column_of(v: Value, kind: SourceKind) -> Result<Option<Ident>, Vec<String>> {
+    let mut errors = Vec::new();
+    let parsed = partition_column(v.as_object().expect("an object"), kind, "f/sqltrigger.json", &mut errors);
+    if errors.is_empty() {
+        Ok(parsed)
+    } else {
+        Err(errors.iter().map(ToString::to_string).collect())
+    }
+}
+
+#[test]
+fn a_partition_column_is_read_for_a_partitioned_rowversion_source_only() {
+    let rv = SourceKind::MssqlRowversion;
+    assert_eq!(partition_column_of(json!({}), rv), Ok(None));
+    let named = partition_column_of(json!({"partitions": 8, "partitionColumn": "sqltrigger_p8"}), rv).expect("valid");
+    assert_eq!(named.as_ref().map(Ident::as_str), Some("sqltrigger_p8"));
+    for (v, why) in [
+        (json!({"partitionColumn": "p"}), "needs \"partitions\" above 1"),
+        (json!({"partitions": 1, "partitionColumn": "p"}), "needs \"partitions\" above 1"),
+        (json!({"partitions": 8, "partitionColumn": 3}), "must be a column name"),
+    ] {
+        let errors = partition_column_of(v.clone(), rv).expect_err("refused");
+        assert!(
+            errors.iter().any(|e| e.starts_with("partitionColumn in f/sqltrigger.json") && e.contains(why)),
+            "{v}: {errors:?}"
+        );
+    }
+    let ct = partition_column_of(json!({"partitions": 8, "partitionColumn": "p"}), SourceKind::MssqlChangeTracking);
+    assert!(ct.expect_err("refused").iter().any(|e| e.contains("filters each change by the hash of its key")));
+}

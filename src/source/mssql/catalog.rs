@@ -3,11 +3,11 @@
 //! server answer pass validation).
 
 use super::read::Reads;
-use super::schema::{ColumnFacts, DatabaseFacts, TableFacts};
+use super::schema::{ColumnFacts, DatabaseFacts, PartitionColumnFacts, TableFacts};
 use super::sql;
 use super::types::SqlType;
 use crate::db::mssql::{Param, Pool};
-use crate::ident::TableName;
+use crate::ident::{Ident, TableName};
 use crate::source::SourceError;
 use tiberius::Row;
 
@@ -93,4 +93,30 @@ pub async fn columns(pool: &Pool, table: &TableName) -> Result<Vec<ColumnFacts>,
             })
         })
         .collect()
+}
+
+/// The rowversion source's `partitionColumn`: `None` when it is not a computed column.
+pub async fn partition_column(
+    pool: &Pool,
+    table: &TableName,
+    column: &Ident,
+    version: &Ident,
+) -> Result<Option<PartitionColumnFacts>, SourceError> {
+    let ctx = "checking the partition column";
+    let s = sql::partition_column();
+    let params =
+        [Param::Text(table.mssql()), Param::Text(column.as_str().into()), Param::Text(version.as_str().into())];
+    let rows = pool.query(&s.sql, &params, ctx).await?;
+    if rows.len() > 1 {
+        return Err(SourceError::Invalid(format!(
+            "unexpected answer from SQL Server while {ctx}: expected at most one row, got {}",
+            rows.len()
+        )));
+    }
+    let Some(row) = rows.first() else { return Ok(None) };
+    Ok(Some(PartitionColumnFacts {
+        definition: required(text(row, 0, ctx)?, "definition", ctx)?,
+        persisted: int(row, 1, ctx)? == Some(1),
+        indexes: int(row, 2, ctx)?.unwrap_or(0),
+    }))
 }

@@ -12,7 +12,7 @@ use super::catalog::{big, int, one_row, required, text};
 use super::position::RvPosition;
 use super::read::Reads;
 use super::schema;
-use super::sql::{After, Labels, RvShape, Slot, Statement};
+use super::sql::{After, Labels, PartitionFilter, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
 use crate::config::{RowversionOptions, SourceKind, SourceOptions, SourceSpec};
 use crate::db::mssql::{Param, Pool, Settings};
@@ -44,9 +44,33 @@ impl MssqlRowversion {
                 let facts = super::catalog::table(&self.pool, &self.spec.table).await?;
                 schema::readable_table(&self.spec, &db, &facts)?;
                 let columns = super::catalog::columns(&self.pool, &self.spec.table).await?;
-                schema::rowversion_shape(&self.spec, &self.options, &db, &facts, &columns)
+                let shape = schema::rowversion_shape(&self.spec, &self.options, &db, &facts, &columns)?;
+                self.check_partition(&shape).await?;
+                Ok(shape)
             })
             .await
+    }
+
+    /// A partitioned source checks its partition column (refusing one that could leave keys unread) and warns,
+    /// once per process and table, when a partition's fetch cannot be an index seek.
+    async fn check_partition(&self, shape: &RvShape) -> Result<(), SourceError> {
+        let Some(partition) = self.spec.partition.filter(|p| p.count.get() > 1) else { return Ok(()) };
+        let warning = match &shape.partition {
+            Some(PartitionFilter::Column(column)) => {
+                let facts = super::catalog::partition_column(&self.pool, &shape.table, column, &shape.version).await?;
+                schema::check_partition_column(shape, partition, facts.as_ref())?
+            }
+            _ => schema::inline_partition_warning(shape, partition),
+        };
+        if let Some(warning) = warning {
+            static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+            if !warned.contains(&warning) {
+                tracing::warn!(table = %shape.table, partitions = partition.count.get(), "{warning}");
+                warned.push(warning);
+            }
+        }
+        Ok(())
     }
 
     fn bind(
@@ -79,7 +103,15 @@ impl MssqlRowversion {
                     ),
                     Slot::Base => Param::Int(after.map(RvPosition::base).ok_or_else(|| missing("base rowversion"))?),
                     Slot::Limit => Param::Int(limit),
-                    Slot::Table | Slot::Context => return Err(missing("of the change-tracking source")),
+                    Slot::PartitionIndex => {
+                        Param::Int(self.spec.partition.map(|p| i64::from(p.index)).ok_or_else(|| missing("partition"))?)
+                    }
+                    Slot::PartitionCount => Param::Int(
+                        self.spec.partition.map(|p| i64::from(p.count.get())).ok_or_else(|| missing("partitions"))?,
+                    ),
+                    Slot::Table | Slot::Context | Slot::PartitionColumnName | Slot::VersionColumnName => {
+                        return Err(missing("of another statement"))
+                    }
                 })
             })
             .collect()

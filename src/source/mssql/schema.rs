@@ -1,9 +1,9 @@
 //! Validation on first use: the catalog facts the sources read, and every check with the message that says
 //! what to do. Pure functions of the facts, so each message is tested without a server.
 
-use super::sql::{CtShape, ItemColumn, KeyColumn, RvShape};
+use super::sql::{CtShape, ItemColumn, KeyColumn, PartitionFilter, RvShape, PARTITION_MASK};
 use super::types::SqlType;
-use crate::config::{RowversionOptions, SourceSpec};
+use crate::config::{Partition, RowversionOptions, SourceSpec};
 use crate::ident::{Ident, TableName};
 use crate::source::SourceError;
 
@@ -260,7 +260,15 @@ pub fn change_tracking_shape(
         )));
     }
     let item = item_columns(cols, spec)?;
-    Ok(CtShape { table: table.clone(), key, item, snapshot: db.snapshot_allowed(), skip_context, metadata })
+    Ok(CtShape {
+        table: table.clone(),
+        key,
+        item,
+        snapshot: db.snapshot_allowed(),
+        skip_context,
+        metadata,
+        partitioned: spec.partition.is_some_and(|p| p.count.get() > 1),
+    })
 }
 
 /// Every check of the rowversion source.
@@ -304,7 +312,20 @@ pub fn rowversion_shape(
         }
     };
     let key = primary_key(cols, spec, false)?;
-    let item = item_columns(cols, spec)?;
+    let partition = match (spec.partition.filter(|p| p.count.get() > 1), &options.partition_column) {
+        (None, _) => None,
+        (Some(_), None) => Some(PartitionFilter::Inline),
+        (Some(_), Some(c)) => {
+            find("partitionColumn", c)?;
+            Some(PartitionFilter::Column(c.clone()))
+        }
+    };
+    // The partition column is the handler's, not the app's: it stays out of Item unless `columns` names it.
+    let item_source: Vec<ColumnFacts> = match (&partition, &spec.columns) {
+        (Some(PartitionFilter::Column(c)), None) => cols.iter().filter(|x| x.name != c.as_str()).cloned().collect(),
+        _ => cols.to_vec(),
+    };
+    let item = item_columns(&item_source, spec)?;
     let soft_delete = match &options.soft_delete_column {
         Some(c) => Some((c.clone(), find("softDeleteColumn", c)?.ty.name == "bit")),
         None => None,
@@ -326,7 +347,119 @@ pub fn rowversion_shape(
         }
         None => None,
     };
-    Ok(RvShape { table: table.clone(), key, version, item, soft_delete, inserted, snapshot: db.snapshot_allowed() })
+    Ok(RvShape {
+        table: table.clone(),
+        key,
+        version,
+        item,
+        soft_delete,
+        inserted,
+        snapshot: db.snapshot_allowed(),
+        partition,
+    })
+}
+
+/// `sql::partition_column()`, decoded: the computed column's definition as SQL Server stores it, whether it is
+/// persisted, and how many usable indexes lead with (it, the rowversion column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionColumnFacts {
+    pub definition: String,
+    pub persisted: bool,
+    pub indexes: i32,
+}
+
+/// The expression a `partitionColumn` must hold for `count` partitions of `key`, as the DDL writes it.
+pub fn partition_expression(key: &[KeyColumn], count: u32) -> String {
+    let cols: Vec<String> = key.iter().map(|k| k.name.mssql()).collect();
+    format!("(CHECKSUM({}) & {PARTITION_MASK}) % {count}", cols.join(", "))
+}
+
+/// The statements that give a rowversion table its partition column and the index a partition's fetch seeks:
+/// `(partition, rowversion, key)`, so a fetch is a seek on the partition, a range on the rowversion, and rows in
+/// the fetch's order (no sort).
+pub fn partition_ddl(table: &TableName, key: &[KeyColumn], version: &Ident, column: &str, count: u32) -> String {
+    format!(
+        "ALTER TABLE {} ADD {} AS ({}) PERSISTED; {}",
+        table.mssql(),
+        quote(column),
+        partition_expression(key, count),
+        partition_index_ddl(table, key, version, column)
+    )
+}
+
+fn partition_index_ddl(table: &TableName, key: &[KeyColumn], version: &Ident, column: &str) -> String {
+    let name = quote(&format!("IX_{}_{column}", table.table.as_str()));
+    let cols: Vec<String> =
+        [quote(column), version.mssql()].into_iter().chain(key.iter().map(|k| k.name.mssql())).collect();
+    format!("CREATE INDEX {name} ON {} ({})", table.mssql(), cols.join(", "))
+}
+
+/// SQL Server stores a computed column's definition re-written (`((checksum([Id])&(2147483647))%(8))`): compared
+/// without case, blanks, parentheses and brackets. Looser than the text, but every expression it lets through
+/// with these tokens in this order is a function of the key alone whose values lie in 0..N (a misplaced
+/// parenthesis gives `CHECKSUM(key) & (2147483647 % N)`, still below N): no key is left out of every partition.
+fn definition_tokens(definition: &str) -> String {
+    definition.chars().filter(|c| !c.is_whitespace() && !"()[]".contains(*c)).flat_map(char::to_lowercase).collect()
+}
+
+/// A suggested name for the partition column of `count` partitions.
+pub fn suggested_partition_column(count: u32) -> String {
+    format!("sqltrigger_p{count}")
+}
+
+/// Checks the rowversion source's partition column against what N partitions need, and words what a fetch costs
+/// when the index is missing. `Err`: the column cannot partition the keys (a fetch could skip rows); `Ok(Some)`:
+/// a warning to log once (no index: correct but every fetch reads the whole range).
+pub fn check_partition_column(
+    shape: &RvShape,
+    partition: Partition,
+    facts: Option<&PartitionColumnFacts>,
+) -> Result<Option<String>, SourceError> {
+    let table = &shape.table;
+    let n = partition.count.get();
+    let Some(PartitionFilter::Column(column)) = &shape.partition else { return Ok(None) };
+    let ddl = partition_ddl(table, &shape.key, &shape.version, column.as_str(), n);
+    let expected = partition_expression(&shape.key, n);
+    let Some(facts) = facts else {
+        return Err(invalid(format!(
+            "partitionColumn {:?} of {table} is not a computed column; it must hold ({expected}) for \"partitions\": {n}. Drop it and run {ddl}",
+            column.as_str()
+        )));
+    };
+    if definition_tokens(&facts.definition) != definition_tokens(&expected) {
+        return Err(invalid(format!(
+            "partitionColumn {:?} of {table} is defined as {}, but {n} partitions of the key need ({expected}): with another expression some keys would be read by no partition. Add a column for {n} partitions and name it in partitionColumn: {}",
+            column.as_str(),
+            facts.definition,
+            partition_ddl(table, &shape.key, &shape.version, &suggested_partition_column(n), n)
+        )));
+    }
+    if facts.indexes > 0 {
+        return Ok(None);
+    }
+    let persisted = if facts.persisted { "" } else { " (and make the column PERSISTED, so writes compute it once)" };
+    Ok(Some(format!(
+        "partitionColumn {} of {table} has no index leading with ({}, {}): each fetch of a partition reads every row of the table changed since its position (a scan of the table, or of an index on the rowversion column alone) to keep about 1 in {n}, and each partition does it again. Run {}{persisted}",
+        column.mssql(),
+        column.mssql(),
+        shape.version.mssql(),
+        partition_index_ddl(table, &shape.key, &shape.version, column.as_str())
+    )))
+}
+
+/// The warning for a partitioned rowversion source without `partitionColumn`: the hash is computed inline, so
+/// no index can seek a partition.
+pub fn inline_partition_warning(shape: &RvShape, partition: Partition) -> Option<String> {
+    if shape.partition != Some(PartitionFilter::Inline) {
+        return None;
+    }
+    let n = partition.count.get();
+    let column = suggested_partition_column(n);
+    Some(format!(
+        "{} is split into {n} partitions without a partition column: each fetch of a partition reads the rows changed since its position (a scan of the table, or of an index on the rowversion column alone), hashes every key and keeps about 1 in {n}, and each of the {n} partitions does it again. Add the column and its index, then set \"partitionColumn\": \"{column}\" in sqltrigger.json: {}",
+        shape.table,
+        partition_ddl(&shape.table, &shape.key, &shape.version, &column, n)
+    ))
 }
 
 #[cfg(test)]
@@ -470,5 +603,98 @@ mod tests {
         let shape =
             rowversion_shape(&spec("dbo.Items"), &RowversionOptions::default(), &db(), &table_ok(), &c).expect("valid");
         assert_eq!(shape.version.as_str(), "RV");
+    }
+
+    fn partitioned(table: &str, count: u32) -> SourceSpec {
+        let mut s = spec(table);
+        s.partition = Partition::new(1, std::num::NonZeroU32::new(count).expect("above 0"));
+        s
+    }
+
+    fn items_cols() -> Vec<ColumnFacts> {
+        let mut c = cols();
+        c.push(col("RV", SqlType::new("timestamp"), 3, None));
+        c.push(col("sqltrigger_p8", SqlType::new("int"), 4, None));
+        c
+    }
+
+    fn with_column(name: &str) -> RowversionOptions {
+        RowversionOptions { partition_column: Some(Ident::new(name).expect("valid")), ..Default::default() }
+    }
+
+    fn facts(definition: &str, indexes: i32) -> PartitionColumnFacts {
+        PartitionColumnFacts { definition: definition.into(), persisted: true, indexes }
+    }
+
+    #[test]
+    fn a_partition_column_is_read_through_and_left_out_of_item() {
+        let s = partitioned("dbo.Items", 8);
+        let shape =
+            rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
+        assert_eq!(shape.partition, Some(PartitionFilter::Column(Ident::new("sqltrigger_p8").expect("valid"))));
+        let item: Vec<&str> = shape.item.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(item, ["Id", "Name", "RV"], "the handler's column is not the app's data");
+        let inline =
+            rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
+        assert_eq!(inline.partition, Some(PartitionFilter::Inline));
+        let unpartitioned =
+            rowversion_shape(&spec("dbo.Items"), &RowversionOptions::default(), &db(), &table_ok(), &items_cols());
+        assert_eq!(unpartitioned.expect("valid").partition, None);
+        let missing = rowversion_shape(&s, &with_column("p16"), &db(), &table_ok(), &items_cols());
+        assert!(
+            matches!(missing, Err(SourceError::Invalid(m)) if m.starts_with("partitionColumn \"p16\" is not a column of dbo.Items"))
+        );
+    }
+
+    #[test]
+    fn the_change_tracking_source_is_partitioned_when_its_spec_names_a_partition() {
+        let shape = change_tracking_shape(&partitioned("dbo.Orders", 4), &db(), &table_ok(), &cols(), false, false);
+        assert!(shape.expect("valid").partitioned);
+        let shape = change_tracking_shape(&spec("dbo.Orders"), &db(), &table_ok(), &cols(), false, false);
+        assert!(!shape.expect("valid").partitioned);
+    }
+
+    #[test]
+    fn the_partition_column_must_hold_the_hash_modulo_n_and_its_index_is_checked() {
+        // GIVEN partition 1 of 8 of dbo.Items read through sqltrigger_p8
+        let s = partitioned("dbo.Items", 8);
+        let shape =
+            rowversion_shape(&s, &with_column("sqltrigger_p8"), &db(), &table_ok(), &items_cols()).expect("valid");
+        let p = s.partition.expect("a partition");
+        let stored = "((checksum([Id])&(2147483647))%(8))";
+
+        // THEN the definition as SQL Server stores it passes, and with an index nothing is said
+        assert_eq!(check_partition_column(&shape, p, Some(&facts(stored, 1))).expect("valid"), None);
+        // AND without the index the source works and says what to run and what a fetch costs
+        let warning = check_partition_column(&shape, p, Some(&facts(stored, 0))).expect("valid").expect("a warning");
+        assert!(warning.contains("has no index leading with ([sqltrigger_p8], [RV])"), "{warning}");
+        assert!(warning.contains("to keep about 1 in 8, and each partition does it again"), "{warning}");
+        assert!(
+            warning
+                .ends_with("Run CREATE INDEX [IX_Items_sqltrigger_p8] ON [dbo].[Items] ([sqltrigger_p8], [RV], [Id])"),
+            "{warning}"
+        );
+        // AND a column for another N, another key or no computed column at all is refused
+        for bad in ["((checksum([Id])&(2147483647))%(4))", "(checksum([Name])&(2147483647))%(8)", "[Id]%(8)"] {
+            let err = check_partition_column(&shape, p, Some(&facts(bad, 1))).expect_err(bad);
+            assert!(
+                err.to_string().contains("but 8 partitions of the key need ((CHECKSUM([Id]) & 2147483647) % 8)"),
+                "{err}"
+            );
+        }
+        let err = check_partition_column(&shape, p, None).expect_err("not computed");
+        assert!(err.to_string().contains("is not a computed column"), "{err}");
+    }
+
+    #[test]
+    fn a_partitioned_rowversion_source_without_a_column_says_what_each_fetch_costs_and_what_to_add() {
+        let s = partitioned("dbo.Items", 8);
+        let shape =
+            rowversion_shape(&s, &RowversionOptions::default(), &db(), &table_ok(), &items_cols()).expect("valid");
+        let warning = inline_partition_warning(&shape, s.partition.expect("a partition")).expect("a warning");
+        assert_eq!(
+            warning,
+            "dbo.Items is split into 8 partitions without a partition column: each fetch of a partition reads the rows changed since its position (a scan of the table, or of an index on the rowversion column alone), hashes every key and keeps about 1 in 8, and each of the 8 partitions does it again. Add the column and its index, then set \"partitionColumn\": \"sqltrigger_p8\" in sqltrigger.json: ALTER TABLE [dbo].[Items] ADD [sqltrigger_p8] AS ((CHECKSUM([Id]) & 2147483647) % 8) PERSISTED; CREATE INDEX [IX_Items_sqltrigger_p8] ON [dbo].[Items] ([sqltrigger_p8], [RV], [Id])"
+        );
     }
 }

@@ -136,6 +136,7 @@ impl MssqlChangeTracking {
             table = %table,
             isolation = if shape.snapshot { "snapshot" } else { "read committed" },
             retention = %db.retention_text(),
+            partition = %self.spec.partition.map(|p| p.to_string()).unwrap_or_else(|| "all keys".into()),
             "sql server change tracking source ready"
         );
         Ok((shape, db))
@@ -170,6 +171,13 @@ impl MssqlChangeTracking {
                     }
                     Slot::Context => Param::Bytes(self.options.skip_context.clone().ok_or_else(|| missing("context"))?),
                     Slot::Limit => Param::Int(v.limit),
+                    Slot::PartitionIndex => {
+                        Param::Int(self.spec.partition.map(|p| i64::from(p.index)).ok_or_else(|| missing("partition"))?)
+                    }
+                    Slot::PartitionCount => Param::Int(
+                        self.spec.partition.map(|p| i64::from(p.count.get())).ok_or_else(|| missing("partitions"))?,
+                    ),
+                    Slot::PartitionColumnName | Slot::VersionColumnName => return Err(missing("of another statement")),
                 })
             })
             .collect()

@@ -1,7 +1,9 @@
 //! The change-tracking source's statements: net changes after a position, counted, dated, and the walk of
 //! current rows for a snapshot start.
 
-use super::{isolation, json_object, keyset, After, ItemColumn, KeyColumn, Params, Slot, Statement, Upto};
+use super::{
+    isolation, json_object, keyset, After, ItemColumn, KeyColumn, Params, PartitionFilter, Slot, Statement, Upto,
+};
 use crate::ident::TableName;
 
 /// The table's shape as the change-tracking source reads it.
@@ -16,6 +18,10 @@ pub struct CtShape {
     pub skip_context: bool,
     /// Return creation version and changed-column mask for `Metadata`.
     pub metadata: bool,
+    /// Read only the keys of one partition: the hash of the key columns `CHANGETABLE` returns (or, walking, the
+    /// table's), modulo N. `CHANGETABLE(CHANGES ...)` cannot be sought by it: each partition reads every change
+    /// of the version range and keeps its own.
+    pub partitioned: bool,
 }
 
 /// Most arguments `CONCAT` takes (its documentation: "a maximum of 254 input values").
@@ -58,6 +64,11 @@ impl CtShape {
         std::iter::once("CT.SYS_CHANGE_VERSION".to_string())
             .chain(self.key.iter().map(|k| format!("CT.{}", k.name.mssql())))
             .collect()
+    }
+
+    /// This source's partition, over the key columns of `alias`.
+    fn partition_filter(&self, p: &mut Params, alias: &str) -> Option<String> {
+        self.partitioned.then(|| PartitionFilter::Inline.predicate(p, alias, &self.key))
     }
 
     fn context_filter(&self, p: &mut Params) -> Option<String> {
@@ -123,6 +134,7 @@ impl CtShape {
                 .push(format!("({})", keyset(&self.key_params(&mut p, Slot::UptoVersion, Slot::UptoKey, "CT"), true))),
         }
         preds.extend(self.context_filter(&mut p));
+        preds.extend(self.partition_filter(&mut p, "CT"));
 
         let order = self.change_order();
         let outer_cols: Vec<String> = ["V.CUR", "V.MINV", "C.VER", "C.OP", "C.ITEM", "C.CREATED", "C.MASK"]
@@ -156,6 +168,7 @@ ORDER BY {}",
         let base = p.p(Slot::Base);
         let mut preds = self.after(&mut p, "CHANGE_TRACKING_CURRENT_VERSION()", from);
         preds.extend(self.context_filter(&mut p));
+        preds.extend(self.partition_filter(&mut p, "CT"));
         let sql = format!(
             "SELECT CHANGE_TRACKING_MIN_VALID_VERSION(OBJECT_ID({table_param})) AS MINV, COUNT_BIG(*) AS PENDING \
 FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
@@ -181,6 +194,7 @@ FROM CHANGETABLE(CHANGES {table}, {base}) AS CT WHERE {}",
         let base = p.p(Slot::Base);
         let mut preds = self.after(&mut p, "CHANGE_TRACKING_CURRENT_VERSION()", from);
         preds.extend(self.context_filter(&mut p));
+        preds.extend(self.partition_filter(&mut p, "CT"));
         let order = self.change_order();
         let sql = format!(
             "SELECT C.VER, A.AGE_S, CAST(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS INT) AS SERVER_STATE FROM (SELECT TOP (1) CT.SYS_CHANGE_VERSION AS VER FROM CHANGETABLE(CHANGES {table}, {base}) AS CT \
@@ -211,6 +225,7 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
         if upto {
             preds.push(format!("({})", keyset(&cols(&mut p, Slot::UptoKey), true)));
         }
+        preds.extend(self.partition_filter(&mut p, "T"));
         let mut select = vec![
             "CAST(0 AS INT) AS OP".to_string(),
             format!("{} AS ITEM", json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)))),
@@ -233,17 +248,18 @@ OUTER APPLY (SELECT DATEDIFF(SECOND, TC.commit_time, SYSUTCDATETIME()) AS AGE_S 
     /// Rows the walk has not reached yet (status only). Row shape: `PENDING`.
     pub fn walk_pending(&self, after: bool) -> Statement {
         let mut p = Params::default();
-        let filter = if after {
+        let mut preds = Vec::new();
+        if after {
             let cols: Vec<(String, String)> = self
                 .key
                 .iter()
                 .enumerate()
                 .map(|(i, k)| (format!("T.{}", k.name.mssql()), k.ty.parse_text(&p.p(Slot::AfterKey(i)))))
                 .collect();
-            format!(" WHERE ({})", keyset(&cols, false))
-        } else {
-            String::new()
-        };
+            preds.push(format!("({})", keyset(&cols, false)));
+        }
+        preds.extend(self.partition_filter(&mut p, "T"));
+        let filter = if preds.is_empty() { String::new() } else { format!(" WHERE {}", preds.join(" AND ")) };
         Statement {
             sql: format!("SELECT COUNT_BIG(*) AS PENDING FROM {} AS T{filter}", self.table.mssql()),
             slots: p.0,

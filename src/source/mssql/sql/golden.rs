@@ -14,6 +14,24 @@ use std::path::PathBuf;
 /// case-sensitive database knows them only so: the lag's `sys.dm_tran_commit_table`.
 const SYSTEM_NAMES: &[&str] = &["sys.dm_tran_commit_table", "commit_time", "commit_ts"];
 
+/// The `sys` names only the partition column's catalog read (`catalog_partition_column`) writes in lower case,
+/// for the same reason; allowed in that statement alone, so a stray lower-case `name` elsewhere still fails.
+const PARTITION_CATALOG_NAMES: &[&str] = &[
+    "sys.computed_columns",
+    "sys.index_columns",
+    "sys.indexes",
+    "definition",
+    "is_persisted",
+    "is_disabled",
+    "has_filter",
+    "object_id",
+    "column_id",
+    "index_id",
+    "key_ordinal",
+    "type",
+    "name",
+];
+
 fn id(s: &str) -> Ident {
     Ident::new(s).expect("valid identifier")
 }
@@ -42,6 +60,7 @@ pub(super) fn orders() -> CtShape {
         snapshot: true,
         skip_context: false,
         metadata: false,
+        partitioned: false,
     }
 }
 
@@ -59,6 +78,7 @@ fn order_lines() -> CtShape {
         snapshot: false,
         skip_context: true,
         metadata: true,
+        partitioned: false,
     }
 }
 
@@ -70,6 +90,7 @@ fn hostile() -> CtShape {
         snapshot: true,
         skip_context: false,
         metadata: false,
+        partitioned: false,
     }
 }
 
@@ -86,6 +107,7 @@ pub(super) fn items() -> RvShape {
         soft_delete: Some((id("IS_DELETED"), true)),
         inserted: None,
         snapshot: true,
+        partition: None,
     }
 }
 
@@ -105,7 +127,23 @@ fn items_with_options() -> RvShape {
         soft_delete: Some((id("Deleted At"), false)),
         inserted: Some((id("Created Version"), true)),
         snapshot: false,
+        partition: None,
     }
+}
+
+/// The wire tests' orders, one partition of N: the hash of the key `CHANGETABLE` returns, inline.
+pub(super) fn orders_partitioned() -> CtShape {
+    CtShape { partitioned: true, ..orders() }
+}
+
+/// The wire tests' items, one partition of N read through the `partitionColumn` `P8`.
+pub(super) fn items_partition_column() -> RvShape {
+    RvShape { partition: Some(PartitionFilter::Column(id("P8"))), ..items() }
+}
+
+/// The wire tests' items, one partition of N without a partition column: the hash inline.
+pub(super) fn items_partition_inline() -> RvShape {
+    RvShape { partition: Some(PartitionFilter::Inline), ..items() }
 }
 
 /// Every statement, by golden file name.
@@ -114,6 +152,10 @@ fn all() -> BTreeMap<&'static str, Statement> {
     let l = order_lines();
     let r = items();
     let ro = items_with_options();
+    let op = orders_partitioned();
+    let lp = CtShape { partitioned: true, ..order_lines() };
+    let rc = items_partition_column();
+    let ri = items_partition_inline();
     let db = Statement { sql: DATABASE.to_string(), slots: vec![] };
     BTreeMap::from([
         ("catalog_database", db),
@@ -159,6 +201,21 @@ fn all() -> BTreeMap<&'static str, Statement> {
         ("rv_options_fetch_after_key", ro.changes(After::Key, false, Labels::Since)),
         ("rv_options_fetch_after_key_first_backlog", ro.changes(After::Key, false, Labels::All)),
         ("rv_options_fetch_start", ro.changes(After::Start, false, Labels::All)),
+        ("catalog_partition_column", partition_column()),
+        ("ct_part_fetch_start", op.changes(After::Start, Upto::Current)),
+        ("ct_part_fetch_after_key", op.changes(After::Key, Upto::Current)),
+        ("ct_part_refetch_key_to_key", op.changes(After::Key, Upto::Key)),
+        ("ct_part_pending_after_key", op.pending(After::Key)),
+        ("ct_part_oldest_after_key", op.oldest(After::Key)),
+        ("ct_part_walk_first", op.walk(false, false)),
+        ("ct_part_walk_pending_first", op.walk_pending(false)),
+        ("ct_part_options_fetch_after_key", lp.changes(After::Key, Upto::Current)),
+        ("rv_part_column_fetch_start", rc.changes(After::Start, false, Labels::All)),
+        ("rv_part_column_fetch_after_key", rc.changes(After::Key, false, Labels::Since)),
+        ("rv_part_column_refetch_key_to_key", rc.changes(After::Key, true, Labels::Since)),
+        ("rv_part_column_pending_after_key", rc.pending(After::Key)),
+        ("rv_part_inline_fetch_start", ri.changes(After::Start, false, Labels::All)),
+        ("rv_part_inline_pending_start", ri.pending(After::Start)),
     ])
 }
 
@@ -272,7 +329,9 @@ fn parameterized_statements_are_upper_case_outside_identifiers() {
             continue;
         }
         // The system view the lag reads has lower-case names only; nothing else may be lower case.
-        let sql = SYSTEM_NAMES.iter().fold(s.sql.clone(), |sql, name| sql.replace(name, ""));
+        let allowed =
+            SYSTEM_NAMES.iter().chain(if name == "catalog_partition_column" { PARTITION_CATALOG_NAMES } else { &[] });
+        let sql = allowed.fold(s.sql.clone(), |sql, name| sql.replace(name, ""));
         // A collation is named as the catalog spells it (collation names are not case-sensitive).
         let sql =
             sql.split(" COLLATE ")
@@ -364,4 +423,33 @@ fn parameters_are_numbered_in_binding_order() {
         assert!(s.sql.contains(&format!("@P{n}")), "@P{n} is unused");
     }
     assert!(!s.sql.contains(&format!("@P{}", s.slots.len() + 1)));
+}
+
+#[test]
+fn every_partitioned_read_filters_on_its_partition_and_only_one_partition() {
+    // Each statement that reads or counts changes of a partitioned source carries exactly one partition predicate.
+    let hash = "(CHECKSUM(CT.[ID]) & 2147483647) % CAST(";
+    for (name, s) in all() {
+        let filters = s.sql.matches("CHECKSUM(").count() + s.sql.matches("T.[P8] = CAST(").count();
+        let partitioned = name.starts_with("ct_part_") || name.starts_with("rv_part_");
+        assert_eq!(filters, usize::from(partitioned), "{name}: {}", s.sql);
+        assert_eq!(s.slots.contains(&Slot::PartitionIndex), partitioned, "{name} binds the partition");
+    }
+    let fetch = orders_partitioned().changes(After::Key, Upto::Current);
+    assert!(fetch.sql.contains(&format!("{hash}@P6 AS INT) = CAST(@P7 AS INT) ORDER BY")), "{}", fetch.sql);
+    let walk = orders_partitioned().walk(false, false);
+    assert!(
+        walk.sql.contains("WHERE (CHECKSUM(T.[ID]) & 2147483647) % CAST(@P2 AS INT) = CAST(@P3 AS INT)"),
+        "{}",
+        walk.sql
+    );
+    // With a partition column the fetch is an equality then the rowversion range: a seek on (P8, RV, ID).
+    let column = items_partition_column().changes(After::Key, false, Labels::Since);
+    assert!(
+        column.sql.contains("WHERE T.[RV] < @BOUND AND T.[P8] = CAST(@P2 AS INT) AND (T.[RV] >= "),
+        "{}",
+        column.sql
+    );
+    assert!(column.sql.ends_with("ORDER BY T.[RV], T.[ID]"), "the index's order: {}", column.sql);
+    assert!(!column.slots.contains(&Slot::PartitionCount), "the column holds N already");
 }

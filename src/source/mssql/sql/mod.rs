@@ -8,7 +8,8 @@
 //!   in lower case and `INFORMATION_SCHEMA.COLUMNS` in upper case; staying upper case everywhere a value is
 //!   bound keeps one spelling valid in every collation. The one statement that reads `sys.databases` binds
 //!   nothing and writes those names in lower case; the lag's read of `sys.dm_tran_commit_table` binds values
-//!   and writes exactly that view's names in lower case (`golden::SYSTEM_NAMES` checks), everything else upper case.
+//!   and writes exactly that view's names in lower case (`golden::SYSTEM_NAMES` checks), and the partition column's
+//!   catalog read the `sys` names it needs (`golden::PARTITION_CATALOG_NAMES`); everything else upper case.
 //! - SQL Server has no row-value comparison, so the keyset `(v, k1, k2) > (@v, @k1, @k2)` is expanded to
 //!   `v >= @v AND (v > @v OR (v = @v AND (k1 > @k1 OR (k1 = @k1 AND k2 > @k2))))`: the leading `v >= @v`
 //!   is redundant for the result but gives the optimizer a bounded range to seek.
@@ -17,9 +18,11 @@
 //!   carries it into another statement.
 
 mod change_tracking;
+mod partition;
 mod rowversion;
 
 pub use change_tracking::CtShape;
+pub use partition::partition_column;
 pub use rowversion::{Labels, RvShape};
 
 use super::types::SqlType;
@@ -43,6 +46,57 @@ pub enum Slot {
     Context,
     /// `TOP (@Pn)`.
     Limit,
+    /// The partition this source reads (`Partition::index`).
+    PartitionIndex,
+    /// How many partitions there are (`Partition::count`), for the hash written inline.
+    PartitionCount,
+    /// The name of the rowversion source's `partitionColumn` (catalog read).
+    PartitionColumnName,
+    /// The name of the rowversion column (catalog read).
+    VersionColumnName,
+}
+
+/// The mask that keeps `CHECKSUM`'s int non-negative before the modulo (T-SQL's `%` keeps the dividend's sign).
+pub const PARTITION_MASK: i64 = 2_147_483_647;
+
+/// `(CHECKSUM(k1, k2, ...) & 2147483647)`: the partition hash of a key, before `% N`. `CHECKSUM` is deterministic
+/// (SQL Server indexes computed columns over it) and documented to return one value for lists whose elements
+/// have the same types and compare equal with `=`: keys the primary key calls equal (under the column's
+/// collation) hash together, as a partition of keys must. `cols` are the key columns in key order, each already
+/// qualified (`T.[Id]`, `CT.[Id]`).
+pub fn partition_hash(cols: &[String]) -> String {
+    format!("(CHECKSUM({}) & {PARTITION_MASK})", cols.join(", "))
+}
+
+/// How a partitioned read keeps only its partition's keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionFilter {
+    /// The hash modulo N is computed inline from the key columns: every row of the read range is read and hashed
+    /// (the change-tracking source always; the rowversion source without `partitionColumn`).
+    Inline,
+    /// A computed column holding `(CHECKSUM(key) & 2147483647) % N` (rowversion `partitionColumn`): an equality
+    /// an index on (column, rowversion, key) seeks.
+    Column(Ident),
+}
+
+impl PartitionFilter {
+    /// The predicate for the rows of `alias` whose key columns are `key`, binding the partition's index (and
+    /// the count, inline). The index is cast to `INT` so the comparison with the int column or hash needs no
+    /// conversion of the column side (a bigint parameter would convert the column and lose the seek).
+    fn predicate(&self, p: &mut Params, alias: &str, key: &[KeyColumn]) -> String {
+        match self {
+            Self::Inline => {
+                let cols: Vec<String> = key.iter().map(|k| format!("{alias}.{}", k.name.mssql())).collect();
+                format!(
+                    "{} % CAST({} AS INT) = CAST({} AS INT)",
+                    partition_hash(&cols),
+                    p.p(Slot::PartitionCount),
+                    p.p(Slot::PartitionIndex)
+                )
+            }
+            Self::Column(c) => format!("{alias}.{} = CAST({} AS INT)", c.mssql(), p.p(Slot::PartitionIndex)),
+        }
+    }
 }
 
 /// A statement and the meaning of each of its parameters, `@P1` first.

@@ -1,7 +1,7 @@
 //! The rowversion source's statements: rows after a position below `MIN_ACTIVE_ROWVERSION()`, captured before
 //! the rows are read.
 
-use super::{isolation, json_object, keyset, After, ItemColumn, KeyColumn, Params, Slot, Statement};
+use super::{isolation, json_object, keyset, After, ItemColumn, KeyColumn, Params, PartitionFilter, Slot, Statement};
 use crate::ident::{Ident, TableName};
 
 /// How the rowversion source labels Inserts when it has an `insertedColumn`.
@@ -26,6 +26,8 @@ pub struct RvShape {
     /// A column set once at insert to a value comparable with the rowversion (`binary(8)` or `bigint`).
     pub inserted: Option<(Ident, bool)>,
     pub snapshot: bool,
+    /// The one partition of keys this source reads, and how (`None`: every key).
+    pub partition: Option<PartitionFilter>,
 }
 
 impl RvShape {
@@ -41,7 +43,9 @@ impl RvShape {
         cols
     }
 
-    /// Rows changed after a position and below `MIN_ACTIVE_ROWVERSION()`: a row is read only once no
+    /// Rows changed after a position and below `MIN_ACTIVE_ROWVERSION()`, of this source's partition when it has
+    /// one (with a `partitionColumn` and an index on (it, rowversion, key), a seek on the partition and a range
+    /// on the rowversion, in the index's order): a row is read only once no
     /// transaction that could still commit a smaller rowversion is open, so a late commit is not skipped.
     /// Row shape: `RV, OP, ITEM, K1..Kn`. `upto` bounds a re-read of a batch.
     ///
@@ -62,6 +66,7 @@ impl RvShape {
         let limit = p.p(Slot::Limit);
         let rv = format!("T.{}", self.version.mssql());
         let mut preds = vec![format!("{rv} < @BOUND")];
+        preds.extend(self.partition.as_ref().map(|f| f.predicate(&mut p, "T", &self.key)));
         match from {
             After::Start => {}
             After::Version => preds.push(format!("{rv} > {}", Self::rv_param(&mut p, Slot::AfterVersion))),
@@ -121,11 +126,12 @@ impl RvShape {
         Statement { sql, slots: p.0 }
     }
 
-    /// Readable rows after a position (status). Row shape: `PENDING`.
+    /// Readable rows after a position (status), of this source's partition. Row shape: `PENDING`.
     pub fn pending(&self, from: After) -> Statement {
         let mut p = Params::default();
         let rv = format!("T.{}", self.version.mssql());
         let mut preds = vec![format!("{rv} < MIN_ACTIVE_ROWVERSION()")];
+        preds.extend(self.partition.as_ref().map(|f| f.predicate(&mut p, "T", &self.key)));
         match from {
             After::Start => {}
             After::Version => preds.push(format!("{rv} > {}", Self::rv_param(&mut p, Slot::AfterVersion))),

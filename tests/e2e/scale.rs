@@ -152,7 +152,8 @@ async fn run_bound_beyond_loopback_without_a_key_or_to_no_address_refuses_to_sta
     let orders = Orders::new("scale_nokey").await;
     let port = embedded::free_port().expect("a free port").to_string();
     // (the app's settings, the arguments after --admin-port, what stderr must say)
-    let cases: [(&[(&str, &str)], &[&str], &[&str]); 3] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a [&'a str]);
+    let cases: [Case; 3] = [
         (
             &[],
             &["--admin-bind", "0.0.0.0"],

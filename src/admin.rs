@@ -9,10 +9,15 @@
 //! Routes (relative to the admin function's route or `/admin`):
 //! `GET /` list · `GET /{fn}` show · `GET /{fn}/status` · `POST /{fn}/pause` · `POST /{fn}/resume` ·
 //! `POST /{fn}/reset?to=earliest|now|<json>&confirm=true` · `POST /{fn}/replay?from=<json>` ·
-//! `GET /{fn}/quarantine` · `GET /{fn}/quarantine/{batch}` · `POST /{fn}/quarantine/{batch}/retry`.
+//! `GET /{fn}/quarantine` · `GET /{fn}/quarantine/{batch}` · `POST /{fn}/quarantine/{batch}/retry` ·
+//! `GET /scale` (the replicas each function's backlog asks for, which KEDA's `metrics-api` scaler reads).
+//!
+//! A partitioned function answers `GET /{fn}/status` by its own name (its `partitionGroup`) with each
+//! partition and the totals; every other action names one partition trigger (`{fn}-p{i}`).
 
-use crate::app::App;
-use crate::engine::TickError;
+use crate::app::{App, ScaleUnit};
+use crate::engine::scale::{group_status, target_replicas};
+use crate::engine::{TickError, Trigger};
 use crate::ops::{Action, OpsError};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -66,10 +71,33 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
         return (StatusCode::OK, json!({ "functions": app.function_names() }));
     }
     let Some(trigger) = app.trigger(parts[0]).cloned() else {
-        return (
-            StatusCode::NOT_FOUND,
-            json!({ "error": format!("no SQL trigger function named {:?}", parts[0]), "functions": app.function_names() }),
-        );
+        let partitions = app.partitions(parts[0]);
+        return match (method, &parts[1..]) {
+            // A function named `scale` keeps its own routes; the scale route is then `GET /scale` of no one.
+            ("GET", []) if parts[0] == "scale" => answer(scale(app).await),
+            _ if partitions.is_empty() => (
+                StatusCode::NOT_FOUND,
+                json!({ "error": format!("no SQL trigger function named {:?}", parts[0]), "functions": app.function_names() }),
+            ),
+            ("GET", ["status"]) => {
+                let owners = app.partition_owners(parts[0]).await;
+                answer(
+                    group_status(parts[0], &partitions, &owners)
+                        .await
+                        .map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
+                )
+            }
+            _ => (
+                StatusCode::BAD_REQUEST,
+                json!({
+                    "error": format!(
+                        "{} is partitioned: only GET /{}/status answers for the whole function; name one partition for every other action, e.g. {method} /{}",
+                        parts[0], parts[0], std::iter::once(partitions[0].name()).chain(parts[1..].iter().copied()).collect::<Vec<_>>().join("/")
+                    ),
+                    "partitions": partitions.iter().map(|t| t.name()).collect::<Vec<_>>(),
+                }),
+            ),
+        };
     };
     let action = match Action::from_route(method, &parts[1..], &req.query) {
         Ok(Some(action)) => Ok(action),
@@ -85,6 +113,11 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
         Ok(action) => trigger.operate(action, &req.who).await,
         Err(e) => Err(e),
     };
+    answer(result)
+}
+
+/// The HTTP status and body of an action's result.
+fn answer(result: Result<Value, OpsError>) -> (StatusCode, Value) {
     match result {
         Ok(body) => (StatusCode::OK, body),
         Err(e) => {
@@ -102,6 +135,55 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
     }
 }
 
+/// What the scale route answers: per function (a partitioned one by its name, with its partitions' totals) its
+/// pending changes, partitions and [`target_replicas`], and over all functions the pending changes and the most
+/// replicas any function asks for (every replica serves every function, so the busiest one sets the count).
+/// Fails, naming the function, when any function's status cannot be read: a backlog read in part would scale in.
+pub async fn scale(app: &App) -> Result<Value, OpsError> {
+    let mut functions = serde_json::Map::new();
+    let (mut pending, mut replicas) = (0u64, 0u64);
+    for unit in app.scale_units() {
+        let (name, entry) = match unit {
+            ScaleUnit::Single(t) => (t.name().to_string(), single(&t).await?),
+            ScaleUnit::Partitioned { group, partitions } => {
+                let owners = app.partition_owners(&group).await;
+                let status = group_status(&group, &partitions, &owners).await?.complete()?;
+                let entry = ScaleEntry {
+                    pending: status.pending,
+                    partitions: status.partitions,
+                    max_changes_per_worker: status.max_changes_per_worker,
+                    target_replicas: status.target_replicas,
+                };
+                (group, entry)
+            }
+        };
+        pending += entry.pending;
+        replicas = replicas.max(entry.target_replicas);
+        functions.insert(name, serde_json::to_value(entry).unwrap_or(Value::Null));
+    }
+    Ok(json!({ "functions": functions, "pending": pending, "target_replicas": replicas }))
+}
+
+/// One function in the scale route's answer.
+#[derive(Debug, serde::Serialize)]
+struct ScaleEntry {
+    pending: u64,
+    partitions: u32,
+    max_changes_per_worker: u64,
+    target_replicas: u64,
+}
+
+async fn single(t: &Trigger) -> Result<ScaleEntry, OpsError> {
+    let status = t.status().await?;
+    let per_worker = t.config().settings.max_changes_per_worker.max(1);
+    Ok(ScaleEntry {
+        pending: status.pending,
+        partitions: 1,
+        max_changes_per_worker: per_worker,
+        target_replicas: target_replicas(status.pending, per_worker, 1),
+    })
+}
+
 const ROUTES: &[&str] = &[
     "GET /",
     "GET /{function}",
@@ -113,6 +195,7 @@ const ROUTES: &[&str] = &[
     "GET /{function}/quarantine",
     "GET /{function}/quarantine/{batch}",
     "POST /{function}/quarantine/{batch}/retry",
+    "GET /scale",
 ];
 
 #[cfg(test)]
@@ -254,6 +337,64 @@ mod tests {
         let (status, body) = dispatch(&app, request("POST", "Orders/quarantine/4/retry", &[])).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
         assert!(body["error"].as_str().is_some_and(|m| m.contains("missing")), "{body}");
+    }
+
+    /// An app run by `handler run` with `Audit` and `Orders`, the latter in three partitions; its database is
+    /// never reachable.
+    fn partitioned_app() -> (Arc<App>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("scratch dir");
+        for function in ["Orders", "Audit"] {
+            crate::config::write_test_app(dir.path(), function);
+        }
+        let file = dir.path().join("Orders").join("sqltrigger.json");
+        let mut trigger: Value = serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+        trigger["partitions"] = json!(3);
+        std::fs::write(&file, trigger.to_string()).expect("write");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+        let env = Env::from_pairs([("Pg".to_string(), format!("postgres://nobody@127.0.0.1:{port}/none"))]);
+        let config = AppConfig::load_for(dir.path(), env, crate::config::Mode::Runner).expect("valid config");
+        (Arc::new(App::with_store(config, Arc::new(MemoryStore::new())).expect("app builds")), dir)
+    }
+
+    #[test]
+    fn a_partitioned_function_is_found_by_its_name_as_its_partitions_in_order() {
+        let (app, _dir) = partitioned_app();
+        // GIVEN no trigger has the partitioned function's own name
+        assert!(app.trigger("Orders").is_none());
+        // THEN its partitions are found by it, in any case, in order
+        let names: Vec<String> = app.partitions("orders").iter().map(|t| t.name().to_string()).collect();
+        assert_eq!(names, ["Orders-p0", "Orders-p1", "Orders-p2"]);
+        assert!(app.partitions("Audit").is_empty() && app.partitions("Orders-p0").is_empty());
+        // AND the scale route sees two functions: one plain, one of three partitions
+        let units: Vec<(String, usize)> = app
+            .scale_units()
+            .into_iter()
+            .map(|u| match u {
+                ScaleUnit::Single(t) => (t.name().to_string(), 1),
+                ScaleUnit::Partitioned { group, partitions } => (group, partitions.len()),
+            })
+            .collect();
+        assert_eq!(units, [("Audit".to_string(), 1), ("Orders".to_string(), 3)]);
+    }
+
+    #[tokio::test]
+    async fn a_partitioned_function_answers_status_by_its_name_and_names_a_partition_for_other_actions() {
+        let (app, _dir) = partitioned_app();
+        // WHEN an action other than status is asked of the whole function THEN 400 names the partitions
+        let (status, body) = dispatch(&app, request("POST", "Orders/pause", &[])).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body["error"].as_str().is_some_and(|m| m.contains("POST /Orders-p0/pause")), "{body}");
+        assert_eq!(body["partitions"], json!(["Orders-p0", "Orders-p1", "Orders-p2"]));
+        // AND its status and the scale route read the database: 503 with the reason while it is down, as a
+        // plain function's status is
+        for path in ["Orders/status", "orders/status", "scale"] {
+            let (status, body) = dispatch(&app, request("GET", path, &[])).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+            assert!(body["error"].as_str().is_some_and(|m| m.contains("PostgreSQL")), "{path}: {body}");
+        }
+        // AND a name that is neither a function nor a partitioned one is still 404
+        let (status, _) = dispatch(&app, request("GET", "Order/status", &[])).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

@@ -103,6 +103,60 @@ impl App {
     pub fn function_names(&self) -> Vec<String> {
         self.triggers.values().map(|t| t.name().to_string()).collect()
     }
+
+    /// The partition triggers of the partitioned function `group` (its `partitionGroup`, matched without regard
+    /// to case), in partition order: the `{group}-p{i}` triggers of one folder under `handler run`, or the
+    /// folders `handler partitions generate` wrote under the host. Empty when no partitioned function has that
+    /// name: the name of no trigger under `handler run`, so status and the scale route answer for it here.
+    pub fn partitions(&self, group: &str) -> Vec<Arc<Trigger>> {
+        let mut found: Vec<Arc<Trigger>> = self
+            .triggers
+            .values()
+            .filter(|t| t.config().partition().is_some() && t.config().partitioning.group.eq_ignore_ascii_case(group))
+            .cloned()
+            .collect();
+        found.sort_by_key(|t| t.config().partition().map(|p| p.index));
+        found
+    }
+
+    /// Each partition of `group`'s owner in `handler run`'s balancing, by partition index, for status. The seam
+    /// for the partition ownership documents (`engine::partitions`): until they exist no process reports one,
+    /// and status shows each partition's lease holder only.
+    pub async fn partition_owners(&self, _group: &str) -> BTreeMap<u32, String> {
+        BTreeMap::new()
+    }
+
+    /// What the scale route and the metrics report on, in name order: each partitioned function once, by its
+    /// group (`Partitioned`), and each unpartitioned function (`Single`).
+    pub fn scale_units(&self) -> Vec<ScaleUnit> {
+        let mut units: BTreeMap<String, ScaleUnit> = BTreeMap::new();
+        for t in self.triggers.values() {
+            match t.config().partition() {
+                None => {
+                    units.insert(t.name().to_ascii_lowercase(), ScaleUnit::Single(t.clone()));
+                }
+                Some(_) => {
+                    let group = &t.config().partitioning.group;
+                    units
+                        .entry(format!("{}/", group.to_ascii_lowercase()))
+                        .or_insert_with(|| ScaleUnit::Partitioned { group: group.clone(), partitions: Vec::new() });
+                }
+            }
+        }
+        for unit in units.values_mut() {
+            if let ScaleUnit::Partitioned { group, partitions } = unit {
+                *partitions = self.partitions(group);
+            }
+        }
+        units.into_values().collect()
+    }
+}
+
+/// A function as the scale route sees it: one trigger, or a partitioned function's partition triggers.
+#[derive(Debug, Clone)]
+pub enum ScaleUnit {
+    Single(Arc<Trigger>),
+    Partitioned { group: String, partitions: Vec<Arc<Trigger>> },
 }
 
 /// The change source a function watches (no connection is opened here).

@@ -13,7 +13,8 @@ use std::sync::Arc;
 pub enum StateCommand {
     /// Print the state document and the quarantine documents.
     Show { function: String },
-    /// Pending changes, target workers, progress and counters.
+    /// Pending changes, target workers, progress and counters; for a partitioned function (its name), each
+    /// partition's lease holder, pending, lag and pace, and the totals with the replicas the backlog asks for.
     Status { function: String },
     /// Answer empty batches until resumed.
     Pause { function: String },
@@ -88,6 +89,15 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
             .cloned()
             .ok_or_else(|| CliError::UnknownFunction { name: name.to_string(), known: app.function_names().join(", ") })
     };
+    // A partitioned function has no trigger of its own name: its status sums its partitions'.
+    if let StateCommand::Status { function } = &command {
+        let partitions = app.partitions(function);
+        if app.trigger(function).is_none() && !partitions.is_empty() {
+            let owners = app.partition_owners(function).await;
+            let status = crate::engine::scale::group_status(function, &partitions, &owners).await?;
+            return Ok(serde_json::to_value(status).unwrap_or(Value::Null));
+        }
+    }
     let (function, action) = match command {
         StateCommand::Show { function } => (function, Action::Show),
         StateCommand::Status { function } => (function, Action::Status),

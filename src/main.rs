@@ -41,6 +41,10 @@ enum Command {
         /// Also serve the admin routes on 127.0.0.1:PORT (needs Sql_Trigger_AdminKey).
         #[arg(long)]
         admin_port: Option<u16>,
+        /// With --admin-port: the IP address to listen on (default Sql_Trigger_AdminBindAddress, else
+        /// 127.0.0.1); 0.0.0.0 lets another pod (KEDA) reach the admin and scale routes, with the key.
+        #[arg(long, value_name = "IP", requires = "admin_port")]
+        admin_bind: Option<String>,
     },
     /// Inspect and operate a function's state (the same CAS writes a tick makes).
     State {
@@ -66,12 +70,12 @@ fn main() -> ExitCode {
             print!("{}", settings::reference_markdown());
             ExitCode::SUCCESS
         }
-        Some(Command::Run { once, give_up_after, admin_port }) => {
+        Some(Command::Run { once, give_up_after, admin_port, admin_bind }) => {
             let options =
                 sql_pseudo_trigger::runner::RunOptions { once, give_up_after: Duration::from_secs(give_up_after) };
             let result = tokio::runtime::Runtime::new()
                 .map_err(|e| e.to_string())
-                .and_then(|rt| rt.block_on(run(cli.app_root, env, options, admin_port)));
+                .and_then(|rt| rt.block_on(run(cli.app_root, env, options, admin_port.map(|port| (port, admin_bind)))));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -230,32 +234,45 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     }
 }
 
-/// `handler run`: the runner loop, optionally with the admin routes, until SIGTERM (or drained with --once).
+/// `handler run`: the runner loop, optionally with the admin routes (`admin`: `--admin-port` and
+/// `--admin-bind`), until SIGTERM (or drained with --once).
 async fn run(
     app_root: Option<std::path::PathBuf>,
     env: Env,
     options: sql_pseudo_trigger::runner::RunOptions,
-    admin_port: Option<u16>,
+    admin: Option<(u16, Option<String>)>,
 ) -> Result<(), String> {
     let app = Arc::new(sql_pseudo_trigger::cli::load_app(app_root, env).map_err(|e| e.to_string())?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // Admin routes always require a key; without one they would answer only "off", which looks like a
-    // running admin port that refuses everything. Refuse before anything starts instead.
-    if admin_port.is_some() && app.config.env.get(settings::ADMIN_KEY.name).is_none() {
-        return Err(format!(
-            "--admin-port needs the app setting {}: the admin routes always require a key. Set it (environment or local.settings.json) to a long random value and send it as x-functions-key, or drop --admin-port",
-            settings::ADMIN_KEY.name
-        ));
-    }
-    if let Some(port) = admin_port {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    if let Some((port, bind)) = admin {
+        let ip = sql_pseudo_trigger::server::admin_bind_address(
+            bind.as_deref(),
+            app.config.env.get(settings::ADMIN_BIND_ADDRESS.name),
+        )?;
+        // Admin routes always require a key; without one they would answer only "off", which looks like a
+        // running admin port that refuses everything. Refuse before anything starts instead.
+        if app.config.env.get(settings::ADMIN_KEY.name).is_none() {
+            return Err(if ip.is_loopback() {
+                format!(
+                    "--admin-port needs the app setting {}: the admin routes always require a key. Set it (environment or local.settings.json) to a long random value and send it as x-functions-key, or drop --admin-port",
+                    settings::ADMIN_KEY.name
+                )
+            } else {
+                format!(
+                    "--admin-port on {ip} (--admin-bind or {}) serves the admin routes beyond this machine and needs the app setting {}: set it (a Kubernetes Secret) to a long random value, which KEDA sends as X-API-KEY or a bearer token, or bind 127.0.0.1",
+                    settings::ADMIN_BIND_ADDRESS.name,
+                    settings::ADMIN_KEY.name
+                )
+            });
+        }
+        let listener = tokio::net::TcpListener::bind((ip, port))
             .await
-            .map_err(|e| format!("cannot listen on 127.0.0.1:{port} for the admin routes: {e}"))?;
-        let router = sql_pseudo_trigger::server::router(app.clone());
+            .map_err(|e| format!("cannot listen on {ip}:{port} for the admin routes: {e}"))?;
+        let router = sql_pseudo_trigger::server::admin_router(app.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        tracing::info!(port, "admin routes served at /admin (Sql_Trigger_AdminKey required)");
+        tracing::info!(port, address = %ip, "admin routes served at /admin (Sql_Trigger_AdminKey required)");
     }
     let signals = sql_pseudo_trigger::shutdown::listen();
     tokio::spawn(async move {

@@ -67,6 +67,42 @@ async fn admin_invocation(app: &App, admin: &crate::config::AdminFunction, body:
     (StatusCode::OK, Json(response)).into_response()
 }
 
+/// The address `handler run`'s admin listener binds: `--admin-bind` (`flag`), else the app setting
+/// `Sql_Trigger_AdminBindAddress`, else 127.0.0.1. An IP address, not a host name: a name could resolve to
+/// more interfaces than the operator meant to expose.
+pub fn admin_bind_address(flag: Option<&str>, setting: Option<&str>) -> Result<std::net::IpAddr, String> {
+    let name = crate::config::settings::ADMIN_BIND_ADDRESS.name;
+    let (text, from) = match (flag, setting) {
+        (Some(flag), _) => (flag, "--admin-bind".to_string()),
+        (None, Some(setting)) => (setting, format!("the app setting {name}")),
+        (None, None) => return Ok(std::net::Ipv4Addr::LOCALHOST.into()),
+    };
+    text.trim().parse().map_err(|_| {
+        format!("{from} is {text:?}, not an IP address: use 127.0.0.1 (this machine only) or 0.0.0.0 (every interface, e.g. for KEDA in another pod)")
+    })
+}
+
+/// The router of `handler run`'s admin listener: the admin routes only, so that a listener bound beyond
+/// loopback (`--admin-bind`) serves nothing without the key (no readiness page naming the functions, no
+/// invocation route that would run a tick).
+pub fn admin_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/admin", get(direct_admin).post(direct_admin))
+        .route("/admin/", get(direct_admin).post(direct_admin))
+        .route("/admin/{*path}", get(direct_admin).post(direct_admin))
+        .fallback(admin_not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+async fn admin_not_found(method: Method, uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("nothing is served at {method} {}", uri.path()),
+        json!({ "routes": ["GET|POST /admin/... (with Sql_Trigger_AdminKey)", "GET /admin/scale (KEDA's metrics-api scaler)"] }),
+    )
+}
+
 /// Anything no route serves: a 404 that names what is served, instead of an empty body.
 async fn not_found(State(app): State<Arc<App>>, method: Method, uri: axum::http::Uri) -> Response {
     error(
@@ -95,16 +131,13 @@ async fn direct_admin(
             json!({}),
         );
     };
-    let presented = headers
-        .get("x-functions-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| query.get("code").cloned());
-    if !presented.as_deref().is_some_and(|k| same_secret(k, expected)) {
-        tracing::warn!("admin request refused: missing or wrong key");
+    if !presented_keys(&headers, &query).iter().any(|k| same_secret(k, expected)) {
+        // The key presented is never logged, right or wrong.
+        tracing::warn!(path = %path.as_ref().map_or("", |p| p.0.as_str()), "admin request refused: missing or wrong key");
         return error(
             StatusCode::UNAUTHORIZED,
-            "a valid admin key is required (x-functions-key header or code)".into(),
+            "a valid admin key is required: x-functions-key or X-API-KEY header, Authorization: Bearer <key>, or code"
+                .into(),
             json!({}),
         );
     }
@@ -159,10 +192,27 @@ pub(crate) fn host_attempt(
     Ok(Attempt::new(id, request.retry))
 }
 
+/// The keys a request presents, every way an admin client sends one: `x-functions-key` (the Functions host's
+/// own header), `X-API-KEY` (KEDA's `metrics-api` scaler in `apiKey` mode, its default `keyParamName`),
+/// `Authorization: Bearer <key>` (KEDA's `bearer` mode) and the `code` query parameter. Header names are
+/// matched without regard to case, as HTTP requires.
+fn presented_keys(headers: &HeaderMap, query: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let header = |name: &str| headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::to_string);
+    let bearer = headers
+        .get_all(axum::http::header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+        .map(|(_, token)| token.trim().to_string());
+    header("x-functions-key").chain(header("x-api-key")).chain(bearer).chain(query.get("code").cloned()).collect()
+}
+
 /// Compares secrets by digest so the time taken does not depend on where they first differ.
 fn same_secret(a: &str, b: &str) -> bool {
     use sha2::{Digest, Sha256};
-    Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    // Every byte is compared whatever the first difference, not `==`, which may stop at it.
+    a.iter().zip(b.iter()).fold(0u8, |differ, (x, y)| differ | (x ^ y)) == 0
 }
 
 /// An error answer: a status and a JSON body that says what went wrong and what to do.
@@ -321,6 +371,77 @@ mod tests {
             let (status, body) = send(&app, "GET", uri, vec![]).await;
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri}: {body}");
         }
+    }
+
+    /// `GET uri` with `headers` through `router`.
+    async fn get_with(router: Router, uri: &str, headers: &[(&str, &str)]) -> StatusCode {
+        let mut request = Request::builder().method("GET").uri(uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        router.oneshot(request.body(Body::empty()).expect("request")).await.expect("router answers").status()
+    }
+
+    #[tokio::test]
+    async fn the_admin_key_is_taken_from_every_header_keda_sends_and_nothing_else() {
+        // GIVEN direct admin routes with a key
+        let app = app_with(&[("Sql_Trigger_AdminKey", "k3y")]);
+        let accepted: [&[(&str, &str)]; 5] = [
+            &[("x-functions-key", "k3y")],
+            &[("X-API-KEY", "k3y")],
+            &[("Authorization", "Bearer k3y")],
+            &[("authorization", "bearer k3y")],
+            &[("X-API-KEY", "wrong"), ("x-functions-key", "k3y")],
+        ];
+        for headers in accepted {
+            // WHEN the root is asked for with the key THEN it answers
+            assert_eq!(get_with(admin_router(app.clone()), "/admin", headers).await, StatusCode::OK, "{headers:?}");
+        }
+        let refused: [&[(&str, &str)]; 6] = [
+            &[],
+            &[("X-API-KEY", "k3y ")],
+            &[("X-API-KEY", "K3Y")],
+            &[("Authorization", "Basic k3y")],
+            &[("Authorization", "k3y")],
+            &[("X-API-KEY-2", "k3y")],
+        ];
+        for headers in refused {
+            assert_eq!(
+                get_with(admin_router(app.clone()), "/admin/scale", headers).await,
+                StatusCode::UNAUTHORIZED,
+                "{headers:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_admin_listener_serves_the_admin_routes_only() {
+        let app = app_with(&[("Sql_Trigger_AdminKey", "k3y")]);
+        // The readiness page names the functions and the invocation route runs ticks: neither is served
+        for uri in ["/", "/Orders"] {
+            assert_eq!(get_with(admin_router(app.clone()), uri, &[("X-API-KEY", "k3y")]).await, StatusCode::NOT_FOUND);
+        }
+        let request = Request::builder().method("POST").uri("/Orders").body(Body::from("{}")).expect("request");
+        let response = admin_router(app).oneshot(request).await.expect("router answers");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn the_admin_bind_address_is_the_flag_else_the_setting_else_loopback_and_an_ip() {
+        let ip = |flag: Option<&str>, setting: Option<&str>| admin_bind_address(flag, setting).map(|a| a.to_string());
+        assert_eq!(ip(None, None).as_deref(), Ok("127.0.0.1"));
+        assert_eq!(ip(None, Some("0.0.0.0")).as_deref(), Ok("0.0.0.0"));
+        assert_eq!(ip(Some("::"), Some("0.0.0.0")).as_deref(), Ok("::"));
+        let refused = ip(None, Some("pod.local")).expect_err("a name");
+        assert!(refused.contains("Sql_Trigger_AdminBindAddress is \"pod.local\", not an IP address"), "{refused}");
+        let refused = ip(Some("*"), None).expect_err("not an address");
+        assert!(refused.starts_with("--admin-bind is \"*\""), "{refused}");
+    }
+
+    #[test]
+    fn secrets_compare_equal_only_when_equal() {
+        assert!(same_secret("k3y", "k3y"));
+        assert!(!same_secret("k3y", "k3z") && !same_secret("k3y", "k3y ") && !same_secret("", "k3y"));
     }
 
     #[tokio::test]

@@ -27,12 +27,12 @@ pub use config::TelemetryConfig;
 
 use crate::app::App;
 use crate::engine::Trigger;
-use instruments::{register_gauges, Snapshots, StatusGauges, TickInstruments};
+use instruments::{register_gauges, Snapshots, StatusGauges, Targets, TickInstruments};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,9 +144,10 @@ impl Telemetry {
             }
         }
         let snapshots = Snapshots::default();
-        register_gauges(&meter, &snapshots);
+        let targets = Targets::default();
+        register_gauges(&meter, &snapshots, &targets);
         liveness::register_gauges(&meter, &triggers);
-        let poll = tokio::spawn(poll_status(triggers, snapshots, interval));
+        let poll = tokio::spawn(poll_status(triggers, snapshots, targets, interval));
         Self { provider, poll: AbortOnDrop(poll) }
     }
 
@@ -190,7 +191,7 @@ fn blocking_client() -> Result<reqwest::blocking::Client, String> {
 /// Refreshes the snapshots every `interval`, one function at a time, each status bounded by a timeout. A
 /// function whose status fails drops out of the gauges (a stale value would hide the outage) until it answers
 /// again; the failure is logged when it starts and the recovery when it ends, not at every poll.
-async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, interval: Duration) {
+async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, targets: Targets, interval: Duration) {
     let bound = STATUS_TIMEOUT.min(interval);
     let mut failing = std::collections::BTreeSet::new();
     let mut every = tokio::time::interval(interval);
@@ -201,6 +202,7 @@ async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, interval
             let name = trigger.name();
             let result = match tokio::time::timeout(bound, crate::ops::status(trigger)).await {
                 Ok(Ok(status)) => Ok(StatusGauges {
+                    partition: status.partition.map(|p| (p.group, p.index)),
                     pending: status.pending,
                     target_workers: status.target_workers,
                     seconds_since_progress: status.seconds_since_progress,
@@ -228,7 +230,38 @@ async fn poll_status(triggers: Vec<Arc<Trigger>>, snapshots: Snapshots, interval
                 }
             }
         }
+        let computed = {
+            let snapshots = snapshots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            replica_targets(&triggers, &snapshots)
+        };
+        *targets.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = computed;
     }
+}
+
+/// The replicas each function's backlog asks for, from the snapshots: a partitioned function (by its
+/// `partitionGroup`) sums its partitions' pending changes, and is left out while any of them has no snapshot
+/// (a backlog read in part would ask for too few).
+fn replica_targets(triggers: &[Arc<Trigger>], snapshots: &BTreeMap<String, StatusGauges>) -> BTreeMap<String, u64> {
+    // function -> (pending, partitions, max changes per worker, complete)
+    let mut sums: BTreeMap<String, (u64, u32, u64, bool)> = BTreeMap::new();
+    for t in triggers {
+        let config = t.config();
+        let (function, partitions) = match config.partition() {
+            Some(p) => (config.partitioning.group.clone(), p.count.get()),
+            None => (t.name().to_string(), 1),
+        };
+        let entry = sums.entry(function).or_insert((0, partitions, config.settings.max_changes_per_worker, true));
+        match snapshots.get(t.name()) {
+            Some(gauges) => entry.0 += gauges.pending,
+            None => entry.3 = false,
+        }
+    }
+    sums.into_iter()
+        .filter(|(_, (_, _, _, complete))| *complete)
+        .map(|(function, (pending, partitions, per_worker, _))| {
+            (function, crate::engine::scale::target_replicas(pending, per_worker, partitions))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -17,6 +17,15 @@ except ImportError:  # pragma: no cover - scripts/test installs it
     yaml = None
 
 
+def function_partitions():
+    """The partitions of each example function (`"partitions"` in its sqltrigger.json; 1 when absent)."""
+    found = {}
+    for f in glob.glob(path("deploy", "container", "functions", "*", "sqltrigger.json")):
+        with open(f, encoding="utf-8") as fh:
+            found[os.path.basename(os.path.dirname(f))] = json.load(fh).get("partitions", 1)
+    return found
+
+
 def function_settings():
     """Every app setting the example function folders name (source and sink connection strings)."""
     names = set()
@@ -70,6 +79,7 @@ class Kubernetes(unittest.TestCase):
             with open(f, encoding="utf-8") as fh:
                 for doc in yaml.safe_load_all(fh):
                     self.assertIn("apiVersion", doc, f)
+                    self.assertNotIn(doc["kind"], self.docs, f"two {doc['kind']} documents")
                     self.docs[doc["kind"]] = doc
         self.pod = self.docs["Deployment"]["spec"]["template"]["spec"]
         (self.container,) = self.pod["containers"]
@@ -77,7 +87,8 @@ class Kubernetes(unittest.TestCase):
 
     def test_the_secret_holds_every_connection_string_and_the_pod_reads_it(self):
         secret = self.docs["Secret"]
-        self.assertEqual(set(secret["stringData"]), function_settings() | {"AzureWebJobsStorage"})
+        self.assertEqual(set(secret["stringData"]),
+                         function_settings() | {"AzureWebJobsStorage", "Sql_Trigger_AdminKey"})
         refs = [e["secretRef"]["name"] for e in self.container["envFrom"]]
         self.assertEqual(refs, [secret["metadata"]["name"]])
 
@@ -94,9 +105,51 @@ class Kubernetes(unittest.TestCase):
         self.assertIs(self.container["securityContext"]["allowPrivilegeEscalation"], False)
         self.assertEqual(self.container["securityContext"]["capabilities"]["drop"], ["ALL"])
 
-    def test_keda_is_a_marked_placeholder_not_a_scaled_object(self):
-        self.assertNotIn("ScaledObject", self.docs)
-        self.assertIn("KEDA (placeholder)", read("deploy", "container", "kubernetes", "deployment.yaml"))
+    def test_the_admin_port_is_reachable_from_other_pods_only_with_the_key(self):
+        args = self.container["args"]
+        port = args[args.index("--admin-port") + 1]
+        self.assertEqual(args[args.index("--admin-bind") + 1], "0.0.0.0")
+        self.assertEqual([(p["name"], str(p["containerPort"])) for p in self.container["ports"]], [("admin", port)])
+        # The key reaches the process from the Secret the pod reads
+        self.assertIn("Sql_Trigger_AdminKey", self.docs["Secret"]["stringData"])
+        service = self.docs["Service"]
+        self.assertEqual(service["spec"]["selector"], self.docs["Deployment"]["spec"]["selector"]["matchLabels"])
+        (service_port,) = service["spec"]["ports"]
+        self.assertEqual((str(service_port["port"]), service_port["targetPort"]), (port, "admin"))
+
+    def test_keda_reads_the_scale_route_through_the_service_with_the_key_from_the_secret(self):
+        scaled = self.docs["ScaledObject"]
+        self.assertEqual(scaled["apiVersion"], "keda.sh/v1alpha1")
+        self.assertEqual(scaled["spec"]["scaleTargetRef"]["name"], self.docs["Deployment"]["metadata"]["name"])
+        (trigger,) = scaled["spec"]["triggers"]
+        self.assertEqual(trigger["type"], "metrics-api")
+        meta = trigger["metadata"]
+        # The keys the metrics-api scaler requires, each a string as KEDA's metadata must be
+        for key in ("url", "valueLocation", "targetValue"):
+            self.assertIsInstance(meta[key], str, key)
+        service = self.docs["Service"]
+        (service_port,) = service["spec"]["ports"]
+        url = re.fullmatch(r"http://([a-z0-9-]+)\.[a-z0-9-]+\.svc\.cluster\.local:(\d+)(/\S*)", meta["url"])
+        self.assertIsNotNone(url, meta["url"])
+        self.assertEqual(url.groups(), (service["metadata"]["name"], str(service_port["port"]), "/admin/scale"))
+        # target_replicas is the replica count itself: one per unit of the target
+        self.assertEqual((meta["valueLocation"], float(meta["targetValue"])), ("target_replicas", 1.0))
+        # apiKey mode, in the header the handler reads, with the key from the Secret the pod reads
+        self.assertEqual((meta["authMode"], meta.get("method", "header")), ("apiKey", "header"))
+        self.assertEqual(meta.get("keyParamName", "X-API-KEY").lower(), "x-api-key")
+        auth = self.docs["TriggerAuthentication"]
+        self.assertEqual(trigger["authenticationRef"]["name"], auth["metadata"]["name"])
+        (ref,) = auth["spec"]["secretTargetRef"]
+        self.assertEqual((ref["parameter"], ref["name"], ref["key"]),
+                         ("apiKey", self.docs["Secret"]["metadata"]["name"], "Sql_Trigger_AdminKey"))
+
+    def test_replicas_stay_between_one_and_the_partitions(self):
+        spec = self.docs["ScaledObject"]["spec"]
+        # At least one: the replicas answer the scale route themselves; at most the fewest partitions of any
+        # function, beyond which a replica would own no partition.
+        self.assertEqual(spec["minReplicaCount"], 1)
+        self.assertGreater(spec["maxReplicaCount"], 1)
+        self.assertLessEqual(spec["maxReplicaCount"], min(function_partitions().values()))
 
 
 @unittest.skipIf(yaml is None, f"PyYAML is not installed; {INSTALL_HINT}")

@@ -192,7 +192,15 @@ pub const ADMIN_KEY: SettingDef = SettingDef {
     function_key: None,
     host_json_key: None,
     default: "(unset: direct admin routes off)",
-    doc: "Key for the admin routes served directly at /admin (for `handler run`); requests carry it in x-functions-key or code. Under the Functions host use the admin function template instead, which function keys protect.",
+    doc: "Key for the admin routes served directly at /admin (for `handler run`); requests carry it in x-functions-key, X-API-KEY or Authorization: Bearer (KEDA's apiKey and bearer modes), or code. Under the Functions host use the admin function template instead, which function keys protect.",
+};
+
+pub const ADMIN_BIND_ADDRESS: SettingDef = SettingDef {
+    name: "Sql_Trigger_AdminBindAddress",
+    function_key: None,
+    host_json_key: None,
+    default: "127.0.0.1",
+    doc: "The address `handler run --admin-port` listens on (`--admin-bind` overrides it): 127.0.0.1 serves this machine only; 0.0.0.0 (or a pod's address) lets another pod reach the admin and scale routes, e.g. KEDA's metrics-api scaler. Every request needs Sql_Trigger_AdminKey either way.",
 };
 
 pub const POSTGRES_ROOT_CERTIFICATE: SettingDef = SettingDef {
@@ -258,6 +266,7 @@ pub const ALL: &[SettingDef] = &[
     APP_NAME,
     LOG_LEVEL,
     ADMIN_KEY,
+    ADMIN_BIND_ADDRESS,
     POSTGRES_ROOT_CERTIFICATE,
     POSTGRES_TRUST_SERVER_CERTIFICATE,
     APPLICATIONINSIGHTS_CONNECTION_STRING,

@@ -12,7 +12,8 @@
 //!   proof");
 //! - `recorded`: immediate delivery, and the recording step of a sink's tick, over a tick;
 //! - `sink_tick`: the handler's own delivery: deliver, acknowledge; reconciliation, chaining, the heartbeat;
-//! - `operate`: operator actions and status, over the ledger.
+//! - `operate`: operator actions and status, over the ledger;
+//! - [`scale`]: a partitioned function's status summed over its partitions, and the replicas its backlog asks for.
 //!
 //! One invocation reads downward: `server.rs` → [`Trigger::invoke`] (this file: which delivery, the remembered
 //! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `tick.rs` (`commit`) →
@@ -33,6 +34,7 @@ mod outcome;
 mod outputs;
 mod parts;
 mod recorded;
+pub mod scale;
 mod sink_tick;
 mod tick;
 

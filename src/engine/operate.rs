@@ -170,6 +170,27 @@ pub struct Status {
     /// the WAL it retains. Absent for sources with nothing to say; `{"error": ...}` when it could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_health: Option<Value>,
+    /// The partition this trigger serves, and who holds its lease; absent for an unpartitioned function.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionView>,
+}
+
+/// Which partition of which function a partition trigger serves, and who delivers it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PartitionView {
+    /// The partitioned function's name (`partitionGroup`): the name status and the scale route answer to.
+    pub group: String,
+    pub index: u32,
+    pub count: u32,
+    /// The process holding the state document's lease (`Sql_Trigger_LeaseDurationMs`), while it lasts: the one
+    /// delivering this partition now. `None` when no lease is held (nobody ticked it lately).
+    pub lease_owner: Option<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub lease_expires_at: Option<time::OffsetDateTime>,
+    /// The partition's owner in `handler run`'s balancing (its partition ownership document), which can differ
+    /// from the lease holder while a partition moves. `None` where nothing reports ownership (under the host,
+    /// and until the balancing's owners are passed to [`super::scale::group_status`]).
+    pub partition_owner: Option<String>,
 }
 
 async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
@@ -282,6 +303,17 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         seconds_since_last_success: heard.map(|h| h.seconds_since_success(now)),
         consecutive_failures: heard.map(|h| h.consecutive_failures),
         source_health,
+        partition: t.config.partition().map(|p| {
+            let lease = doc.as_ref().and_then(|d| d.lease.as_ref()).filter(|l| l.expires_at > now);
+            PartitionView {
+                group: t.config.partitioning.group.clone(),
+                index: p.index,
+                count: p.count.get(),
+                lease_owner: lease.map(|l| l.owner.clone()),
+                lease_expires_at: lease.map(|l| l.expires_at),
+                partition_owner: None,
+            }
+        }),
     })
 }
 

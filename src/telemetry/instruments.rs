@@ -108,8 +108,15 @@ impl TickObserver for TickInstruments {
 /// The last successful status of each function, by name; what the gauges report.
 pub(super) type Snapshots = Arc<Mutex<BTreeMap<String, StatusGauges>>>;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// The replicas each function's backlog asks for (`engine::scale::target_replicas`), by function name (a
+/// partitioned function's `partitionGroup`), from the last status poll in which every partition answered.
+pub(super) type Targets = Arc<Mutex<BTreeMap<String, u64>>>;
+
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct StatusGauges {
+    /// A partition trigger's function (`partitionGroup`) and partition index: the gauges' `group` and
+    /// `partition` attributes, so a dashboard can sum a partitioned function's partitions.
+    pub(super) partition: Option<(String, u32)>,
     pub(super) pending: u64,
     pub(super) target_workers: u64,
     pub(super) seconds_since_progress: f64,
@@ -124,13 +131,32 @@ pub(super) struct StatusGauges {
 }
 
 /// The gauges read the snapshots only: a collection never waits for the database.
-pub(super) fn register_gauges(meter: &Meter, snapshots: &Snapshots) {
+pub(super) fn register_gauges(meter: &Meter, snapshots: &Snapshots, targets: &Targets) {
     fn each(snapshots: &Snapshots, mut f: impl FnMut(&StatusGauges, &[KeyValue])) {
         let snapshots = snapshots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (function, gauges) in snapshots.iter() {
-            f(gauges, &[KeyValue::new("function", function.clone())]);
+            let mut attrs = vec![KeyValue::new("function", function.clone())];
+            if let Some((group, index)) = &gauges.partition {
+                attrs.push(KeyValue::new("group", group.clone()));
+                attrs.push(KeyValue::new("partition", i64::from(*index)));
+            }
+            f(gauges, &attrs);
         }
     }
+    let t = targets.clone();
+    meter
+        .u64_observable_gauge("sql_trigger.target_replicas")
+        .with_description(
+            "Replicas the backlog asks for: min(partitions, ceil(pending / Sql_Trigger_MaxChangesPerWorker)), per function (a partitioned one by its name), at the last status poll; what the scale route answers.",
+        )
+        .with_unit("{replica}")
+        .with_callback(move |o| {
+            let targets = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (function, replicas) in targets.iter() {
+                o.observe(*replicas, &[KeyValue::new("function", function.clone())]);
+            }
+        })
+        .build();
     let s = snapshots.clone();
     meter
         .u64_observable_gauge("sql_trigger.changes.pending")

@@ -21,6 +21,7 @@ mod outages;
 mod outputs;
 mod protocol;
 mod runner;
+mod scale;
 mod secrets;
 mod sinks;
 mod values;

@@ -140,7 +140,7 @@ impl Runner {
         Self { child, logs }
     }
 
-    fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         std::fs::read_to_string(self.logs.path().join("stdout")).unwrap_or_default()
     }
 

@@ -254,15 +254,18 @@ fn nodes(plan: &Value) -> Vec<&Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_partition_index_a_partition_fetch_is_one_index_range_scan_without_sort() {
-    // GIVEN 20,000 orders, analyzed, and the partition index
+    // GIVEN 20,000 orders written by 200 transactions (so the cursor varies as it does in a live table),
+    // analyzed, and the partition index beside the (version, id) one
     let orders = Orders::new("partition-plan").await;
-    orders.insert(1..=20_000).await;
+    for t in 0..200 {
+        orders.insert(t * 100 + 1..=t * 100 + 100).await;
+    }
     orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
     orders.db.batch_execute("ANALYZE orders").await.expect("analyze");
     let source = partition_source(&orders, 2);
     let row = orders
         .db
-        .query_one("SELECT version::text, id::text FROM orders ORDER BY version, id OFFSET 9000 LIMIT 1", &[])
+        .query_one("SELECT version::text, id::text FROM orders ORDER BY version, id OFFSET 10000 LIMIT 1", &[])
         .await
         .expect("a position");
     let after = json!([row.get::<_, String>(0), row.get::<_, String>(1)]);

@@ -32,6 +32,7 @@ pub mod operate;
 mod outcome;
 mod outputs;
 mod parts;
+pub mod partitions;
 mod recorded;
 mod sink_tick;
 mod tick;

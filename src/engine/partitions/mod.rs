@@ -97,17 +97,17 @@ pub async fn owners(
     group: &str,
     count: NonZeroU32,
 ) -> Result<Vec<PartitionOwner>, StoreError> {
-    let mut all = Vec::with_capacity(count.get() as usize);
-    for index in 0..count.get() {
+    // All at once: status waits for one round trip, not N.
+    let reads = (0..count.get()).map(|index| async move {
         let doc = read(store, &owner_key(app, group, index, count)).await?.and_then(|(doc, _)| doc);
-        all.push(PartitionOwner {
+        Ok(PartitionOwner {
             partition: index,
             owner: doc.as_ref().and_then(|d| d.owner.clone()),
             expires_at: doc.as_ref().map(|d| d.expires_at),
             claims: doc.map_or(0, |d| d.claims),
-        });
-    }
-    Ok(all)
+        })
+    });
+    futures::future::join_all(reads).await.into_iter().collect()
 }
 
 /// Reads one ownership document: `None` when there is none; `Some((None, etag))` when one is there but does not
@@ -208,8 +208,12 @@ impl Owners {
         self.cycles += 1;
         let mut seen = Vec::with_capacity(self.group.served.len());
         let mut etags: BTreeMap<u32, (Option<Etag>, Option<OwnershipDoc>)> = BTreeMap::new();
-        for &index in &self.group.served {
-            let (doc, etag) = match read(self.store.as_ref(), &self.key(index)).await? {
+        // All at once: a cycle waits for one round trip of reads, not N.
+        let reads = self.group.served.iter().map(|&index| async move {
+            (index, read(self.store.as_ref(), &self.key(index)).await)
+        });
+        for (index, doc) in futures::future::join_all(reads).await {
+            let (doc, etag) = match doc? {
                 Some((doc, etag)) => (doc, Some(etag)),
                 None => (None, None),
             };

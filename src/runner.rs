@@ -103,7 +103,8 @@ pub async fn run(app: Arc<App>, options: RunOptions, stop: watch::Receiver<bool>
         let Some((first, _)) = parts.values().next() else { continue };
         let Some(count) = first.config().partition().map(|p| p.count) else { continue };
         let lease = first.config().settings.lease_duration;
-        let group = Group { app: app.config.app_name.clone(), name: group, count, served: parts.keys().copied().collect() };
+        let group =
+            Group { app: app.config.app_name.clone(), name: group, count, served: parts.keys().copied().collect() };
         let owners = Owners::new(app.store.clone(), group, &app.owner, lease, Arc::new(SystemClock));
         let (app_name, stop) = (app.config.app_name.clone(), stop.clone());
         tasks.push(tokio::spawn(partitions::run_group(app_name, owners, parts, options, stop)));

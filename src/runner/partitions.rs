@@ -149,7 +149,7 @@ fn report(group: &str, done: &Cycle) {
         }
     }
     for (partition, to) in &done.lost {
-        tracing::info!(function = %group, partition, to = to.as_deref().unwrap_or("-"), owned,
+        tracing::info!(function = %group, partition, to = to.as_deref().unwrap_or("another process"), owned,
             owners = share.owners, fair_share = share.fair, "lost a partition; stopping it after the tick in hand");
     }
 }

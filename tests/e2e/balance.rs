@@ -30,8 +30,10 @@ const PARTITIONS: u32 = 8;
 const LEASE: Duration = Duration::from_secs(3);
 const CYCLE: Duration = Duration::from_secs(1);
 /// How long after a change the shares must be fair again: N cycles, plus the lease after a kill (the dead
-/// process's partitions are claimable only then), plus 2 s for process start and scheduling on a busy machine.
-const SETTLE: Duration = Duration::from_secs(CYCLE.as_secs() * PARTITIONS as u64 + 2);
+/// process's partitions are claimable only then), plus 2 s for process start. A cycle is its 1 s pause plus its
+/// own store calls, which on this test's loaded Azurite (four processes ticking 8 partitions each) take up to
+/// another second: 2 s per cycle here.
+const SETTLE: Duration = Duration::from_secs(2 * CYCLE.as_secs() * PARTITIONS as u64 + 2);
 
 /// How late a sample may show what a write already reflects.
 const SAMPLING: time::Duration = time::Duration::seconds(1);
@@ -125,7 +127,8 @@ impl Sampler {
 
 async fn sample(store: &dyn StateStore, app: &str) -> Sample {
     let count = NonZeroU32::new(PARTITIONS).expect("8");
-    let owners: Vec<PartitionOwner> = partitions::owners(store, app, FUNCTION, count).await.expect("ownership documents");
+    let owners: Vec<PartitionOwner> =
+        partitions::owners(store, app, FUNCTION, count).await.expect("ownership documents");
     // Read after the ownership documents: a write seen here is no older than the owners just read.
     let at = OffsetDateTime::now_utc();
     let holders = owners.iter().map(|o| o.holder(at).map(str::to_string)).collect();
@@ -175,7 +178,11 @@ async fn until_fair(sampler: &Sampler, runners: &[&Runner], bound: Duration, wha
             return took;
         }
         let logs: Vec<String> = runners.iter().map(|r| r.stderr()).collect();
-        assert!(started.elapsed() < bound, "{what}: shares not fair within {bound:?}: {held:?}\n{}", logs.join("\n---\n"));
+        assert!(
+            started.elapsed() < bound,
+            "{what}: shares not fair within {bound:?}: {held:?}\n{}",
+            logs.join("\n---\n")
+        );
     }
 }
 

@@ -96,14 +96,16 @@ pub fn plan(me: &str, seen: &[Seen], now: OffsetDateTime, salt: u64) -> Plan {
     let owners = held.len();
     let mine = renew.len();
     let share = Share { owners, fair: n / owners, with_one_more: n % owners, mine };
-    let others_with_one_more =
-        held.iter().filter(|(owner, parts)| **owner != me && parts.len() > share.fair).count();
+    let others_with_one_more = held.iter().filter(|(owner, parts)| **owner != me && parts.len() > share.fair).count();
     let below = mine < share.fair || (mine == share.fair && others_with_one_more < share.with_one_more);
     if !below {
         return Plan { renew, claim: None, share };
     }
-    let free: Vec<u32> =
-        seen.iter().filter(|s| s.owner.as_deref() != Some(me) && s.holder(now).is_none()).map(|s| s.partition).collect();
+    let free: Vec<u32> = seen
+        .iter()
+        .filter(|s| s.owner.as_deref() != Some(me) && s.holder(now).is_none())
+        .map(|s| s.partition)
+        .collect();
     if !free.is_empty() {
         let partition = free[pick(salt, free.len())];
         return Plan { renew, claim: Some(Claim { partition, from: None }), share };
@@ -114,10 +116,9 @@ pub fn plan(me: &str, seen: &[Seen], now: OffsetDateTime, salt: u64) -> Plan {
         .iter()
         .filter(|(owner, _)| **owner != me)
         .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)));
-    let claim = victim.filter(|(_, parts)| parts.len() >= mine + 2).map(|(owner, parts)| Claim {
-        partition: parts[pick(salt, parts.len())],
-        from: Some(owner.to_string()),
-    });
+    let claim = victim
+        .filter(|(_, parts)| parts.len() >= mine + 2)
+        .map(|(owner, parts)| Claim { partition: parts[pick(salt, parts.len())], from: Some(owner.to_string()) });
     Plan { renew, claim, share }
 }
 

@@ -117,7 +117,11 @@ async fn read(store: &dyn StateStore, key: &str) -> Result<Option<(Option<Owners
     let doc = match serde_json::from_slice::<OwnershipDoc>(&v.bytes) {
         Ok(doc) if doc.schema == SCHEMA => Some(doc),
         Ok(doc) => {
-            tracing::warn!(key, schema = doc.schema, "ownership document of another schema; taking the partition as free");
+            tracing::warn!(
+                key,
+                schema = doc.schema,
+                "ownership document of another schema; taking the partition as free"
+            );
             None
         }
         Err(e) => {
@@ -209,9 +213,9 @@ impl Owners {
         let mut seen = Vec::with_capacity(self.group.served.len());
         let mut etags: BTreeMap<u32, (Option<Etag>, Option<OwnershipDoc>)> = BTreeMap::new();
         // All at once: a cycle waits for one round trip of reads, not N.
-        let reads = self.group.served.iter().map(|&index| async move {
-            (index, read(self.store.as_ref(), &self.key(index)).await)
-        });
+        let store = self.store.as_ref();
+        let keys: Vec<(u32, String)> = self.group.served.iter().map(|&index| (index, self.key(index))).collect();
+        let reads = keys.into_iter().map(|(index, key)| async move { (index, read(store, &key).await) });
         for (index, doc) in futures::future::join_all(reads).await {
             let (doc, etag) = match doc? {
                 Some((doc, etag)) => (doc, Some(etag)),
@@ -235,10 +239,18 @@ impl Owners {
             }
         }
         let mut held = BTreeMap::new();
-        for &index in &plan.renew {
+        // All renewals at once: the sooner they land, the shorter the window in which a thief's claim and a
+        // renewal race for one document.
+        let until = now + self.lease;
+        let this: &Self = self;
+        let renewals = plan.renew.iter().map(|&index| {
             let (etag, doc) = etags.remove(&index).unwrap_or_default();
             let claims = doc.map_or(0, |d| d.claims);
-            match self.write(index, etag.as_ref(), Some(&self.me), now + self.lease, claims).await {
+            async move { (index, this.write(index, etag.as_ref(), Some(&this.me), until, claims).await) }
+        });
+        let mut failed = None;
+        for (index, renewed) in futures::future::join_all(renewals).await {
+            match renewed {
                 Ok(Some(written)) => {
                     held.insert(index, written);
                 }
@@ -251,10 +263,13 @@ impl Owners {
                     if let Some(h) = self.held.get(&index) {
                         held.insert(index, h.clone());
                     }
-                    self.held = held;
-                    return Err(e);
+                    failed.get_or_insert(e);
                 }
             }
+        }
+        if let Some(e) = failed {
+            self.held = held;
+            return Err(e);
         }
         let mut claimed = None;
         if let Some(claim) = &plan.claim {

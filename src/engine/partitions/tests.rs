@@ -30,11 +30,7 @@ fn free(partition: u32) -> Seen {
 /// Partitions `0..N` owned as `owners` says, in order (`"-"`: free), every lease live.
 fn layout(owners: &[&str]) -> Vec<Seen> {
     let until = t0() + secs(30);
-    owners
-        .iter()
-        .enumerate()
-        .map(|(i, o)| if *o == "-" { free(i as u32) } else { owned(i as u32, o, until) })
-        .collect()
+    owners.iter().enumerate().map(|(i, o)| if *o == "-" { free(i as u32) } else { owned(i as u32, o, until) }).collect()
 }
 
 // -- The decision -------------------------------------------------------------------------------------------------
@@ -172,7 +168,12 @@ impl Sim {
     }
 
     fn group() -> Group {
-        Group { app: "app".into(), name: "orders".into(), count: NonZeroU32::new(N).expect("N"), served: (0..N).collect() }
+        Group {
+            app: "app".into(),
+            name: "orders".into(),
+            count: NonZeroU32::new(N).expect("N"),
+            served: (0..N).collect(),
+        }
     }
 
     fn start(&mut self, name: &str) {
@@ -200,7 +201,16 @@ impl Sim {
         self.clock.advance(CYCLE);
         self.cycles += 1;
         let results: Vec<(String, Cycle)> = if self.at_once {
-            let cycles = self.procs.iter_mut().map(|(name, o)| async move { (name.clone(), o.cycle().await) });
+            // Real processes' cycles drift apart; in perfect lockstep a thief's read-to-write window always
+            // holds its victim's renewal, which then wins every race (see `lockstep_...` below). Each process
+            // here starts its cycle a few store calls after the one before, so the cycles overlap but differ
+            // in phase.
+            let cycles = self.procs.iter_mut().enumerate().map(|(i, (name, o))| async move {
+                for _ in 0..i * 5 {
+                    tokio::task::yield_now().await;
+                }
+                (name.clone(), o.cycle().await)
+            });
             futures::future::join_all(cycles).await.into_iter().map(|(n, c)| (n, c.expect("a cycle"))).collect()
         } else {
             let mut all = Vec::new();
@@ -244,7 +254,8 @@ impl Sim {
         let k = self.procs.len();
         let (fair, more) = (N as usize / k, N as usize % k);
         let fits = |n: usize| n == fair || (more > 0 && n == fair + 1);
-        let views_agree = self.procs.keys().all(|p| self.views.get(p).map_or(0, BTreeSet::len) == held.get(p).copied().unwrap_or(0));
+        let views_agree =
+            self.procs.keys().all(|p| self.views.get(p).map_or(0, BTreeSet::len) == held.get(p).copied().unwrap_or(0));
         held.keys().all(|o| self.procs.contains_key(o))
             && held.values().sum::<usize>() == N as usize
             && self.procs.keys().all(|p| fits(held.get(p).copied().unwrap_or(0)))
@@ -380,4 +391,33 @@ async fn a_process_that_cannot_reach_the_store_keeps_what_it_holds_only_until_it
 fn an_ownership_document_key_sits_under_its_group_apart_from_the_state_documents() {
     let key = owner_key("app", "orders", 3, NonZeroU32::new(8).expect("8"));
     assert_eq!(key, "app/orders/owners/partition-3-of-8.json");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn lockstep_a_steal_loses_every_race_to_its_victims_renewal_and_a_drifted_phase_lands_it() {
+    // GIVEN a holds all 8 and b is new
+    let mut sim = Sim::new(false);
+    sim.start("a");
+    sim.until_fair(N as usize, "a alone").await;
+    sim.start("b");
+    let held = |sim: &Sim| sim.views.get("b").map_or(0, BTreeSet::len);
+    // WHEN both cycle in perfect lockstep (the same store calls in the same order) THEN a's renewal, written
+    // between b's read and b's claim, wins every time: the one way a steal can starve
+    for _ in 0..3 {
+        sim.clock.advance(CYCLE);
+        let (a, b) = {
+            let mut procs = sim.procs.iter_mut();
+            let (_, a) = procs.next().expect("a");
+            let (_, b) = procs.next().expect("b");
+            futures::future::join(a.cycle(), b.cycle()).await
+        };
+        let b = b.expect("b's cycle");
+        assert!(b.catching_up && b.claimed.is_none(), "{b:?}");
+        sim.views.insert("b".into(), b.owned.into_iter().collect());
+        assert_eq!(a.expect("a's cycle").owned.len(), N as usize);
+    }
+    assert_eq!(held(&sim), 0);
+    // WHEN their cycles drift apart by a few store calls THEN b's steals land
+    let mut at_once = Sim { at_once: true, ..sim };
+    at_once.until_fair(N as usize, "drifted").await;
 }

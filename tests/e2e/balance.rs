@@ -145,7 +145,7 @@ async fn sample(store: &dyn StateStore, app: &str) -> Sample {
 
 /// The process id in an owner id (`{host}-{pid}-{random}`).
 fn pid_of(owner: &str) -> Option<u32> {
-    owner.rsplitn(3, '-').nth(1)?.parse().ok()
+    owner.rsplit('-').nth(1)?.parse().ok()
 }
 
 /// How many partitions each of `pids` holds in `sample`, and whether that is fair: every partition held by one

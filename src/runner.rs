@@ -10,11 +10,20 @@
 //! On SIGTERM the tick in hand finishes (its batch delivered and acknowledged), a batch recorded for the next
 //! tick and never delivered is withdrawn, and the lease released, so nothing is lost and the next process
 //! starts at once.
+//!
+//! A partitioned function (`"partitions": N`) is shared by the processes of a deployment: each runs a balancer
+//! and the loops of only the partitions it owns (`partitions.rs`). A `--once` drain runs every partition, as it
+//! runs every function: it drains what is there and stops, owning nothing.
+
+mod partitions;
 
 use crate::app::App;
+use crate::clock::SystemClock;
 use crate::config::DeliveryMode;
+use crate::engine::partitions::{Group, Owners};
 use crate::engine::{OutcomeKind, RetryDirective, TickError, Trigger};
 use crate::sink::Sink;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -78,10 +87,27 @@ pub async fn run(app: Arc<App>, options: RunOptions, stop: watch::Receiver<bool>
     let mut tasks = Vec::new();
     // Built for `handler run`, every trigger delivers through a sink (stdout JSON lines when none is named).
     let sinks = app.triggers().filter_map(|t| Some((t.clone(), t.sink()?.clone())));
+    // A partitioned function's partitions, by group and count, balanced among the processes (not in a drain).
+    let mut groups: BTreeMap<(String, u32), partitions::Parts> = BTreeMap::new();
     for (trigger, sink) in sinks {
         let app_name = app.config.app_name.clone();
+        if let (false, Some(p)) = (options.once, trigger.config().partition()) {
+            let key = (trigger.config().partitioning.group.clone(), p.count.get());
+            groups.entry(key).or_default().insert(p.index, (trigger, sink));
+            continue;
+        }
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move { run_one(&app_name, trigger, sink, options, stop).await }));
+    }
+    for ((group, _), parts) in groups {
+        let Some((first, _)) = parts.values().next() else { continue };
+        let Some(count) = first.config().partition().map(|p| p.count) else { continue };
+        let lease = first.config().settings.lease_duration;
+        let group =
+            Group { app: app.config.app_name.clone(), name: group, count, served: parts.keys().copied().collect() };
+        let owners = Owners::new(app.store.clone(), group, &app.owner, lease, Arc::new(SystemClock));
+        let (app_name, stop) = (app.config.app_name.clone(), stop.clone());
+        tasks.push(tokio::spawn(partitions::run_group(app_name, owners, parts, options, stop)));
     }
     let mut summary = RunSummary::default();
     for t in tasks {

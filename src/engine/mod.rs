@@ -32,6 +32,7 @@ mod observe;
 pub mod operate;
 mod outcome;
 mod outputs;
+pub mod partitions;
 mod parts;
 mod recorded;
 pub mod scale;
@@ -368,6 +369,12 @@ impl Trigger {
         self.observer.set(observer).is_ok()
     }
 
+    /// `handler run` with partitions: this process does not run this partition now (another process owns it,
+    /// or nobody yet), so its quiet is expected and the watchdog says nothing. The next tick clears it.
+    pub fn mark_owned_elsewhere(&self) {
+        self.stats.lock().expect("stats lock").stopped = Some(OWNED_ELSEWHERE);
+    }
+
     /// What this process heard from the function's ticks, for the watchdog, status and metrics. The first call
     /// fixes `watched_since` (the baseline while nothing was heard) at the trigger's `now`.
     pub fn liveness(&self) -> decide::liveness::Heard {
@@ -399,6 +406,9 @@ impl Trigger {
         (stats.ticks > 0).then(|| stats.clone())
     }
 }
+
+/// Why a partition trigger of `handler run` does not tick in this process ([`Trigger::mark_owned_elsewhere`]).
+pub const OWNED_ELSEWHERE: &str = "owned by another process";
 
 /// How a tick's batch is acknowledged: by proof (the host's deferred delivery), or recorded (immediate, or a
 /// sink's record step).

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod balance;
 mod common;
 mod concurrency;
 mod config_errors;

@@ -164,6 +164,17 @@ impl Runner {
     pub(crate) fn terminate(&mut self) {
         embedded::send_signal(&mut self.child, Signal::Terminate).expect("SIGTERM");
     }
+
+    /// kill -9, as a node that dies does; returns once the process is gone.
+    pub(crate) fn kill(&mut self) {
+        embedded::send_signal(&mut self.child, Signal::Kill).expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
+    /// The process id (the middle part of its owner id in leases).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Runner {

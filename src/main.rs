@@ -47,6 +47,11 @@ enum Command {
         #[command(subcommand)]
         command: sql_pseudo_trigger::cli::StateCommand,
     },
+    /// A partitioned function's layout.
+    Partitions {
+        #[command(subcommand)]
+        command: sql_pseudo_trigger::cli::PartitionsCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -90,6 +95,24 @@ fn main() -> ExitCode {
             match result {
                 Ok(value) => {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::Partitions { command }) => {
+            let result = sql_pseudo_trigger::cli::load_app(cli.app_root, env).map(Arc::new).and_then(|app| {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| {
+                    sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
+                })?;
+                rt.block_on(sql_pseudo_trigger::cli::run_partitions(app, command))
+            });
+            match result {
+                Ok(text) => {
+                    println!("{text}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

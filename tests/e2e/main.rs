@@ -20,6 +20,7 @@ mod operations;
 mod outages;
 mod outputs;
 mod protocol;
+mod repartition;
 mod runner;
 mod secrets;
 mod sinks;

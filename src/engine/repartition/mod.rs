@@ -359,21 +359,21 @@ impl Repartition {
                             (start, true)
                         }
                         // Another run of this change created it first: the same seed, kept.
-                        Ok(Saved::Conflict) => {
-                            match ledger.load().await {
-                                Ok(Some((doc, _))) if doc.seeded.as_ref().is_some_and(|s| s.from_partitions == n) => {
-                                    (doc.checkpoint, false)
-                                }
-                                Ok(_) => return Err(RepartitionError::Refused {
+                        Ok(Saved::Conflict) => match ledger.load().await {
+                            Ok(Some((doc, _))) if doc.seeded.as_ref().is_some_and(|s| s.from_partitions == n) => {
+                                (doc.checkpoint, false)
+                            }
+                            Ok(_) => {
+                                return Err(RepartitionError::Refused {
                                     problems: vec![format!(
                                         "{} was written by someone else while this ran; run this again to see by whom",
                                         ledger.key()
                                     )],
                                     written,
-                                }),
-                                Err(error) => return Err(RepartitionError::Store { error, written }),
+                                })
                             }
-                        }
+                            Err(error) => return Err(RepartitionError::Store { error, written }),
+                        },
                         Err(error) => return Err(RepartitionError::Store { error, written }),
                     }
                 }

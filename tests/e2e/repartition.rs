@@ -8,6 +8,7 @@ use crate::operations::handler_cli;
 use crate::runner::Runner;
 use crate::support;
 use serde_json::{json, Value};
+use sql_pseudo_trigger::state::StateStore;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -116,6 +117,20 @@ async fn four_partitions_changed_to_eight_with_a_writer_running_lose_and_skip_no
     };
     assert!(table.contains(&format!("{FUNCTION}: partition count changed from 4 to 8")), "{table}");
     assert_eq!(table.lines().filter(|l| l.ends_with("written")).count(), 8, "{table}");
+    // Each new partition j starts exactly where old partition j mod 4 stopped (4 divides 8: its keys are a subset).
+    let store = shared_blob_store();
+    let doc = |n: u32, i: u32| {
+        let (store, key) = (&store, format!("{app_name}/{FUNCTION}/partition-{i}-of-{n}.json"));
+        async move {
+            let stored = store.load(&key).await.expect("load").unwrap_or_else(|| panic!("{key} exists"));
+            serde_json::from_slice::<Value>(&stored.bytes).expect("JSON")
+        }
+    };
+    for j in 0..8 {
+        let (new, old) = (doc(8, j).await, doc(4, j % 4).await);
+        assert_eq!(new["checkpoint"], old["checkpoint"], "new partition {j} starts where old {} stopped", j % 4);
+        assert!(new["next_batch_id"].as_u64() >= old["next_batch_id"].as_u64(), "batch ids go on: {new}");
+    }
 
     // AND the folder says 8 partitions, and the function starts again, the writer still running
     set_partitions(&app, 8);
@@ -138,20 +153,14 @@ async fn four_partitions_changed_to_eight_with_a_writer_running_lose_and_skip_no
     runner.exit(Duration::from_secs(30)).await;
 
     // AND the 4 old documents are retired, and the 8 new ones carry the function on
-    let store = shared_blob_store();
-    use sql_pseudo_trigger::state::StateStore;
     for i in 0..4 {
-        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-4.json");
-        let doc: Value =
-            serde_json::from_slice(&store.load(&key).await.expect("load").expect("kept").bytes).expect("JSON");
-        let halted = doc["halted"].as_str().unwrap_or_default();
-        assert!(halted.starts_with("re-partitioned into 8 partitions"), "{key}: {halted}");
+        let old = doc(4, i).await;
+        let halted = old["halted"].as_str().unwrap_or_default();
+        assert!(halted.starts_with("re-partitioned into 8 partitions"), "old partition {i}: {halted}");
     }
     for j in 0..8 {
-        let key = format!("{app_name}/{FUNCTION}/partition-{j}-of-8.json");
-        let doc: Value =
-            serde_json::from_slice(&store.load(&key).await.expect("load").expect("new").bytes).expect("JSON");
-        assert_eq!(doc["seeded"]["from_partitions"], 4, "{key}");
-        assert!(doc["halted"].is_null(), "{key}: {doc}");
+        let new = doc(8, j).await;
+        assert_eq!(new["seeded"]["from_partitions"], 4, "new partition {j}: {new}");
+        assert!(new["halted"].is_null() && new["counters"]["batches"].as_u64() > Some(0), "new partition {j}: {new}");
     }
 }

@@ -143,7 +143,7 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
 pub async fn run_partitions(app: Arc<App>, command: PartitionsCommand) -> Result<String, CliError> {
     let PartitionsCommand::Change { function, to, from, missing_from_earliest, quarantine_handled, json } = command;
     let request = Request { to, from, missing_from_earliest, quarantine_handled, who: who() };
-    let report = repartition_of(&app, &function)?.change(&request).await?;
+    let report = repartition_of(&app, &function, to)?.change(&request).await?;
     Ok(match json {
         true => serde_json::to_string_pretty(&report).unwrap_or_default(),
         false => report.to_string(),
@@ -152,7 +152,7 @@ pub async fn run_partitions(app: Arc<App>, command: PartitionsCommand) -> Result
 
 /// The partitions of `function` (a folder, or the group of generated folders) as the app configures it: its
 /// documents' group, and its source, which orders positions and names the fingerprint the documents must carry.
-fn repartition_of(app: &App, function: &str) -> Result<Repartition, CliError> {
+fn repartition_of(app: &App, function: &str, to: NonZeroU32) -> Result<Repartition, CliError> {
     let folders = &app.config.functions;
     let folder = folders
         .iter()
@@ -165,6 +165,11 @@ fn repartition_of(app: &App, function: &str) -> Result<Repartition, CliError> {
     };
     let group = folder.ok_or_else(unknown)?.partitioning.group.clone();
     let trigger = app.triggers().find(|t| t.config().partitioning.group == group).ok_or_else(unknown)?;
+    if to.get() > 1 && trigger.config().source.kind() == crate::config::SourceKind::PostgresLogical {
+        return Err(CliError::Ops(OpsError::Invalid(format!(
+            "{function} reads the postgres-logical source, which has no partitions (one replication stream decodes the WAL once for the whole function): nothing was written"
+        ))));
+    }
     Ok(Repartition {
         store: app.store.clone(),
         app: app.config.app_name.clone(),

@@ -293,6 +293,14 @@ async fn an_existing_new_layout_not_made_by_a_change_refuses() {
         &["the new layout exists already: app/orders/partition-5-of-8.json", "delete the documents"],
     )
     .await;
+    // Two layouts in use: the one to change from must be named.
+    assert_refused(&w, &request(2), &["several partition layouts of orders", "--from N"]).await;
+    // Asking for the count it already runs with changes nothing.
+    let only_four = world();
+    only_four.layout(4, |i| at(5, i64::from(i))).await;
+    assert_refused(&only_four, &request(4), &["orders already runs with 4 partition(s)"]).await;
+    // No state at all: nothing to carry over.
+    assert_refused(&world(), &request(4), &["has no state documents", "Set \"partitions\" to 4"]).await;
 }
 
 #[tokio::test]

@@ -502,8 +502,14 @@ impl Repartition {
                     .flat_map(|docs| docs.values())
                     .filter_map(|(d, _)| d.seeded.as_ref().map(|s| s.from_partitions))
                     .collect();
+                let in_use = loaded.get(&m).is_some_and(|docs| docs.values().any(|(d, _)| d.retired_into().is_none()));
                 match seeded.iter().next() {
                     Some(&n) if seeded.len() == 1 && loaded.contains_key(&n) => Ok(n),
+                    _ if in_use => Err(refuse(format!(
+                        "{} already runs with {m} partition(s) (layouts found: {}): nothing to change",
+                        self.group,
+                        describe()
+                    ))),
                     _ if loaded.is_empty() => Err(refuse(format!(
                         "{} has no state documents ({}/{}.json, {}partition-*-of-*.json): it has not run, so nothing needs carrying over. Set \"partitions\" to {m} in its folder and start it",
                         self.group,

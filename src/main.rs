@@ -112,7 +112,7 @@ fn main() -> ExitCode {
             });
             match result {
                 Ok(text) => {
-                    println!("{text}");
+                    println!("{}", text.trim_end());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

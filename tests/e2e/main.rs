@@ -19,6 +19,7 @@ mod logical;
 mod operations;
 mod outages;
 mod outputs;
+mod partitions;
 mod protocol;
 mod repartition;
 mod runner;

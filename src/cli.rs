@@ -1,11 +1,15 @@
 //! `handler state ...`: the operator actions of [`crate::ops`] from a shell, against the same state the
-//! handler uses (app settings from the environment, then `local.settings.json`).
+//! handler uses (app settings from the environment, then `local.settings.json`); `handler partitions ...`:
+//! a partitioned function's layout.
 
 use crate::app::App;
+use crate::clock::SystemClock;
 use crate::config::{AppConfig, ConfigErrors, Env, Mode};
+use crate::engine::repartition::{Repartition, RepartitionError, Request};
 use crate::ops::{self, Action, OpsError, ResetTo};
 use clap::Subcommand;
 use serde_json::Value;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -60,6 +64,33 @@ pub enum QuarantineCommand {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum PartitionsCommand {
+    /// Change a function's number of partitions, each new partition starting where the old ones holding its
+    /// keys stopped (docs/operations.md, "Changing the number of partitions"). Stop the function first.
+    Change {
+        /// The function: its folder name, or the partitionGroup of its generated folders.
+        function: String,
+        /// The new number of partitions (1: unpartitioned).
+        #[arg(long)]
+        to: NonZeroU32,
+        /// The number of partitions to change from, when the store holds documents of several layouts.
+        #[arg(long)]
+        from: Option<NonZeroU32>,
+        /// Start the keys of an old partition that has no state document from the earliest change the source
+        /// holds (all of them are delivered again) instead of refusing.
+        #[arg(long)]
+        missing_from_earliest: bool,
+        /// The old partitions' quarantined batches were dealt with; their documents stay in the store, where no
+        /// new partition can re-deliver them.
+        #[arg(long)]
+        quarantine_handled: bool,
+        /// Print the report as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("{0}")]
@@ -68,6 +99,8 @@ pub enum CliError {
     UnknownFunction { name: String, known: String },
     #[error("{0}")]
     Ops(#[from] OpsError),
+    #[error("{0}")]
+    Repartition(#[from] RepartitionError),
 }
 
 /// Loads the app as the handler would, from `app_root` or FUNCTIONS_APP_ROOT_PATH or the working directory.
@@ -114,4 +147,44 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
         },
     };
     Ok(find(&function)?.operate(action, &who()).await?)
+}
+
+/// `handler partitions ...`: what it prints on success (a table, or JSON with `--json`).
+pub async fn run_partitions(app: Arc<App>, command: PartitionsCommand) -> Result<String, CliError> {
+    let PartitionsCommand::Change { function, to, from, missing_from_earliest, quarantine_handled, json } = command;
+    let request = Request { to, from, missing_from_earliest, quarantine_handled, who: who() };
+    let report = repartition_of(&app, &function, to)?.change(&request).await?;
+    Ok(match json {
+        true => serde_json::to_string_pretty(&report).unwrap_or_default(),
+        false => report.to_string(),
+    })
+}
+
+/// The partitions of `function` (a folder, or the group of generated folders) as the app configures it: its
+/// documents' group, and its source, which orders positions and names the fingerprint the documents must carry.
+fn repartition_of(app: &App, function: &str, to: NonZeroU32) -> Result<Repartition, CliError> {
+    let folders = &app.config.functions;
+    let folder = folders
+        .iter()
+        .find(|f| f.partitioning.group.eq_ignore_ascii_case(function))
+        .or_else(|| folders.iter().find(|f| f.name.eq_ignore_ascii_case(function)));
+    let unknown = || {
+        let mut groups: Vec<&str> = folders.iter().map(|f| f.partitioning.group.as_str()).collect();
+        groups.dedup();
+        CliError::UnknownFunction { name: function.to_string(), known: groups.join(", ") }
+    };
+    let group = folder.ok_or_else(unknown)?.partitioning.group.clone();
+    let trigger = app.triggers().find(|t| t.config().partitioning.group == group).ok_or_else(unknown)?;
+    if to.get() > 1 && trigger.config().source.kind() == crate::config::SourceKind::PostgresLogical {
+        return Err(CliError::Ops(OpsError::Invalid(format!(
+            "{function} reads the postgres-logical source, which has no partitions (one replication stream decodes the WAL once for the whole function): nothing was written"
+        ))));
+    }
+    Ok(Repartition {
+        store: app.store.clone(),
+        app: app.config.app_name.clone(),
+        group,
+        source: trigger.source().clone(),
+        clock: Arc::new(SystemClock),
+    })
 }

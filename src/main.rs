@@ -77,6 +77,9 @@ enum PartitionsCommand {
         #[arg(long)]
         remove_original: bool,
     },
+    /// `change` (`sql_pseudo_trigger::cli::PartitionsCommand`): the partition count of a function with state.
+    #[command(flatten)]
+    Layout(sql_pseudo_trigger::cli::PartitionsCommand),
 }
 
 fn main() -> ExitCode {
@@ -120,6 +123,24 @@ fn main() -> ExitCode {
             match result {
                 Ok(value) => {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::Partitions { command: PartitionsCommand::Layout(command) }) => {
+            let result = sql_pseudo_trigger::cli::load_app(cli.app_root, env).map(Arc::new).and_then(|app| {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| {
+                    sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
+                })?;
+                rt.block_on(sql_pseudo_trigger::cli::run_partitions(app, command))
+            });
+            match result {
+                Ok(text) => {
+                    println!("{}", text.trim_end());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -22,6 +22,9 @@ pub enum TickError {
     FingerprintChanged { function: String, stored: String, configured: String },
     #[error("function {function} is halted: {reason}; inspect with `handler state show {function}` and resume with `handler state resume {function}` after dealing with the batch")]
     Halted { function: String, reason: String },
+    /// The document was retired by `handler partitions change`: this deployment serves a layout that is gone.
+    #[error("function {function} stopped: its state was {reason}")]
+    Retired { function: String, reason: String },
     #[error("the tick did not finish within {0:?} (Sql_Trigger_TickTimeoutMs); nothing was committed")]
     Timeout(Duration),
     /// Sink mode: the sink did not take the batch; it stays in flight and is delivered again.
@@ -70,6 +73,7 @@ impl TickError {
             | Self::CorruptQuarantine { .. }
             | Self::FingerprintChanged { .. }
             | Self::Halted { .. }
+            | Self::Retired { .. }
             | Self::SinkMissing(_) => RetryDirective::Stop,
         }
     }

@@ -35,6 +35,7 @@ mod outputs;
 pub mod partitions;
 mod parts;
 mod recorded;
+pub mod repartition;
 pub mod scale;
 mod sink_tick;
 mod tick;
@@ -238,6 +239,7 @@ impl Trigger {
             // source that releases what a checkpoint passed then refuses the older position).
             Err(
                 TickError::Halted { .. }
+                | TickError::Retired { .. }
                 | TickError::FingerprintChanged { .. }
                 | TickError::Source(SourceError::PositionLost(_)),
             ) => {
@@ -341,7 +343,11 @@ impl Trigger {
                 stats.rows = 0;
                 stats.outcome = "Failed".into();
                 stats.consecutive_failures += 1;
-                stats.stopped = matches!(e, TickError::Halted { .. }).then_some("halted");
+                stats.stopped = match e {
+                    TickError::Halted { .. } => Some("halted"),
+                    TickError::Retired { .. } => Some("retired"),
+                    _ => None,
+                };
                 match e.kind() {
                     ErrorKind::Transient => stats.failures_transient += 1,
                     ErrorKind::Operator => stats.failures_operator += 1,

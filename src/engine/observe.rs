@@ -55,7 +55,7 @@ pub struct TickStats {
     pub last_success_at: Option<OffsetDateTime>,
     /// Ticks that ended with an error since the last one that did not.
     pub consecutive_failures: u64,
-    /// "paused" or "halted" when the last tick found the function stopped on purpose.
+    /// "paused", "halted" or "retired" (re-partitioned) when the last tick found the function stopped on purpose.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<&'static str>,
     /// When liveness was first asked for (the watchdog's start): the baseline while nothing was heard.

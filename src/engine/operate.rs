@@ -100,6 +100,11 @@ impl Trigger {
                 Ok(json!({ "function": self.name(), "paused": true }))
             }
             Action::Resume => {
+                // A retired document's checkpoint lives on in the new layout's documents: resuming it would deliver
+                // its keys a second time, from a stale position, beside the partitions that now own them.
+                if let Some(reason) = self.load().await?.and_then(|(doc, _)| doc.retired_into().and(doc.halted)) {
+                    return Err(OpsError::Invalid(format!("{} is not resumed: its state was {reason}", self.name())));
+                }
                 change(self, who, "resume", StateDoc::resume).await?;
                 Ok(json!({ "function": self.name(), "paused": false }))
             }

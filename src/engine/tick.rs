@@ -61,6 +61,9 @@ impl<'a> Tick<'a> {
             return Err(TickError::CorruptState { function, key, detail });
         }
         memory.lineage = Some(decide::Lineage::of(&doc));
+        if let (Some(_), Some(reason)) = (doc.retired_into(), &doc.halted) {
+            return Err(TickError::Retired { function: name.clone(), reason: reason.clone() });
+        }
         if let Some(reason) = &doc.halted {
             return Err(TickError::Halted { function: name.clone(), reason: reason.clone() });
         }

@@ -36,6 +36,9 @@ pub enum Fault {
     Ambiguous,
     /// Returns `Conflict` without reaching the inner store, as if another writer had moved first.
     Conflict,
+    /// No fault: the call reaches the inner store as usual. Queued ahead of a fault, it lets the first calls
+    /// through (a crash after the n-th write).
+    Pass,
 }
 
 /// Runs right before a `save_if`; typically another trigger's tick writing through its own store handle.
@@ -120,7 +123,7 @@ impl FaultyStore {
     fn next_fault(&self, op: StoreOp) -> Option<Fault> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         let fault = self.plan.lock().expect("faulty store lock").queue(op).pop_front();
-        if fault.is_some() {
+        if fault.is_some_and(|f| !matches!(f, Fault::Pass)) {
             self.injected.fetch_add(1, Ordering::Relaxed);
         }
         fault
@@ -133,7 +136,7 @@ impl FaultyStore {
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match fault {
-            None => call.await,
+            None | Some(Fault::Pass) => call.await,
             Some(Fault::Unavailable) => {
                 Err(StoreError::Unavailable(format!("injected: {what} failed before reaching the store")))
             }

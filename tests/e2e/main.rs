@@ -22,6 +22,7 @@ mod outages;
 mod outputs;
 mod partitions;
 mod protocol;
+mod repartition;
 mod runner;
 mod scale;
 mod secrets;

@@ -6,12 +6,14 @@
 //! - `sink_mode`: record, deliver, acknowledge; heartbeat, chaining, reconciliation, the fence;
 //! - `liveness`: the watchdog's verdicts on a manual clock, the failure streak;
 //! - `ops`: operator actions racing ticks;
+//! - `repartition`: changing the partition count: where new partitions start, refusals, re-runs;
 //! - `runner`: `handler run`'s loop;
 //! - `telemetry`: what a tick and a status poll record.
 
 mod deferred;
 mod liveness;
 mod ops;
+mod repartition;
 mod runner;
 mod sink_mode;
 mod telemetry;

@@ -768,3 +768,49 @@ async fn a_chained_batch_whose_lease_lapsed_is_not_delivered_from_memory() {
     assert_eq!((out.kind, out.changes.len()), (OutcomeKind::LeaseHeld, 0));
     assert_eq!(sink.taken(), ids(1..=200));
 }
+
+#[tokio::test]
+async fn a_document_seeded_by_a_partition_change_ignores_the_old_layouts_checkpoint_row_and_raises_the_fence() {
+    use sql_pseudo_trigger::clock::SystemClock;
+    use sql_pseudo_trigger::engine::document::Origin;
+    use sql_pseudo_trigger::engine::repartition::{Repartition, Request};
+    use sql_pseudo_trigger::engine::Ledger;
+    // GIVEN rows 1-6, and 2 partitions of `orders` stopped at [1,2] and [1,4]
+    let w = World::default();
+    w.source.upsert(1..=6, 1);
+    for (i, checkpoint) in [(0, serde_json::json!([1, 2])), (1, serde_json::json!([1, 4]))] {
+        let ledger = Ledger::new(w.store.clone(), APP, &format!("orders/partition-{i}-of-2"), Arc::new(SystemClock));
+        let origin = Origin { function: "orders", source: "memory:rows", fingerprint: "memory-v1" };
+        let mut doc = StateDoc::new(origin, checkpoint, "old", OffsetDateTime::now_utc());
+        ledger.save(&mut doc, None, "old").await.expect("old partition");
+    }
+    // AND a destination whose row under the name `orders` (an earlier, unpartitioned life) says applied up to
+    // [1,5], under fencing token 4
+    let sink = RecordingSink::default();
+    *sink.recorded.lock().expect("recorded") = Resume {
+        fence: 4,
+        applied: Some(Applied { batch_id: 3, from: serde_json::json!([1, 3]), to: serde_json::json!([1, 5]) }),
+    };
+    // WHEN the 2 partitions are changed into 1 (seeded at the earlier checkpoint, [1,2]) and it ticks
+    let repartition = Repartition {
+        store: w.store.clone(),
+        app: APP.into(),
+        group: "orders".into(),
+        source: w.source.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    let request = Request {
+        to: std::num::NonZeroU32::MIN,
+        from: None,
+        missing_from_earliest: false,
+        quarantine_handled: false,
+        who: "test".into(),
+    };
+    repartition.change(&request).await.expect("changed");
+    let p = w.process("p1", TriggerSettings { max_batch_size: 10, ..settings() });
+    let out = p.trigger.tick_into(&sink).await.expect("tick");
+    // THEN it delivers from [1,2], not after the row's [1,5] (which would skip 3 and 4), above token 4
+    assert_eq!(out.kind, OutcomeKind::Delivered, "{:?}", out.logs);
+    assert_eq!(sink.ids(), ids(3..=6));
+    assert_eq!(sink.taken()[0].1, 5, "the fence is raised above the destination's");
+}

@@ -72,7 +72,28 @@ pub struct StateDoc {
     /// before it existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub lineage: String,
+    /// Set when `handler partitions change` created this document from the documents of another partition
+    /// layout, and kept by every later write: its checkpoint was carried over, not lost. A sink tick therefore
+    /// never resumes it from the destination's record, which names a batch of the old layout (another set of
+    /// keys under the same function name); and a re-run of the change knows the document as its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeded: Option<Seeded>,
 }
+
+/// Where a re-partitioned document's checkpoint came from (see [`StateDoc::seeded`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Seeded {
+    /// How many partitions the layout it was seeded from had (1: the unpartitioned document).
+    pub from_partitions: u32,
+    /// The old partitions whose keys this one may hold: its checkpoint is the earliest of theirs.
+    pub from: Vec<u32>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    pub by: String,
+}
+
+/// How the halt reason of a document retired by `handler partitions change` starts (see [`StateDoc::retire`]).
+pub const RETIRED: &str = "re-partitioned into ";
 
 /// Who is writing, for a new document's fields: the function, the source's name and fingerprint.
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +128,7 @@ impl StateDoc {
             updated_at: now,
             updated_by: by.to_string(),
             lineage: uuid::Uuid::new_v4().to_string(),
+            seeded: None,
         }
     }
 
@@ -398,9 +420,31 @@ impl StateDoc {
     }
 
     /// Batch ids continue after `batch_id` (at least): a document recreated over a store that holds quarantine
-    /// documents must not give their ids out again. Who: an operator's reset of an unreadable document.
+    /// documents must not give their ids out again. Who: an operator's reset of an unreadable document; an
+    /// operator's change of the partition count (a function name's batch ids never repeat across layouts,
+    /// because destinations deduplicate on them).
     pub fn continue_ids_after(&mut self, batch_id: u64) {
         self.next_batch_id = self.next_batch_id.max(batch_id.saturating_add(1));
+    }
+
+    /// Records that this new document's checkpoint was carried over from another partition layout. Who: an
+    /// operator's change of the partition count, on a document it creates.
+    pub fn seed(&mut self, seeded: Seeded) {
+        self.seeded = Some(seeded);
+    }
+
+    /// Stops this document for good: its partition layout was replaced by one of `into` partitions, and its
+    /// checkpoint lives on in that layout's documents. A deployment of the old layout that comes back stops here
+    /// instead of delivering from a stale checkpoint. The halt reason reads "re-partitioned into {into}
+    /// partitions {detail}". Who: an operator's change of the partition count.
+    pub fn retire(&mut self, into: u32, detail: &str) {
+        self.halted = Some(format!("{RETIRED}{into} partitions {detail}"));
+    }
+
+    /// How many partitions replaced this document's layout, when a change of the partition count retired it.
+    pub fn retired_into(&self) -> Option<u32> {
+        let rest = self.halted.as_deref()?.strip_prefix(RETIRED)?;
+        rest.split(' ').next()?.parse().ok()
     }
 
     /// Queues a quarantined batch for re-delivery before new changes. Who: an operator.

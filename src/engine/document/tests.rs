@@ -20,6 +20,7 @@ const FIELDS: &[&str] = &[
     "write_id",
     "updated_at",
     "updated_by",
+    "backfill",
 ];
 const MUTATORS: &[&str] = &["push", "insert", "remove", "retain", "take", "as_mut", "drain", "clear", "get_or_insert"];
 

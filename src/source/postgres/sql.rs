@@ -64,7 +64,7 @@ impl Shape {
         1 + self.key.len()
     }
 
-    fn guard_predicate(&self) -> Option<String> {
+    pub(super) fn guard_predicate(&self) -> Option<String> {
         let cursor = format!("t.{}", self.cursor.pg());
         match self.guard {
             Guard::Xid8 => Some(format!("{cursor} < pg_snapshot_xmin(pg_current_snapshot())")),
@@ -115,7 +115,7 @@ impl Shape {
         cols.join(", ")
     }
 
-    fn row_source(&self) -> String {
+    pub(super) fn row_source(&self) -> String {
         let projected: Vec<String> = self
             .columns
             .iter()

@@ -9,7 +9,8 @@
 //! Routes (relative to the admin function's route or `/admin`):
 //! `GET /` list · `GET /{fn}` show · `GET /{fn}/status` · `POST /{fn}/pause` · `POST /{fn}/resume` ·
 //! `POST /{fn}/reset?to=earliest|now|<json>&confirm=true` · `POST /{fn}/replay?from=<json>` ·
-//! `GET /{fn}/quarantine` · `GET /{fn}/quarantine/{batch}` · `POST /{fn}/quarantine/{batch}/retry`.
+//! `GET /{fn}/quarantine` · `GET /{fn}/quarantine/{batch}` · `POST /{fn}/quarantine/{batch}/retry` ·
+//! `POST /{fn}/backfill[?where=<filter>]` · `POST /{fn}/backfill/pause|resume|cancel`.
 
 use crate::app::App;
 use crate::engine::TickError;
@@ -113,6 +114,10 @@ const ROUTES: &[&str] = &[
     "GET /{function}/quarantine",
     "GET /{function}/quarantine/{batch}",
     "POST /{function}/quarantine/{batch}/retry",
+    "POST /{function}/backfill?where=<filter>",
+    "POST /{function}/backfill/pause",
+    "POST /{function}/backfill/resume",
+    "POST /{function}/backfill/cancel",
 ];
 
 #[cfg(test)]

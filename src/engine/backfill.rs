@@ -121,7 +121,7 @@ pub(super) async fn first_doc(trigger: &Trigger) -> Result<super::document::Stat
 
 /// A new backfill of `trigger`'s function while the live checkpoint is `checkpoint`, filtered by `filter`
 /// (checked against the table by the source), started by `by` at `now`.
-pub(super) async fn plan(
+pub(in crate::engine) async fn plan(
     trigger: &Trigger,
     checkpoint: &Position,
     filter: Option<String>,

@@ -158,7 +158,7 @@ mod tests {
         let text = crate::change::encode_batch(&changes);
         assert_eq!(
             text.get(),
-            r#"[{"Operation":0,"Item":{"id":1},"Metadata":{"Backfill":{"Id":"abc"}}},{"Operation":0,"Item":{"id":2},"Metadata":{"Backfill":{"Id":"abc"},"Version":7}}]"#
+            r#"[{"Operation":0,"Item":{"id":1},"Metadata":{"Backfill":{"Id":"abc"}}},{"Operation":0,"Item":{"id":2},"Metadata":{"Version":7,"Backfill":{"Id":"abc"}}}]"#
         );
     }
 }

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod backfill;
 mod common;
 mod concurrency;
 mod config_errors;

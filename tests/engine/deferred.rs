@@ -1766,7 +1766,7 @@ async fn a_backfill_chunk_whose_write_failed_is_answered_again_from_the_same_key
     // AND once proven, the next chunk read finds nothing and the backfill is done at the chunk's last key
     assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
     let doc = world.state().await;
-    let b = doc.backfill.expect("a backfill");
+    let b = doc.backfill.clone().expect("a backfill");
     assert_eq!((b.state, b.after.clone(), b.rows, b.chunks, b.redone), (BackfillState::Done, json!([3]), 2, 1, 1));
     assert_eq!(checkpoint(&doc), Some((v2, 2)), "the chunk moved the backfill, not the checkpoint");
     // No backfilled row is older than a live change delivered before it: key 2 came only live, v1 then v2

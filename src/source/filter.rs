@@ -214,10 +214,15 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
         let c = chars[i];
         match c {
             c if c.is_whitespace() => i += 1,
-            '(' => (tokens.push(Token::Open), i += 1).1,
-            ')' => (tokens.push(Token::Close), i += 1).1,
-            ',' => (tokens.push(Token::Comma), i += 1).1,
-            '=' => (tokens.push(Token::Op(CompareOp::Eq)), i += 1).1,
+            '(' | ')' | ',' | '=' => {
+                tokens.push(match c {
+                    '(' => Token::Open,
+                    ')' => Token::Close,
+                    ',' => Token::Comma,
+                    _ => Token::Op(CompareOp::Eq),
+                });
+                i += 1;
+            }
             '<' | '>' | '!' => {
                 let next = chars.get(i + 1).copied();
                 let (op, len) = match (c, next) {

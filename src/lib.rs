@@ -17,6 +17,7 @@ pub mod failpoint;
 pub mod fuzzing;
 pub mod ident;
 pub mod ops;
+pub mod partitions;
 pub mod protocol;
 pub mod runner;
 pub mod server;

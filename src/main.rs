@@ -47,6 +47,32 @@ enum Command {
         #[command(subcommand)]
         command: sql_pseudo_trigger::cli::StateCommand,
     },
+    /// Split a function into partitions (stable hash ranges of its primary key, each with its own state).
+    Partitions {
+        #[command(subcommand)]
+        command: PartitionsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PartitionsCommand {
+    /// Write N function folders <function>-p0 .. <function>-p{N-1} from the folder <function>, for the Functions
+    /// host (one timer function per partition): each has the same function.json and a sqltrigger.json equal to
+    /// the original plus "partitions": N, "partition": i, "partitionGroup": "<function>". Refuses, writing
+    /// nothing, when the function is unknown, N is not 2..=256, a target folder exists, or the source is
+    /// postgres-logical. The original folder stays unless --remove-original: remove it before deploying, and
+    /// carry its checkpoint over with `handler partitions change` if it already has state. A postgres-cursor
+    /// partition's fetch needs an index on the partition expression: the handler logs the CREATE INDEX
+    /// statement at start-up when it is missing (docs/postgres.md, "Partitions").
+    Generate {
+        /// The function folder to split (under --app-root).
+        function: String,
+        /// How many partitions (2 to 256).
+        count: u32,
+        /// Delete the original folder once the partition folders are written.
+        #[arg(long)]
+        remove_original: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -90,6 +116,19 @@ fn main() -> ExitCode {
             match result {
                 Ok(value) => {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::Partitions { command: PartitionsCommand::Generate { function, count, remove_original } }) => {
+            let root = cli.app_root.unwrap_or_else(|| AppConfig::app_root(&env));
+            match sql_pseudo_trigger::partitions::generate(&root, &function, count, remove_original) {
+                Ok(generated) => {
+                    print!("{}", generated.report());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -20,6 +20,7 @@ mod logical;
 mod operations;
 mod outages;
 mod outputs;
+mod partitions;
 mod protocol;
 mod runner;
 mod secrets;

@@ -11,6 +11,10 @@
 //!
 //! The lag (status) dates the first pending row: a timestamp cursor by its own value, any other cursor by the
 //! commit timestamp of the row's last writer, which PostgreSQL keeps only with `track_commit_timestamp = on`.
+//!
+//! A partition (`spec.partition`) reads only the keys whose hash modulo the partition count is its index, in
+//! every statement that reads or counts changes (sql.rs, `Shape::partition_expression`); at first use the plan
+//! of its fetch is checked for the index that keeps it a range scan (docs/postgres.md, "Partitions").
 
 mod backfill;
 mod sql;
@@ -19,7 +23,7 @@ pub use sql::Guard;
 
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
-use crate::config::{CursorGuard, PostgresCursorOptions, SourceKind, SourceOptions, SourceSpec};
+use crate::config::{CursorGuard, Partition, PostgresCursorOptions, SourceKind, SourceOptions, SourceSpec};
 use crate::db::postgres::{classify, connect_failure, pool, ConnectFailure, PostgresTls, Verdict};
 use crate::ident::Ident;
 use deadpool_postgres::Pool;
@@ -86,13 +90,9 @@ impl PostgresCursor {
                 "table {table} does not exist (or the login cannot see it); check tableName and the search_path"
             )));
         };
-        let columns: Vec<(String, String, String)> = client
-            .query(sql::COLUMNS, &[&oid])
-            .await
-            .map_err(|e| db_error(e, table))?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect();
+        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| db_error(e, table))?;
+        let columns: Vec<(String, String, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        let not_null: Vec<String> = rows.iter().filter(|r| r.get::<_, bool>(3)).map(|r| r.get(0)).collect();
         let find = |c: &Ident| columns.iter().find(|(n, _, _)| n == c.as_str());
         let missing = |what: &str, c: &Ident| {
             SourceError::Invalid(format!(
@@ -116,7 +116,10 @@ impl PostgresCursor {
         };
         let mut key = Vec::new();
         for k in &key_names {
-            let (_, ty, _) = find(k).ok_or_else(|| missing("primary key column", k))?;
+            let (_, ty, typname) = find(k).ok_or_else(|| missing("primary key column", k))?;
+            if let Some(p) = self.spec.partition {
+                partition_key_fits(table, p, k, typname, not_null.iter().any(|n| n == k.as_str()))?;
+            }
             key.push((k.clone(), ty.clone()));
         }
 
@@ -182,7 +185,9 @@ impl PostgresCursor {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        if !indexes.iter().any(|ix| ix.len() >= order.len() && ix[..order.len()] == order[..]) {
+        // A partition needs its own index, led by the partition expression: checked on the plan below.
+        let keyset_indexed = indexes.iter().any(|ix| ix.len() >= order.len() && ix[..order.len()] == order[..]);
+        if self.spec.partition.is_none() && !keyset_indexed {
             tracing::warn!(
                 table = %table,
                 "no index on ({}); every batch will scan the table. Create one: CREATE INDEX ON {} ({})",
@@ -197,7 +202,7 @@ impl PostgresCursor {
             "timestamp" => Age::Cursor { with_time_zone: false },
             _ => Age::CommitTimestamp,
         };
-        Ok(Shape {
+        let shape = Shape {
             table: quoted,
             cursor,
             cursor_type,
@@ -207,7 +212,96 @@ impl PostgresCursor {
             inserted: self.options.inserted_column.clone(),
             guard,
             age,
-        })
+            partition: self.spec.partition,
+        };
+        if let Some(p) = self.spec.partition {
+            self.check_partition_index(&shape, p, keyset_indexed).await?;
+        }
+        Ok(shape)
+    }
+
+    /// Asks the planner how a partition's fetch runs, with sequential scans discouraged so any usable index is
+    /// chosen: without an index led by the partition expression the plan filters the other partitions' rows or
+    /// sorts. Warns once per process for a table and partition count (every partition needs the same index),
+    /// with the statement that creates it.
+    async fn check_partition_index(
+        &self,
+        shape: &Shape,
+        p: Partition,
+        keyset_indexed: bool,
+    ) -> Result<(), SourceError> {
+        let table = &self.spec.table;
+        let limit = 100i64;
+        let plan = self.explain(&shape.fetch_first(), &[&limit], true).await?;
+        let Some(check) = sql::PlanCheck::read(&plan) else {
+            tracing::debug!(table = %table, "the plan of a partition's fetch could not be read; index not checked");
+            return Ok(());
+        };
+        if check.is_range_scan() {
+            return Ok(());
+        }
+        let first = {
+            let mut warned = WARNED_PARTITION_INDEX.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            warned.insert((table.to_string(), p.count.get()))
+        };
+        if first {
+            let cost = if keyset_indexed {
+                format!(
+                    "walks the ({}, key) index and reads and discards the other partitions' rows: about {} times the rows of a batch per fetch",
+                    shape.cursor,
+                    p.count
+                )
+            } else {
+                "reads every row of the table and sorts this partition's rows, every batch".to_string()
+            };
+            tracing::warn!(
+                table = %table,
+                partitions = p.count.get(),
+                "no index serves the fetch of {p} of {table}: without one each fetch {cost}. Create it (once for all {} partitions): {}",
+                p.count,
+                shape.partition_index_ddl().unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    /// `EXPLAIN (FORMAT JSON)` of `statement` with `params`, in a transaction that is rolled back;
+    /// `discourage_seqscan` sets `enable_seqscan = off` for it, so the planner shows whether any index serves.
+    async fn explain(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+        discourage_seqscan: bool,
+    ) -> Result<serde_json::Value, SourceError> {
+        let table = &self.spec.table;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| db_error(e, table))?;
+        if discourage_seqscan {
+            tx.batch_execute("SET LOCAL enable_seqscan = off").await.map_err(|e| db_error(e, table))?;
+        }
+        let row = tx
+            .query_one(&format!("EXPLAIN (FORMAT JSON) {statement}"), params)
+            .await
+            .map_err(|e| db_error(e, table))?;
+        // Read-only: nothing to keep, and the rollback also ends the SET LOCAL.
+        let _ = tx.rollback().await;
+        let JsonText(text) = row.get(0);
+        serde_json::from_str(&text)
+            .map_err(|e| SourceError::Unavailable(format!("PostgreSQL returned a plan that is not JSON: {e}")))
+    }
+
+    /// The plan PostgreSQL chooses now for the fetch after `after` (`null`: from the beginning), as
+    /// `EXPLAIN (FORMAT JSON)` gives it: for tests and diagnosis of a partition's index.
+    pub async fn explain_fetch(&self, after: &Position, limit: usize) -> Result<serde_json::Value, SourceError> {
+        let shape = self.shape().await?;
+        let limit = limit as i64;
+        if after.is_null() {
+            return self.explain(&shape.fetch_first(), &[&limit], false).await;
+        }
+        let texts = self.position_texts(shape, after)?;
+        let mut params: Vec<&(dyn ToSql + Sync)> = texts.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+        params.push(&limit);
+        self.explain(&shape.fetch_after(), &params, false).await
     }
 
     /// The texts of a stored position, checked against the key's arity.
@@ -388,6 +482,52 @@ impl Source for PostgresCursor {
         }
         Ok(Lag::Unknown(reason))
     }
+}
+
+/// A `json` value as its text (`EXPLAIN (FORMAT JSON)` answers in type json, whose wire form is its text).
+struct JsonText(String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for JsonText {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Self(std::str::from_utf8(raw)?.to_string()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        matches!(*ty, tokio_postgres::types::Type::JSON | tokio_postgres::types::Type::TEXT)
+    }
+}
+
+/// Tables and partition counts whose missing partition index was already reported by this process.
+static WARNED_PARTITION_INDEX: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A key column of a partitioned function must hash the same in every session and never be NULL: a key whose
+/// hash changes or is NULL would be read by another partition, or by none.
+fn partition_key_fits(
+    table: &crate::ident::TableName,
+    p: Partition,
+    column: &Ident,
+    typname: &str,
+    not_null: bool,
+) -> Result<(), SourceError> {
+    if !sql::PARTITION_KEY_TYPES.contains(&typname) {
+        return Err(SourceError::Invalid(format!(
+            "{table} is read in {} partitions, but its key column {column} is {typname}, whose text form is not IMMUTABLE (it can depend on the session's settings), so a key could hash to different partitions and PostgreSQL refuses to index the partition expression (\"functions in index expression must be marked IMMUTABLE\"). Partition by a key of type {}, name such a unique key in primaryKey, or remove \"partitions\"",
+            p.count,
+            sql::PARTITION_KEY_TYPES.join(", ")
+        )));
+    }
+    if !not_null {
+        return Err(SourceError::Invalid(format!(
+            "{table} is read in {} partitions, but its key column {column} may be NULL, and a row whose key is NULL hashes to no partition and would never be delivered. Declare it NOT NULL (ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL) or name a non-null unique key in primaryKey",
+            p.count,
+            column.pg()
+        )));
+    }
+    Ok(())
 }
 
 /// A failed statement in the source's words: what waiting fixes is `Unavailable`, the rest says what to change.

@@ -4,8 +4,23 @@
 //! `(cursor, pk...)` index as one range scan, so batch N costs the same as batch 1 (the OR-expanded form
 //! `c > $1 OR (c = $1 AND pk > $2)` rescans the index from the start every batch). Positions travel as text
 //! and are cast to the column types read from the catalog, so one code path serves every key type.
+//!
+//! A partition's statements add `<partition expression> = <index>` (see [`Shape::partition_expression`]); with
+//! the index `(<partition expression>, cursor, pk...)` the equality and the row-value keyset together bound one
+//! range of that index, so a partition's fetch stays one range scan whatever the share of the table before it.
 
+use crate::config::Partition;
 use crate::ident::Ident;
+
+/// Key column types whose text form is IMMUTABLE (the same text in every session, whatever its `DateStyle`,
+/// `TimeZone` or `extra_float_digits`), so the partition expression over them can be indexed and a key always
+/// hashes to the same partition. Others are refused for partitioned functions: PostgreSQL would refuse the
+/// index ("functions in index expression must be marked IMMUTABLE"), and a key hashed from a session-dependent
+/// text could land in different partitions for different sessions.
+pub const PARTITION_KEY_TYPES: &[&str] = &["int2", "int4", "int8", "numeric", "text", "varchar", "bpchar", "uuid"];
+
+/// `hashtextextended` returns any `bigint`; clearing the sign bit gives a non-negative value for `%`.
+const SIGN_MASK: &str = "9223372036854775807";
 
 /// How late commits are kept from being skipped.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,9 +59,47 @@ pub struct Shape {
     pub inserted: Option<Ident>,
     pub guard: Guard,
     pub age: Age,
+    /// The partition of the keys this source reads (`None`: every key).
+    pub partition: Option<Partition>,
 }
 
 impl Shape {
+    /// A stable hash of the primary key modulo the partition count:
+    /// `((hashtextextended(<key text>, 0) & 9223372036854775807) % N)`, `<key text>` being `k::text` for one key
+    /// column and `a::text || ',' || b::text` for several. Every part is IMMUTABLE for the key types of
+    /// [`PARTITION_KEY_TYPES`], so PostgreSQL can index it; the count is a literal so the planner matches the
+    /// index expression (a parameter would not). `qualifier` is `"t."` in statements and empty in the index DDL.
+    pub fn partition_expression(&self, count: u32, qualifier: &str) -> String {
+        let text: Vec<String> = self.key.iter().map(|(k, _)| format!("{qualifier}{}::text", k.pg())).collect();
+        format!("((hashtextextended({}, 0) & {SIGN_MASK}) % {count})", text.join(" || ',' || "))
+    }
+
+    /// `<partition expression> = <index>` when this source reads one partition.
+    fn partition_predicate(&self) -> Option<String> {
+        self.partition.map(|p| format!("{} = {}", self.partition_expression(p.count.get(), "t."), p.index))
+    }
+
+    /// The index a partition's fetch needs: the partition expression, then the keyset's columns. Built
+    /// `CONCURRENTLY` so creating it on a busy table does not block writers.
+    pub fn partition_index_ddl(&self) -> Option<String> {
+        let p = self.partition?;
+        let columns: Vec<String> = std::iter::once(self.partition_expression(p.count.get(), ""))
+            .chain(std::iter::once(self.cursor.pg()))
+            .chain(self.key.iter().map(|(k, _)| k.pg()))
+            .collect();
+        Some(format!("CREATE INDEX CONCURRENTLY ON {} ({})", self.table, columns.join(", ")))
+    }
+
+    /// ` WHERE a AND b` from the predicates given (empty when none).
+    fn where_clause(preds: impl IntoIterator<Item = String>) -> String {
+        let preds: Vec<String> = preds.into_iter().collect();
+        if preds.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", preds.join(" AND "))
+        }
+    }
+
     fn order_columns(&self) -> Vec<String> {
         std::iter::once(format!("t.{}", self.cursor.pg()))
             .chain(self.key.iter().map(|(k, _)| format!("t.{}", k.pg())))
@@ -133,13 +186,14 @@ impl Shape {
     /// Changes after a position: parameters are the position texts, then the limit.
     pub fn fetch_after(&self) -> String {
         let n = self.position_arity();
-        let mut preds = vec![format!("({}) > {}", self.order_columns().join(", "), self.position_params(1))];
+        let mut preds: Vec<String> = self.partition_predicate().into_iter().collect();
+        preds.push(format!("({}) > {}", self.order_columns().join(", "), self.position_params(1)));
         preds.extend(self.guard_predicate());
         format!(
-            "SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT ${}",
+            "SELECT {} FROM {}{} ORDER BY {} LIMIT ${}",
             self.select_list(Some(1)),
             self.row_source(),
-            preds.join(" AND "),
+            Self::where_clause(preds),
             self.order_columns().join(", "),
             n + 1
         )
@@ -147,7 +201,7 @@ impl Shape {
 
     /// Changes from the beginning: the only parameter is the limit.
     pub fn fetch_first(&self) -> String {
-        let preds = self.guard_predicate().map(|g| format!(" WHERE {g}")).unwrap_or_default();
+        let preds = Self::where_clause(self.partition_predicate().into_iter().chain(self.guard_predicate()));
         format!(
             "SELECT {} FROM {}{} ORDER BY {} LIMIT $1",
             self.select_list(None),
@@ -161,12 +215,15 @@ impl Shape {
     pub fn fetch_range(&self) -> String {
         let n = self.position_arity();
         let order = self.order_columns().join(", ");
+        let preds = self.partition_predicate().into_iter().chain([
+            format!("({order}) > {}", self.position_params(1)),
+            format!("({order}) <= {}", self.position_params(n + 1)),
+        ]);
         format!(
-            "SELECT {} FROM {} WHERE ({order}) > {} AND ({order}) <= {} ORDER BY {order} LIMIT ${}",
+            "SELECT {} FROM {}{} ORDER BY {order} LIMIT ${}",
             self.select_list(Some(1)),
             self.row_source(),
-            self.position_params(1),
-            self.position_params(n + 1),
+            Self::where_clause(preds),
             2 * n + 1
         )
     }
@@ -175,11 +232,12 @@ impl Shape {
     pub fn fetch_range_first(&self) -> String {
         let n = self.position_arity();
         let order = self.order_columns().join(", ");
+        let preds = self.partition_predicate().into_iter().chain([format!("({order}) <= {}", self.position_params(1))]);
         format!(
-            "SELECT {} FROM {} WHERE ({order}) <= {} ORDER BY {order} LIMIT ${}",
+            "SELECT {} FROM {}{} ORDER BY {order} LIMIT ${}",
             self.select_list(None),
             self.row_source(),
-            self.position_params(1),
+            Self::where_clause(preds),
             n + 1
         )
     }
@@ -190,18 +248,25 @@ impl Shape {
     pub fn newest(&self) -> String {
         let order: Vec<String> = self.order_columns().iter().map(|c| format!("{c} DESC")).collect();
         let texts: Vec<String> = self.order_columns().iter().map(|c| format!("{c}::text")).collect();
-        format!("SELECT {} FROM {} t ORDER BY {} LIMIT 1", texts.join(", "), self.table, order.join(", "))
+        format!(
+            "SELECT {} FROM {} t{} ORDER BY {} LIMIT 1",
+            texts.join(", "),
+            self.table,
+            Self::where_clause(self.partition_predicate()),
+            order.join(", ")
+        )
     }
 
     /// Readable changes after a position (for status); parameters are the position texts.
     pub fn pending_after(&self) -> String {
-        let mut preds = vec![format!("({}) > {}", self.order_columns().join(", "), self.position_params(1))];
+        let mut preds: Vec<String> = self.partition_predicate().into_iter().collect();
+        preds.push(format!("({}) > {}", self.order_columns().join(", "), self.position_params(1)));
         preds.extend(self.guard_predicate());
-        format!("SELECT count(*) FROM {} t WHERE {}", self.table, preds.join(" AND "))
+        format!("SELECT count(*) FROM {} t{}", self.table, Self::where_clause(preds))
     }
 
     pub fn pending_all(&self) -> String {
-        let preds = self.guard_predicate().map(|g| format!(" WHERE {g}")).unwrap_or_default();
+        let preds = Self::where_clause(self.partition_predicate().into_iter().chain(self.guard_predicate()));
         format!("SELECT count(*) FROM {} t{}", self.table, preds)
     }
 
@@ -229,8 +294,44 @@ impl Shape {
                 "EXTRACT(EPOCH FROM now() - pg_xact_commit_timestamp(t.xmin))::float8".into()
             }
         };
-        let filter = after.map(|p| format!(" WHERE {p}")).unwrap_or_default();
+        let filter = Self::where_clause(self.partition_predicate().into_iter().chain(after));
         format!("SELECT {age} FROM {} t{filter} ORDER BY {} LIMIT 1", self.table, self.order_columns().join(", "))
+    }
+}
+
+/// What a fetch's plan (`EXPLAIN (FORMAT JSON)`) says about the partition index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanCheck {
+    /// The partition expression is an index condition (the scan starts at the partition's range).
+    pub expression_indexed: bool,
+    /// The partition expression is checked row by row after reading (a `Filter`: other partitions' rows are
+    /// read and thrown away).
+    pub expression_filtered: bool,
+    /// A sort node: the index does not deliver `(cursor, key)` order within the partition.
+    pub sorts: bool,
+}
+
+impl PlanCheck {
+    /// Reads an `EXPLAIN (FORMAT JSON)` result: `[{"Plan": {...}}]`.
+    pub fn read(explain: &serde_json::Value) -> Option<Self> {
+        let mut check = Self { expression_indexed: false, expression_filtered: false, sorts: false };
+        let mut nodes = vec![explain.as_array()?.first()?.get("Plan")?];
+        while let Some(node) = nodes.pop() {
+            let mentions = |key: &str| {
+                node.get(key).and_then(serde_json::Value::as_str).is_some_and(|c| c.contains("hashtextextended"))
+            };
+            check.expression_indexed |= mentions("Index Cond");
+            check.expression_filtered |= mentions("Filter") || mentions("Recheck Cond");
+            check.sorts |=
+                node.get("Node Type").and_then(serde_json::Value::as_str).is_some_and(|t| t.contains("Sort"));
+            nodes.extend(node.get("Plans").and_then(serde_json::Value::as_array).into_iter().flatten());
+        }
+        Some(check)
+    }
+
+    /// The fetch walks one range of an index in order: the partition's rows only, no sort.
+    pub fn is_range_scan(&self) -> bool {
+        self.expression_indexed && !self.expression_filtered && !self.sorts
     }
 }
 
@@ -244,7 +345,8 @@ fn quote_literal(s: &str) -> String {
 
 /// Catalog queries: the table's oid, columns and primary key. Parameters only, no splicing.
 pub const TABLE_OID: &str = "SELECT to_regclass($1)::oid";
-pub const COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typname::text \
+pub const COLUMNS: &str =
+    "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typname::text, a.attnotnull \
      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 pub const PRIMARY_KEY: &str = "SELECT a.attname::text FROM pg_index i \
@@ -273,6 +375,7 @@ mod tests {
             inserted: Some(id("created")),
             guard,
             age: Age::CommitTimestamp,
+            partition: None,
         }
     }
 
@@ -325,6 +428,81 @@ WHERE (t.\"version\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) ORDER B
             !stamped(true).oldest_after(true).contains("make_interval"),
             "the safety lag does not hide a waiting row"
         );
+    }
+
+    fn partitioned(index: u32, count: u32) -> Shape {
+        let count = std::num::NonZeroU32::new(count).expect("count");
+        Shape { partition: Partition::new(index, count), ..shape(Guard::Xid8) }
+    }
+
+    #[test]
+    fn a_partition_reads_its_keys_by_a_literal_hash_before_the_keyset() {
+        let p = partitioned(2, 4);
+        let expr = "((hashtextextended(t.\"id\"::text, 0) & 9223372036854775807) % 4) = 2";
+        // The equality comes first, then the row-value keyset, then the guard: one range of the partition index
+        assert!(
+            p.fetch_after().contains(&format!(
+                "WHERE {expr} AND (t.\"version\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) AND t.\"version\" < pg_snapshot_xmin"
+            )),
+            "{}",
+            p.fetch_after()
+        );
+        assert!(p.fetch_first().contains(&format!("WHERE {expr} AND t.\"version\" < pg_snapshot_xmin")));
+        assert!(p.fetch_range().contains(&format!("WHERE {expr} AND (t.\"version\", t.\"id\") > ")));
+        assert!(p.fetch_range_first().contains(&format!("WHERE {expr} AND (t.\"version\", t.\"id\") <= ")));
+        assert!(p.newest().contains(&format!("t WHERE {expr} ORDER BY t.\"version\" DESC")));
+        assert!(p.pending_after().contains(&format!("t WHERE {expr} AND (t.\"version\", t.\"id\") > ")));
+        assert!(p
+            .pending_all()
+            .ends_with(&format!("t WHERE {expr} AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot())")));
+        assert!(p.oldest_first(true).contains(&format!("t WHERE {expr} ORDER BY")));
+        assert!(p.oldest_after(true).contains(&format!("t WHERE {expr} AND (t.\"version\", t.\"id\") > ")));
+        // Parameters are unchanged: the count and index are literals, not parameters
+        assert!(p.fetch_after().ends_with("LIMIT $3"));
+        assert!(p.fetch_range().ends_with("LIMIT $5"));
+    }
+
+    #[test]
+    fn an_unpartitioned_source_reads_every_key() {
+        let s = shape(Guard::Xid8);
+        for q in [s.fetch_after(), s.fetch_first(), s.newest(), s.pending_all(), s.oldest_first(true)] {
+            assert!(!q.contains("hashtextextended"), "{q}");
+        }
+        assert_eq!(s.partition_index_ddl(), None);
+    }
+
+    #[test]
+    fn a_composite_key_hashes_its_columns_joined_by_commas_and_the_index_leads_with_the_hash() {
+        let id = |s: &str| Ident::new(s).expect("valid");
+        let p = Shape { key: vec![(id("region"), "text".into()), (id("Id"), "integer".into())], ..partitioned(0, 8) };
+        assert_eq!(
+            p.partition_expression(8, "t."),
+            "((hashtextextended(t.\"region\"::text || ',' || t.\"Id\"::text, 0) & 9223372036854775807) % 8)"
+        );
+        assert_eq!(
+            p.partition_index_ddl().as_deref(),
+            Some("CREATE INDEX CONCURRENTLY ON \"public\".\"orders\" (((hashtextextended(\"region\"::text || ',' || \"Id\"::text, 0) & 9223372036854775807) % 8), \"version\", \"region\", \"Id\")")
+        );
+    }
+
+    #[test]
+    fn a_plan_is_a_range_scan_only_with_the_hash_in_the_index_condition_and_no_sort() {
+        let plan = |p: serde_json::Value| PlanCheck::read(&serde_json::json!([{ "Plan": p }])).expect("a plan");
+        let h = "((hashtextextended((id)::text, '0'::bigint) & '9223372036854775807'::bigint) % '4'::bigint) = 2";
+        let indexed = plan(serde_json::json!({"Node Type": "Limit", "Plans": [
+            {"Node Type": "Index Scan", "Index Cond": format!("(({h}) AND (ROW(version, id) > ROW('5'::xid8, '1'::bigint)))")}
+        ]}));
+        assert!(indexed.is_range_scan(), "{indexed:?}");
+        let filtered = plan(serde_json::json!({"Node Type": "Limit", "Plans": [
+            {"Node Type": "Index Scan", "Index Cond": "(version < pg_snapshot_xmin(pg_current_snapshot()))", "Filter": format!("({h})")}
+        ]}));
+        assert!(!filtered.is_range_scan() && filtered.expression_filtered, "{filtered:?}");
+        let sorted =
+            plan(serde_json::json!({"Node Type": "Limit", "Plans": [{"Node Type": "Incremental Sort", "Plans": [
+                {"Node Type": "Index Scan", "Index Cond": format!("({h})")}
+            ]}]}));
+        assert!(!sorted.is_range_scan() && sorted.sorts, "{sorted:?}");
+        assert_eq!(PlanCheck::read(&serde_json::json!({"not": "a plan"})), None);
     }
 
     #[test]

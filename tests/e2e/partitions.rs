@@ -1,0 +1,292 @@
+//! Partitions of a postgres-cursor function under the Functions host: the folders `handler partitions generate`
+//! writes, each a timer function firing on its schedule under the strict host model while a writer inserts and
+//! updates; every committed version reaches a consumer, each key's in commit order, each partition only its own
+//! keys. Also the start-up check of the partition index and the plan a partition's fetch runs.
+
+use crate::common::{orders_app, shared_blob_store, start, trigger_json, unique_app_name, Orders, FUNCTION};
+use crate::support;
+use serde_json::{json, Value};
+use sql_pseudo_trigger::config::{Env, Partition, SourceSpec};
+use sql_pseudo_trigger::source::postgres::PostgresCursor;
+use sql_pseudo_trigger::state::StateStore;
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const COUNT: u32 = 4;
+
+/// The partition expression of the orders table's key for 4 partitions, as docs/postgres.md gives it.
+const EXPRESSION: &str = "((hashtextextended(id::text, 0) & 9223372036854775807) % 4)";
+
+/// The statement the handler prints when the index is missing, for the orders table and 4 partitions.
+const INDEX_DDL: &str = "CREATE INDEX CONCURRENTLY ON \"public\".\"orders\" (((hashtextextended(\"id\"::text, 0) & 9223372036854775807) % 4), \"version\", \"id\")";
+
+/// Runs `handler partitions generate` on the app folder, as an operator would.
+fn generate(app: &support::AppFolder, count: u32) -> String {
+    let out = std::process::Command::new(support::handler_exe())
+        .args(["partitions", "generate", FUNCTION, &count.to_string(), "--remove-original", "--app-root"])
+        .arg(app.root())
+        .output()
+        .expect("the handler runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "generate failed: {}{stdout}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// The partition PostgreSQL puts each order in.
+async fn partition_of(orders: &Orders) -> BTreeMap<i64, u32> {
+    let rows =
+        orders.db.query(&format!("SELECT id, {EXPRESSION}::int4 FROM orders"), &[]).await.expect("partition query");
+    rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, i32>(1) as u32)).collect()
+}
+
+/// `(id, amount)` of a delivered message (the writer counts versions in `amount`).
+fn version(m: &Value) -> (i64, i64) {
+    let id = m["Item"]["id"].as_i64().unwrap_or_else(|| panic!("no Item.id in {m}"));
+    let amount = m["Item"]["amount"].as_f64().unwrap_or_else(|| panic!("no Item.amount in {m}"));
+    (id, amount as i64)
+}
+
+/// Inserts and updates orders over many keys in small transactions: new keys at version 1, updates adding 1.
+/// Returns every committed `(id, version)`.
+async fn write_orders(url: String, rounds: i64) -> Vec<(i64, i64)> {
+    let db = testbed::embedded::connect(&url).await.expect("writer connects");
+    let mut committed = Vec::new();
+    let mut seed: u64 = 0x5eed;
+    for round in 0..rounds {
+        let new: Vec<i64> = (round * 10 + 1..=round * 10 + 10).collect();
+        db.execute(
+            "INSERT INTO orders (id, customer, amount) SELECT i, 'c' || i, 1 FROM unnest($1::bigint[]) AS i",
+            &[&new],
+        )
+        .await
+        .expect("insert");
+        committed.extend(new.iter().map(|id| (*id, 1)));
+        // Updates of keys written so far, some of them several times over the run.
+        let mut picked = BTreeSet::new();
+        for _ in 0..8 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            picked.insert((seed >> 33) as i64 % (round * 10 + 10) + 1);
+        }
+        let picked: Vec<i64> = picked.into_iter().collect();
+        let rows = db
+            .query("UPDATE orders SET amount = amount + 1 WHERE id = ANY($1) RETURNING id, amount::int8", &[&picked])
+            .await
+            .expect("update");
+        committed.extend(rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1))));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    committed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_partition_functions_on_their_schedules_deliver_every_change_of_their_own_keys_in_key_order() {
+    // GIVEN the orders table with its partition index, and four partition folders generated from one function
+    let orders = Orders::new("partitions").await;
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    let app_name = unique_app_name("partitions");
+    let app = orders_app(&orders, &app_name, json!({"maxBatchSize": 25}), &[]);
+    let printed = generate(&app, COUNT);
+    assert!(printed.contains("OrdersChanged-p3"), "{printed}");
+    let functions: Vec<String> = (0..COUNT).map(|i| format!("{FUNCTION}-p{i}")).collect();
+    let host = start(&app).await;
+
+    // WHEN each partition's timer fires on its schedule (simulated time, as the listener paces it) while a
+    // writer inserts and updates keys concurrently
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let done = Arc::clone(&done);
+        let url = orders.url.clone();
+        tokio::spawn(async move {
+            let committed = write_orders(url, 40).await;
+            done.store(true, Ordering::SeqCst);
+            committed
+        })
+    };
+    let start_at = time::OffsetDateTime::now_utc();
+    let timers = futures::future::join_all(functions.iter().map(|f| {
+        let done = Arc::clone(&done);
+        let host = &host;
+        async move {
+            host.run_schedule(f, start_at, Duration::from_secs(3600), move |firing| {
+                done.load(Ordering::SeqCst) && firing.run.applied.get("changes").is_none_or(Vec::is_empty)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{f} fires: {e}"))
+        }
+    }))
+    .await;
+    let committed = writer.await.expect("writer");
+    let mut by_function: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for (f, paced) in functions.iter().zip(&timers) {
+        assert!(paced.firings.len() > 1, "{f} fired {} times", paced.firings.len());
+        for firing in &paced.firings {
+            assert!(firing.run.succeeded, "{f}: {:?}\n{}", firing.run.attempts.last(), host.output());
+            by_function
+                .entry(f.clone())
+                .or_default()
+                .extend(firing.run.applied.get("changes").cloned().unwrap_or_default());
+        }
+    }
+    // ... and then until the last version of every key is delivered (the xid8 guard may hold the last writes
+    // back while another transaction of the cluster runs)
+    let last: BTreeMap<i64, i64> = committed.iter().fold(BTreeMap::new(), |mut m, (id, v)| {
+        let e = m.entry(*id).or_insert(*v);
+        *e = (*e).max(*v);
+        m
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen: BTreeSet<(i64, i64)> = host.delivered("changes").iter().map(version).collect();
+        if last.iter().all(|(id, v)| seen.contains(&(*id, *v))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not everything delivered within 20 s\n{}", host.output());
+        for f in &functions {
+            let run = host.run_timer(f).await.expect("timer run");
+            assert!(run.succeeded, "{f}: {:?}", run.attempts.last());
+            by_function.entry(f.clone()).or_default().extend(run.applied.get("changes").cloned().unwrap_or_default());
+        }
+    }
+
+    // THEN every key and its last version were delivered, and nothing that was not committed
+    let delivered: Vec<(i64, i64)> = host.delivered("changes").iter().map(version).collect();
+    let delivered_set: BTreeSet<(i64, i64)> = delivered.iter().copied().collect();
+    let committed_set: BTreeSet<(i64, i64)> = committed.iter().copied().collect();
+    assert_eq!(delivered.iter().map(|(id, _)| *id).collect::<BTreeSet<_>>(), last.keys().copied().collect());
+    assert!(
+        delivered_set.is_subset(&committed_set),
+        "delivered versions never committed: {:?}",
+        &delivered_set - &committed_set
+    );
+    let last_set: BTreeSet<(i64, i64)> = last.iter().map(|(id, v)| (*id, *v)).collect();
+    assert!(last_set.is_subset(&delivered_set), "last versions missing: {:?}", &last_set - &delivered_set);
+    // ... each key's versions in commit order (a re-delivered version may come again, never an older one)
+    let mut newest: BTreeMap<i64, i64> = BTreeMap::new();
+    for (id, v) in &delivered {
+        let before = newest.insert(*id, *v).unwrap_or(0);
+        assert!(*v >= before, "order {id}: version {v} delivered after version {before}");
+    }
+    // ... each partition only its own keys, and every partition some
+    let partition = partition_of(&orders).await;
+    for (i, f) in functions.iter().enumerate() {
+        let messages = &by_function[f];
+        assert!(!messages.is_empty(), "{f} delivered nothing");
+        for m in messages {
+            let (id, _) = version(m);
+            assert_eq!(partition[&id], i as u32, "{f} delivered order {id} of partition {}", partition[&id]);
+        }
+    }
+    // ... and each partition's state is its own document under the group's name, the original's absent
+    let store = shared_blob_store();
+    for i in 0..COUNT {
+        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-{COUNT}.json");
+        assert!(store.load(&key).await.expect("state store").is_some(), "no state document {key}");
+    }
+    assert!(store.load(&format!("{app_name}/{FUNCTION}.json")).await.expect("state store").is_none());
+    assert!(!host.output().contains("no index serves"), "{}", host.output());
+}
+
+/// Waits until the handler's start-up check of each of `functions` has finished (passed or failed).
+async fn wait_for_start_up_checks(host: &testbed::driver::HostDriver, functions: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let output = host.output();
+        if output.matches("start-up check").count() >= functions {
+            return output;
+        }
+        assert!(Instant::now() < deadline, "start-up checks not done within 15 s:\n{output}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_partition_index_is_named_once_at_start_up_with_the_statement_that_creates_it() {
+    // GIVEN four partition folders over an orders table that has only the (version, id) index
+    let orders = Orders::new("partition-index").await;
+    orders.insert(1..=50).await;
+    let app = orders_app(&orders, &unique_app_name("partition-index"), json!({}), &[]);
+    generate(&app, COUNT);
+
+    // WHEN the handler starts
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+
+    // THEN one warning (not one per partition) names the statement and what a fetch costs without it
+    assert_eq!(output.matches("no index serves").count(), 1, "{output}");
+    assert_eq!(output.matches(INDEX_DDL).count(), 1, "{output}");
+    assert!(output.contains("about 4 times the rows of a batch"), "{output}");
+    assert_eq!(
+        output.matches("start-up check passed").count(),
+        COUNT as usize,
+        "the check warns, never refuses:\n{output}"
+    );
+    host.terminate().await.expect("stops");
+
+    // WHEN the index exists and the handler starts again
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+    // THEN no warning
+    assert!(!output.contains("no index serves"), "{output}");
+}
+
+/// The partition source of the orders table as the handler builds it.
+fn partition_source(orders: &Orders, index: u32) -> PostgresCursor {
+    let env = Env::from_pairs([("PostgresConnectionString".to_string(), orders.url.clone())]);
+    let mut spec = SourceSpec::from_json(&trigger_json(json!({})), &env).unwrap_or_else(|e| panic!("spec: {e}"));
+    spec.partition = Partition::new(index, NonZeroU32::new(COUNT).expect("count"));
+    PostgresCursor::new(spec, &Default::default()).expect("source")
+}
+
+/// Every node of a plan, depth first.
+fn nodes(plan: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    let mut stack = vec![&plan[0]["Plan"]];
+    while let Some(n) = stack.pop() {
+        out.push(n);
+        stack.extend(n.get("Plans").and_then(Value::as_array).into_iter().flatten());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_partition_index_a_partition_fetch_is_one_index_range_scan_without_sort() {
+    // GIVEN 20,000 orders, analyzed, and the partition index
+    let orders = Orders::new("partition-plan").await;
+    orders.insert(1..=20_000).await;
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    orders.db.batch_execute("ANALYZE orders").await.expect("analyze");
+    let source = partition_source(&orders, 2);
+    let row = orders
+        .db
+        .query_one("SELECT version::text, id::text FROM orders ORDER BY version, id OFFSET 9000 LIMIT 1", &[])
+        .await
+        .expect("a position");
+    let after = json!([row.get::<_, String>(0), row.get::<_, String>(1)]);
+
+    // WHEN PostgreSQL plans the fetch after a position in the middle of the table, and the first fetch
+    for (what, position, keyset) in [("after a position", after, true), ("from the beginning", Value::Null, false)] {
+        let plan = source.explain_fetch(&position, 100).await.unwrap_or_else(|e| panic!("explain: {e}"));
+        let all = nodes(&plan);
+        // THEN one index scan of the partition index bounds the partition and (after a position) the row-value
+        // keyset in its Index Cond, with no filter on the partition and no sort above it
+        let scan = all
+            .iter()
+            .find(|n| n["Node Type"] == "Index Scan")
+            .unwrap_or_else(|| panic!("{what}: no index scan in {plan:#}"));
+        let cond = scan["Index Cond"].as_str().unwrap_or_default();
+        assert!(cond.contains("hashtextextended"), "{what}: partition not in the Index Cond: {plan:#}");
+        if keyset {
+            assert!(cond.contains("ROW(version, id) >"), "{what}: keyset not in the Index Cond: {plan:#}");
+        }
+        assert!(
+            !scan.get("Filter").and_then(Value::as_str).unwrap_or_default().contains("hashtextextended"),
+            "{what}: {plan:#}"
+        );
+        assert!(!all.iter().any(|n| n["Node Type"].as_str().unwrap_or_default().contains("Sort")), "{what}: {plan:#}");
+        assert!(!all.iter().any(|n| n["Node Type"] == "Seq Scan"), "{what}: {plan:#}");
+    }
+}

@@ -87,6 +87,8 @@ fn predicates(
         params.extend(upto);
     }
     preds.extend(shape.guard_predicate());
+    // A partition's backfill walks only its own keys, as its live fetches do.
+    preds.extend(shape.partition_predicate());
     if let Some((column, is_bool)) = &shape.soft_delete {
         preds.push(if *is_bool {
             format!("t.{} IS NOT TRUE", column.pg())
@@ -248,6 +250,7 @@ mod tests {
             inserted: None,
             guard: Guard::Xid8,
             age: Age::CommitTimestamp,
+            partition: None,
         }
     }
 
@@ -291,6 +294,15 @@ AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS
             e.sql
         );
         assert!(!e.sql.contains("ORDER BY") && !e.sql.contains("LIMIT"), "{}", e.sql);
+    }
+
+    #[test]
+    fn a_partitions_chunk_reads_only_its_keys() {
+        let partition = crate::config::Partition::new(1, std::num::NonZeroU32::new(4).expect("4"));
+        let s = Shape { partition, ..shape() };
+        let c = chunk(&s, "900", None, None, None);
+        let expected = format!("{} = 1", s.partition_expression(4, "t."));
+        assert!(c.sql.contains(&format!("AND {expected} AND")), "{}", c.sql);
     }
 
     #[test]

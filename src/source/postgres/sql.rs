@@ -75,7 +75,7 @@ impl Shape {
     }
 
     /// `<partition expression> = <index>` when this source reads one partition.
-    fn partition_predicate(&self) -> Option<String> {
+    pub(super) fn partition_predicate(&self) -> Option<String> {
         self.partition.map(|p| format!("{} = {}", self.partition_expression(p.count.get(), "t."), p.index))
     }
 

@@ -24,6 +24,9 @@ pub(super) struct Chunk {
     pub params: Vec<String>,
 }
 
+/// A filter and how to find each of its columns' types.
+pub(super) type Bound<'a> = (&'a Filter, &'a dyn Fn(&Ident) -> Option<String>);
+
 /// `(($n::text)::type, ...)` for the key's columns from parameter `first`.
 fn key_params(shape: &Shape, first: usize) -> String {
     let parts: Vec<String> =
@@ -43,7 +46,7 @@ pub(super) fn chunk(
     bound: &str,
     after: Option<Vec<String>>,
     upto: Option<Vec<String>>,
-    filter: Option<(&Filter, &dyn Fn(&Ident) -> Option<String>)>,
+    filter: Option<Bound<'_>>,
 ) -> Chunk {
     let (preds, params) = predicates(shape, bound, after, upto, filter);
     let keys = key_columns(shape);
@@ -58,11 +61,7 @@ pub(super) fn chunk(
 }
 
 /// The count of the rows a backfill will deliver (what `chunk` walks from the beginning): its estimate.
-pub(super) fn estimate(
-    shape: &Shape,
-    bound: &str,
-    filter: Option<(&Filter, &dyn Fn(&Ident) -> Option<String>)>,
-) -> Chunk {
+pub(super) fn estimate(shape: &Shape, bound: &str, filter: Option<Bound<'_>>) -> Chunk {
     let (preds, params) = predicates(shape, bound, None, None, filter);
     Chunk { sql: format!("SELECT count(*) FROM {} t WHERE {preds}", shape.table), params }
 }
@@ -73,7 +72,7 @@ fn predicates(
     bound: &str,
     after: Option<Vec<String>>,
     upto: Option<Vec<String>>,
-    filter: Option<(&Filter, &dyn Fn(&Ident) -> Option<String>)>,
+    filter: Option<Bound<'_>>,
 ) -> (String, Vec<String>) {
     let mut params = vec![bound.to_string()];
     let mut preds = vec![format!("t.{} <= ($1::text)::{}", shape.cursor.pg(), shape.cursor_type)];

@@ -14,6 +14,8 @@
 //!
 //! A partitioned function answers `GET /{fn}/status` by its own name (its `partitionGroup`) with each
 //! partition and the totals; every other action names one partition trigger (`{fn}-p{i}`).
+//!
+//! `POST /{fn}/backfill[?where=<filter>]` · `POST /{fn}/backfill/pause|resume|cancel`.
 
 use crate::app::{App, ScaleUnit};
 use crate::engine::scale::{group_status, target_replicas};
@@ -196,6 +198,10 @@ const ROUTES: &[&str] = &[
     "GET /{function}/quarantine/{batch}",
     "POST /{function}/quarantine/{batch}/retry",
     "GET /scale",
+    "POST /{function}/backfill?where=<filter>",
+    "POST /{function}/backfill/pause",
+    "POST /{function}/backfill/resume",
+    "POST /{function}/backfill/cancel",
 ];
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use crate::app::App;
 use crate::clock::SystemClock;
 use crate::config::{AppConfig, ConfigErrors, Env, Mode};
 use crate::engine::repartition::{Repartition, RepartitionError, Request};
-use crate::ops::{self, Action, OpsError, ResetTo};
+use crate::ops::{self, Action, BackfillControl, OpsError, ResetTo};
 use clap::Subcommand;
 use serde_json::Value;
 use std::num::NonZeroU32;
@@ -40,6 +40,21 @@ pub enum StateCommand {
         /// A position such as '["1042","17"]' (`null` for the beginning).
         #[arg(long)]
         from: String,
+    },
+    /// Deliver the rows that exist (in key order, in chunks, beside live changes), or pause, resume or cancel
+    /// the open backfill. docs/operations.md, "Backfill".
+    Backfill {
+        function: String,
+        /// Only rows matching this filter: column comparisons with literals, AND/OR, IS [NOT] NULL, [NOT] IN,
+        /// e.g. "region = 'eu' AND total > 100".
+        #[arg(long = "where", conflicts_with_all = ["pause", "resume", "cancel"])]
+        filter: Option<String>,
+        #[arg(long, conflicts_with_all = ["resume", "cancel"])]
+        pause: bool,
+        #[arg(long, conflicts_with = "cancel")]
+        resume: bool,
+        #[arg(long)]
+        cancel: bool,
     },
     /// Quarantined (poison) batches.
     Quarantine {
@@ -140,6 +155,15 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
             (function, Action::Reset { to: ResetTo::parse(&to)?, confirm })
         }
         StateCommand::Replay { function, from } => (function, Action::Replay { from: ops::position(&from, "--from")? }),
+        StateCommand::Backfill { function, filter, pause, resume, cancel } => {
+            let action = match (pause, resume, cancel) {
+                (true, _, _) => Action::Backfill(BackfillControl::Pause),
+                (_, true, _) => Action::Backfill(BackfillControl::Resume),
+                (_, _, true) => Action::Backfill(BackfillControl::Cancel),
+                _ => Action::BackfillStart { filter },
+            };
+            (function, action)
+        }
         StateCommand::Quarantine { command } => match command {
             QuarantineCommand::List { function } => (function, Action::QuarantineList),
             QuarantineCommand::Show { function, batch_id } => (function, Action::QuarantineShow { batch_id }),

@@ -2,7 +2,7 @@
 //! one [`Action`], which [`Trigger::operate`] applies (`engine/operate.rs`: each action one compare-and-swap
 //! write of the state document, logged with who asked).
 
-pub use crate::engine::operate::{Action, OpsError, ResetTo, Status};
+pub use crate::engine::operate::{Action, BackfillControl, OpsError, ResetTo, Status};
 
 use crate::engine::Trigger;
 use crate::source::Position;
@@ -33,6 +33,10 @@ impl Action {
             ("GET", ["quarantine"]) => Self::QuarantineList,
             ("GET", ["quarantine", id]) => Self::QuarantineShow { batch_id: batch(id)? },
             ("POST", ["quarantine", id, "retry"]) => Self::QuarantineRetry { batch_id: batch(id)? },
+            ("POST", ["backfill"]) => Self::BackfillStart { filter: q("where").cloned() },
+            ("POST", ["backfill", "pause"]) => Self::Backfill(BackfillControl::Pause),
+            ("POST", ["backfill", "resume"]) => Self::Backfill(BackfillControl::Resume),
+            ("POST", ["backfill", "cancel"]) => Self::Backfill(BackfillControl::Cancel),
             _ => return Ok(None),
         }))
     }

@@ -17,6 +17,10 @@ pub enum StartFrom {
     Earliest,
     /// Only changes made after the first tick.
     Now,
+    /// The rows that exist when the function first runs, delivered by a backfill (docs/operations.md,
+    /// "Backfill"), and every change after them (postgres-cursor; SQL Server change tracking reads the option
+    /// itself and starts from `Earliest`).
+    Snapshot,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -220,14 +224,18 @@ pub(super) fn source_spec(
         // The SQL Server change-tracking source walks the table first, then follows changes; it reads the
         // option itself, and to the engine the start is "before everything".
         Some("snapshot") if kind == SourceKind::MssqlChangeTracking => StartFrom::Earliest,
+        Some("snapshot") if kind == SourceKind::PostgresCursor => StartFrom::Snapshot,
         Some("snapshot") => {
-            problem("startFrom", "snapshot is available for mssql-change-tracking only; use earliest or now".into());
+            problem(
+                "startFrom",
+                "snapshot is available for postgres-cursor and mssql-change-tracking only; use earliest or now".into(),
+            );
             StartFrom::Earliest
         }
         Some(other) => {
             problem(
                 "startFrom",
-                format!("{other:?} is not a start; use earliest, now or (SQL Server change tracking) snapshot"),
+                format!("{other:?} is not a start; use earliest, now or (postgres-cursor, SQL Server change tracking) snapshot"),
             );
             StartFrom::Earliest
         }

@@ -9,6 +9,8 @@
 //! 4. One conditional write records all of it (nothing to record, no write). Only then does this process
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
+use super::backfill;
+use super::decide::backfill::Turn;
 use super::decide::{self, Answered, Next, Sent};
 use super::error::TickError;
 use super::ledger::Ledger;
@@ -169,7 +171,7 @@ async fn owed_reply(
         "nobody would report a failure of its last answer".to_string()
     };
     sent.answered(attempt, tick.now);
-    tick.doc.count_answer_again();
+    tick.doc.count_answer_again(&sent.range);
     let batch_id = sent.range.batch_id;
     Ok(Some(Reply { batch_id, changes, kind: OutcomeKind::Redelivered, why: Some(why) }))
 }
@@ -191,14 +193,34 @@ async fn retry_reply(
     Ok(Reply { batch_id, changes, kind: OutcomeKind::Delivered, why })
 }
 
-/// Nothing owed nor queued: the next batch after the span, from `from`.
+/// Nothing owed nor queued: the next batch, live changes after the span (from `from`) or a backfill's chunk
+/// after the chunks answered (`decide::backfill` shares the ticks).
 async fn fetch_reply(
     tick: &mut Tick<'_>,
     answered: &mut Answered,
     attempt: &Attempt,
     from: Position,
 ) -> Result<Option<Reply>, TickError> {
-    let mut fetched = tick.trigger.source.fetch(&from, tick.trigger.config.settings.max_batch_size).await?;
+    let turn = backfill::turn(tick);
+    // Chunks of this backfill answered and not yet proven: the next starts after the last of them.
+    let current = tick.doc.backfill.as_ref().map(|b| b.id.clone());
+    let ours = |s: &&Arc<Sent>| s.range.backfill.is_some() && s.range.backfill == current;
+    let unproven = answered.chunks.iter().rfind(ours).map(|s| s.range.to.clone());
+    let after = unproven.clone().or_else(|| tick.doc.backfill.as_ref().map(|b| b.after.clone())).unwrap_or_default();
+    let first = match turn {
+        Turn::ChunkThenLive => backfill::next_chunk(tick, &after, unproven.is_some()).await?,
+        _ => None,
+    };
+    let (mut fetched, mut chunk) = match first {
+        Some((fetched, id)) => (fetched, Some(id)),
+        None => (tick.trigger.source.fetch(&from, tick.trigger.config.settings.max_batch_size).await?, None),
+    };
+    if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
+        if let Some((read, id)) = backfill::next_chunk(tick, &after, unproven.is_some()).await? {
+            fetched = read;
+            chunk = Some(id);
+        }
+    }
     if fetched.changes.is_empty() {
         if let Some(advance) = fetched.advance.take().filter(|_| answered.is_empty()) {
             tick.dirty |= tick.doc.advance_quiet(advance, tick.now, ADVANCE_EVERY);
@@ -207,10 +229,20 @@ async fn fetch_reply(
     }
     failpoint::hit("after-fetch");
     let to = fetched.last.clone().unwrap_or(Position::Null);
-    let range = BatchRange::new(tick.doc.allocate_batch_id(), from, to, fetched.changes.len() as u64);
-    let batch_id = range.batch_id;
-    answered.span.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
-    Ok(Some(Reply { batch_id, changes: fetched.changes, kind: OutcomeKind::Delivered, why: None }))
+    let (batch_id, rows) = (tick.doc.allocate_batch_id(), fetched.changes.len() as u64);
+    backfill::served(tick, chunk.is_some());
+    match &chunk {
+        Some(id) => {
+            let range = BatchRange::chunk(batch_id, after, to, rows, id);
+            answered.chunks.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
+        }
+        None => {
+            let range = BatchRange::new(batch_id, from, to, rows);
+            answered.span.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
+        }
+    }
+    let why = chunk.map(|id| format!("it is a chunk of backfill {id}"));
+    Ok(Some(Reply { batch_id, changes: fetched.changes, kind: OutcomeKind::Delivered, why }))
 }
 
 /// Each batch's range and whether it was settled (quarantined) already, as the document acknowledges them.

@@ -23,6 +23,7 @@
 //! sink. What the process remembers between ticks (the document it wrote last, the batches it answered, a batch
 //! fetched ahead or chained) is one [`Memory`], held by the tick lock, so one tick at a time reads and changes it.
 
+mod backfill;
 pub mod decide;
 pub mod document;
 mod error;
@@ -230,8 +231,7 @@ impl Trigger {
             if let Some((doc, etag)) = self.load().await? {
                 return self.run_on(memory, doc, Some(etag), mode).await;
             }
-            let start = self.source.start_position(self.config.source.start_from).await?;
-            return self.run_on(memory, Tick::new_doc(self, start), None, mode).await;
+            return self.run_on(memory, backfill::first_doc(self).await?, None, mode).await;
         };
         let out = match self.run_on(memory, doc, Some(etag.clone()), mode).await {
             // A refusal read off the remembered document (a halt this process recorded, say) is decided again on
@@ -265,10 +265,7 @@ impl Trigger {
                 out.logs.insert(0, line.to_string());
                 Ok(out)
             }
-            None => {
-                let start = self.source.start_position(self.config.source.start_from).await?;
-                self.run_on(memory, Tick::new_doc(self, start), None, mode).await
-            }
+            None => self.run_on(memory, backfill::first_doc(self).await?, None, mode).await,
         }
     }
 

@@ -87,6 +87,20 @@ pub enum Action {
     QuarantineRetry {
         batch_id: u64,
     },
+    /// Starts a backfill of the rows that exist, optionally filtered (docs/operations.md, "Backfill").
+    BackfillStart {
+        filter: Option<String>,
+    },
+    /// Pauses, resumes or cancels the open backfill.
+    Backfill(BackfillControl),
+}
+
+/// What an operator does to an open backfill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackfillControl {
+    Pause,
+    Resume,
+    Cancel,
 }
 
 impl Trigger {
@@ -113,6 +127,8 @@ impl Trigger {
             Action::QuarantineList => quarantine_list(self).await,
             Action::QuarantineShow { batch_id } => quarantine_show(self, batch_id).await,
             Action::QuarantineRetry { batch_id } => quarantine_retry(self, batch_id, who).await,
+            Action::BackfillStart { filter } => backfill_start(self, filter, who).await,
+            Action::Backfill(control) => backfill_control(self, control, who).await,
         }
     }
 
@@ -178,6 +194,9 @@ pub struct Status {
     /// The partition this trigger serves, and who holds its lease; absent for an unpartitioned function.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionView>,
+    /// The current or last backfill and its progress (see [`backfill_progress`]); absent when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<Value>,
 }
 
 /// Which partition of which function a partition trigger serves, and who delivers it.
@@ -319,7 +338,63 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
                 partition_owner: None,
             }
         }),
+        backfill: doc.as_ref().and_then(|d| d.backfill.as_ref()).map(|b| backfill_progress(b, now)),
     })
+}
+
+// -- Backfill (docs/operations.md, "Backfill") -------------------------------------------------------------------
+
+/// A backfill's progress for status: rows done, rows estimated, the rate since it started, and the time to
+/// finish at that rate.
+pub fn backfill_progress(b: &super::document::Backfill, now: time::OffsetDateTime) -> Value {
+    let end = b.finished_at.unwrap_or(now);
+    let seconds = (end - b.started_at).as_seconds_f64().max(0.0);
+    let rate = (seconds > 0.0).then(|| b.rows as f64 / seconds);
+    let left = b.estimate.map(|e| e.saturating_sub(b.rows));
+    let seconds_to_finish = match (b.state, left, rate) {
+        (super::document::BackfillState::Done | super::document::BackfillState::Cancelled, _, _) => Some(0.0),
+        (_, Some(0), _) => Some(0.0),
+        (_, Some(left), Some(rate)) if rate > 0.0 => Some(left as f64 / rate),
+        _ => None,
+    };
+    json!({
+        "id": b.id, "state": b.state, "filter": b.filter, "rows_done": b.rows, "rows_estimated": b.estimate,
+        "chunks": b.chunks, "chunks_redone": b.redone, "after": b.after,
+        "rows_per_second": rate, "seconds_to_finish": seconds_to_finish,
+        "started_at": b.started_at.format(&time::format_description::well_known::Rfc3339).ok(),
+        "started_by": b.started_by,
+        "finished_at": b.finished_at.and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()),
+    })
+}
+
+/// Starts a backfill bounded by the current checkpoint: one conditional write; refused while one is open.
+async fn backfill_start(t: &Trigger, filter: Option<String>, who: &str) -> Result<Value, OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    let now = t.ledger.clock().now();
+    let b =
+        super::backfill::plan(t, &doc.checkpoint, filter, &format!("operator {who}"), now).await.map_err(
+            |e| match e {
+                TickError::Source(SourceError::Invalid(m)) => OpsError::Invalid(m),
+                other => OpsError::Tick(other),
+            },
+        )?;
+    doc.start_backfill(b.clone()).map_err(OpsError::Invalid)?;
+    save(t, &mut doc, Some(&etag), who, "backfill start").await?;
+    Ok(json!({ "function": t.name(), "backfill": backfill_progress(&b, now) }))
+}
+
+async fn backfill_control(t: &Trigger, control: BackfillControl, who: &str) -> Result<Value, OpsError> {
+    let (mut doc, etag) = load(t).await?;
+    let now = t.ledger.clock().now();
+    let (result, action) = match control {
+        BackfillControl::Pause => (doc.pause_backfill(true), "backfill pause"),
+        BackfillControl::Resume => (doc.pause_backfill(false), "backfill resume"),
+        BackfillControl::Cancel => (doc.cancel_backfill(now), "backfill cancel"),
+    };
+    result.map_err(OpsError::Invalid)?;
+    save(t, &mut doc, Some(&etag), who, action).await?;
+    let progress = doc.backfill.as_ref().map(|b| backfill_progress(b, now));
+    Ok(json!({ "function": t.name(), "backfill": progress }))
 }
 
 /// Moves the checkpoint, drops the batch in flight and the queue of quarantined batches to retry, clears a halt,

@@ -68,6 +68,8 @@ pub(super) struct Memory {
     pub(super) lineage: Option<decide::Lineage>,
     /// Sink delivery: the batch recorded in flight by the previous tick's acknowledgement, to deliver next.
     pub(super) chained: Option<Chained>,
+    /// Live batches served in a row since the last backfill chunk (`decide::backfill`).
+    pub(super) live_in_a_row: u32,
 }
 
 /// The trigger of one function: its configuration, source, ledger and delivery, and this process's memory of

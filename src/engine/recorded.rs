@@ -3,6 +3,8 @@
 //! acknowledges before answering (the mode's at-most-once promise). A batch found in flight (a sink tick that
 //! did not finish, another instance's) is always delivered again, unless it is poison.
 
+use super::backfill;
+use super::decide::backfill::Turn;
 use super::decide::{self, Stuck};
 use super::document::InFlight;
 use super::error::TickError;
@@ -38,23 +40,40 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
     }
 
     // A quarantined batch an operator asked to retry goes before new changes; it does not move the checkpoint,
-    // which passed it when it was quarantined.
+    // which passed it when it was quarantined. Then live changes and a backfill's chunks share the tick
+    // (`decide::backfill`); nothing is in flight here, so a chunk read that finds nothing ends the backfill.
     let mut fetched_advance = None;
-    let (fetched, from, quarantined) = match tick.doc.take_quarantine_retry() {
+    let (fetched, from, quarantined, chunk) = match tick.doc.take_quarantine_retry() {
         Some(batch_id) => {
             tick.dirty = true;
             let key = tick.trigger.ledger.quarantine_key(batch_id);
             let (q, changes) = tick.trigger.ledger.load_quarantined_batch(&key).await?;
-            (Fetched { changes, last: Some(q.to.clone()), advance: None }, q.from, Some(key))
+            (Fetched { changes, last: Some(q.to.clone()), advance: None }, q.from, Some(key), None)
         }
         None => {
-            let checkpoint = tick.doc.checkpoint.clone();
-            let mut fetched = match take_ahead(tick, &checkpoint) {
-                Some(fetched) => fetched,
-                None => tick.trigger.source.fetch(&checkpoint, settings.max_batch_size).await?,
+            let turn = backfill::turn(tick);
+            let after = tick.doc.backfill.as_ref().map(|b| b.after.clone()).unwrap_or_default();
+            let first = match turn {
+                Turn::ChunkThenLive => backfill::next_chunk(tick, &after, false).await?,
+                _ => None,
             };
+            let checkpoint = tick.doc.checkpoint.clone();
+            let (mut fetched, mut chunk) = match first {
+                Some((fetched, id)) => (fetched, Some(id)),
+                None => match take_ahead(tick, &checkpoint) {
+                    Some(fetched) => (fetched, None),
+                    None => (tick.trigger.source.fetch(&checkpoint, settings.max_batch_size).await?, None),
+                },
+            };
+            if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
+                if let Some((read, id)) = backfill::next_chunk(tick, &after, false).await? {
+                    fetched = read;
+                    chunk = Some(id);
+                }
+            }
             fetched_advance = fetched.advance.take();
-            (fetched, checkpoint, None)
+            let from = if chunk.is_some() { after } else { checkpoint };
+            (fetched, from, None, chunk)
         }
     };
     if fetched.changes.is_empty() {
@@ -66,7 +85,11 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
     }
     failpoint::hit("after-fetch");
     let last = fetched.last.clone().unwrap_or(Position::Null);
-    let range = BatchRange::new(tick.doc.allocate_batch_id(), from, last, fetched.changes.len() as u64);
+    let (id, rows) = (tick.doc.allocate_batch_id(), fetched.changes.len() as u64);
+    let range = match &chunk {
+        Some(backfill) => BatchRange::chunk(id, from, last, rows, backfill),
+        None => BatchRange::new(id, from, last, rows),
+    };
     let flight = InFlight { quarantined, ..InFlight::first_delivery(range, &tick.trigger.owner, tick.now) };
     let batch_id = flight.range.batch_id;
     record_delivery(tick, flight, ack);
@@ -74,7 +97,13 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         return Ok(());
     }
     failpoint::hit("after-commit");
-    let line = format!("delivering batch {batch_id} with {} change(s)", fetched.changes.len());
+    backfill::served(tick, chunk.is_some());
+    let line = match &chunk {
+        Some(id) => {
+            format!("delivering batch {batch_id}, a chunk of backfill {id}, with {} row(s)", fetched.changes.len())
+        }
+        None => format!("delivering batch {batch_id} with {} change(s)", fetched.changes.len()),
+    };
     tick.answer(OutcomeKind::Delivered, batch_id, fetched.changes, line);
     Ok(())
 }

@@ -209,6 +209,9 @@ impl<'a> Tick<'a> {
             return Ok(self.trigger.ledger.load_quarantined_batch(key).await?.1);
         }
         let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
+        if range.backfill.is_some() {
+            return Ok(super::backfill::reread(self.trigger, &self.doc, range, limit).await?.changes);
+        }
         Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)
     }
 

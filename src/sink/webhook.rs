@@ -162,7 +162,7 @@ mod tests {
     }
 
     /// Batch 7 (its positions do not matter to a webhook).
-    static RANGE: BatchRange = BatchRange { batch_id: 7, from: Value::Null, to: Value::Null, rows: 2 };
+    static RANGE: BatchRange = BatchRange { batch_id: 7, from: Value::Null, to: Value::Null, rows: 2, backfill: None };
 
     fn batch(changes: &[Change]) -> SinkBatch<'_> {
         SinkBatch { app: "shop", function: "OrdersChanged", fence: 3, changes, range: &RANGE }

@@ -14,6 +14,7 @@
 //! - `pending` and `oldest_pending_age` are for status only: they are never called on a tick's path, and each
 //!   must cost one bounded query (a count, or the first row of the keyset range), not a walk of the backlog.
 
+pub mod filter;
 pub mod mssql;
 pub mod postgres;
 pub mod postgres_logical;
@@ -21,6 +22,7 @@ pub mod postgres_logical;
 use crate::change::Change;
 use crate::config::SourceSpec;
 use crate::ident::Ident;
+pub use filter::Filter;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -42,12 +44,46 @@ pub struct BatchRange {
     /// ...up to this one (inclusive).
     pub to: Position,
     pub rows: u64,
+    /// Set when the batch is a chunk of a backfill (the rows that already exist, docs/operations.md
+    /// "Backfill"): the backfill's id. `from` and `to` are then positions of the backfill's key walk
+    /// ([`Source::backfill_chunk`]), not of the change stream, and acknowledging the batch moves the backfill,
+    /// not the checkpoint. Absent in every live batch (and in documents written before backfills existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<String>,
 }
 
 impl BatchRange {
     pub fn new(batch_id: u64, from: Position, to: Position, rows: u64) -> Self {
-        Self { batch_id, from, to, rows }
+        Self { batch_id, from, to, rows, backfill: None }
     }
+
+    /// A chunk of backfill `id`.
+    pub fn chunk(batch_id: u64, from: Position, to: Position, rows: u64, id: &str) -> Self {
+        Self { backfill: Some(id.to_string()), ..Self::new(batch_id, from, to, rows) }
+    }
+
+    /// Another batch of the same kind (live, or a chunk of the same backfill).
+    pub fn like(&self, batch_id: u64, from: Position, to: Position, rows: u64) -> Self {
+        Self { backfill: self.backfill.clone(), ..Self::new(batch_id, from, to, rows) }
+    }
+}
+
+/// What a backfill reads under, fixed when it starts ([`Source::backfill_start`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackfillPlan {
+    /// Source-owned: what every chunk of this backfill is bounded by (postgres-cursor: the live checkpoint's
+    /// cursor when the backfill started). `Null`: there is nothing to backfill (the live path delivers every
+    /// row, or the table is empty).
+    pub bound: Position,
+    /// How many rows the backfill is expected to deliver (the table changes meanwhile), when known.
+    pub estimate: Option<u64>,
+}
+
+/// The error of a source that cannot backfill, naming the ones that can.
+pub fn cannot_backfill(name: &str) -> SourceError {
+    SourceError::Invalid(format!(
+        "{name} cannot backfill (yet): only postgres-cursor sources can; see docs/operations.md, \"Backfill\""
+    ))
 }
 
 /// Where a function starts when it has no state yet: configuration, read by `config`, answered by sources.
@@ -132,6 +168,33 @@ pub trait Source: Send + Sync + fmt::Debug {
     async fn acknowledged(&self, checkpoint: &Position) -> Result<(), SourceError> {
         let _ = checkpoint;
         Ok(())
+    }
+    /// Starts a backfill (docs/operations.md "Backfill") while the live checkpoint is `checkpoint`: checks the
+    /// filter against the table and answers the bound every chunk reads under, stored in the state document.
+    /// The rule that makes chunks and live changes agree is the source's (docs/architecture.md, "Backfill").
+    /// Default: this source cannot backfill, and the error names the ones that can.
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        let _ = (checkpoint, filter);
+        Err(cannot_backfill(&self.name()))
+    }
+    /// Up to `limit` rows of the backfill started with `bound`, after key position `after` (`Null`: from the
+    /// first key) and, when re-reading a chunk delivered before, up to `upto` (inclusive); in key order, as
+    /// they are now, each an insert (operation 0). `Fetched::last` is the last row's key position. Reads in
+    /// one statement: nothing is held open between chunks.
+    async fn backfill_chunk(
+        &self,
+        bound: &Position,
+        after: &Position,
+        upto: Option<&Position>,
+        filter: Option<&Filter>,
+        limit: usize,
+    ) -> Result<Fetched, SourceError> {
+        let _ = (bound, after, upto, filter, limit);
+        Err(cannot_backfill(&self.name()))
     }
     /// What the source wants an operator to see in status beside pending and lag (a slot's retained WAL).
     async fn health(&self) -> Result<Option<Value>, SourceError> {

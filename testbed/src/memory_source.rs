@@ -29,6 +29,8 @@ struct Inner {
     /// Fault injection: the next N fetches fail as if the database were down.
     failures: u32,
     fetches: u64,
+    /// Every backfill chunk read: its `after` and `upto`.
+    chunk_reads: Vec<(Position, Option<Position>)>,
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +41,11 @@ pub struct MemorySource {
 impl MemorySource {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Every backfill chunk read so far: `(after, upto)`.
+    pub fn chunk_reads(&self) -> Vec<(Position, Option<Position>)> {
+        self.inner.lock().expect("memory source lock").chunk_reads.clone()
     }
 
     /// Starts a transaction and returns its version; its writes are invisible until [`Self::commit`].
@@ -174,7 +181,9 @@ impl Source for MemorySource {
     async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
         match from {
             StartFrom::Earliest => Ok(Position::Null),
-            StartFrom::Now => Ok(self.read(&Position::Null, None, usize::MAX)?.last.unwrap_or(Position::Null)),
+            StartFrom::Now | StartFrom::Snapshot => {
+                Ok(self.read(&Position::Null, None, usize::MAX)?.last.unwrap_or(Position::Null))
+            }
         }
     }
 
@@ -184,6 +193,44 @@ impl Source for MemorySource {
 
     async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError> {
         self.read(after, Some(upto), limit)
+    }
+
+    /// The cursor source's rule over this table: bound = the checkpoint's version; a chunk holds the committed,
+    /// not deleted rows whose version is at most the bound, in key order. Positions are `[key]`.
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        _filter: Option<&sql_pseudo_trigger::source::Filter>,
+    ) -> Result<sql_pseudo_trigger::source::BackfillPlan, SourceError> {
+        let bound = Self::position(checkpoint)?.map_or(Position::Null, |(v, _)| serde_json::json!(v));
+        Ok(sql_pseudo_trigger::source::BackfillPlan { bound, estimate: None })
+    }
+
+    async fn backfill_chunk(
+        &self,
+        bound: &Position,
+        after: &Position,
+        upto: Option<&Position>,
+        _filter: Option<&sql_pseudo_trigger::source::Filter>,
+        limit: usize,
+    ) -> Result<Fetched, SourceError> {
+        let key = |p: &Position| p.as_array().and_then(|a| a.first()).and_then(|k| k.as_i64());
+        let mut i = self.inner.lock().expect("memory source lock");
+        i.chunk_reads.push((after.clone(), upto.cloned()));
+        let Some(bound) = bound.as_u64() else { return Ok(Fetched::default()) };
+        let (after, upto) = (key(after), upto.and_then(key));
+        let mut fetched = Fetched::default();
+        for (k, r) in i.rows.iter() {
+            if after.is_some_and(|a| *k <= a) || upto.is_some_and(|u| *k > u) || r.deleted || r.version > bound {
+                continue;
+            }
+            if fetched.changes.len() >= limit {
+                break;
+            }
+            fetched.changes.push(Change::from_json(Operation::Insert, r.item.clone()).expect("row json"));
+            fetched.last = Some(serde_json::json!([k]));
+        }
+        Ok(fetched)
     }
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {

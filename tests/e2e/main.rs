@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod backfill;
 mod balance;
 mod common;
 mod concurrency;

@@ -1731,3 +1731,46 @@ async fn a_reset_over_an_unreadable_document_gives_out_no_batch_id_a_quarantine_
     // THEN the first batch after it takes id 8, not one whose quarantine document is already there
     assert_eq!((answer.kind, answer.batch_id), (OutcomeKind::Delivered, Some(8)));
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Backfill under deferred delivery
+// ---------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_backfill_chunk_whose_write_failed_is_answered_again_from_the_same_key_range_and_never_older_than_live() {
+    use sql_pseudo_trigger::engine::document::BackfillState;
+    use sql_pseudo_trigger::ops::Action;
+    // GIVEN three rows delivered and proven, then a backfill started at that checkpoint
+    let world = World::new();
+    let p = world.process("p1", settings());
+    let v1 = world.upsert(1..=3);
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Delivered, Some(1), &rows(1..=3, v1));
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
+    p.trigger.operate(Action::BackfillStart { filter: None }, "test").await.expect("backfill starts");
+    // AND key 2 written again after the start
+    let v2 = world.upsert([2]);
+
+    // WHEN live goes first, then the chunk (keys 1 and 3: key 2 moved past the bound) is answered and its write fails
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Delivered, Some(2), &rows([2], v2));
+    let chunk = p.answer(NORMAL, Output::Fails).await;
+    assert_answer(&chunk, OutcomeKind::Delivered, Some(3), &[(1, v1 as i64), (3, v1 as i64)]);
+    let after_first = world.source.chunk_reads();
+
+    // THEN the host's retry gets the same chunk, re-read from the same key range, bounded on both sides
+    let again = p.answer(retry(1), Output::Written).await;
+    assert_answer(&again, OutcomeKind::Redelivered, Some(3), &[(1, v1 as i64), (3, v1 as i64)]);
+    let reads = world.source.chunk_reads();
+    assert_eq!(reads.len(), after_first.len() + 1, "{reads:?}");
+    assert_eq!(reads.last(), Some(&(serde_json::Value::Null, Some(json!([3])))), "{reads:?}");
+
+    // AND once proven, the next chunk read finds nothing and the backfill is done at the chunk's last key
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
+    let doc = world.state().await;
+    let b = doc.backfill.clone().expect("a backfill");
+    assert_eq!((b.state, b.after.clone(), b.rows, b.chunks, b.redone), (BackfillState::Done, json!([3]), 2, 1, 1));
+    assert_eq!(checkpoint(&doc), Some((v2, 2)), "the chunk moved the backfill, not the checkpoint");
+    // No backfilled row is older than a live change delivered before it: key 2 came only live, v1 then v2
+    let key2: Vec<Row> = world.delivered().into_iter().filter(|(k, _)| *k == 2).collect();
+    assert_eq!(key2, vec![(2, v1 as i64), (2, v2 as i64)]);
+    world.assert_nothing_lost();
+}

@@ -3,6 +3,7 @@
 //! poison, the span in flight. They return choices; the tick applies each as one transition of the document
 //! (`document`), which is the only code that changes it.
 
+pub mod backfill;
 pub mod liveness;
 mod proof;
 
@@ -64,7 +65,11 @@ pub fn check_fingerprint(doc: &StateDoc, function: &str, configured: &str) -> Re
 
 /// Another owner's lease that still covers a batch in flight: this process keeps out until it expires.
 pub fn lease_held_by_another<'a>(doc: &'a StateDoc, owner: &str, now: OffsetDateTime) -> Option<&'a Lease> {
-    doc.in_flight.as_ref()?;
+    // A running backfill's chunks may be answered and unproven with nothing in flight (deferred delivery keeps
+    // them in the answering process's memory): the lease guards them too.
+    if doc.in_flight.is_none() && !doc.backfill.as_ref().is_some_and(|b| b.open()) {
+        return None;
+    }
     doc.lease.as_ref().filter(|lease| lease.owner != owner && lease.expires_at > now)
 }
 

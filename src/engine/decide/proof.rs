@@ -155,6 +155,10 @@ pub struct Answered {
     pub span: VecDeque<Arc<Sent>>,
     /// Operators' retries of quarantined batches, answered and not yet proven.
     pub retries: Vec<Arc<Sent>>,
+    /// A backfill's chunks, answered and not yet proven, in key order: proven in order, as the span is, so the
+    /// backfill's position only moves forward. Not in the state document: a process that does not remember
+    /// them (another instance, or this one after a restart) reads them again from the backfill's position.
+    pub chunks: VecDeque<Arc<Sent>>,
     /// Batches proven by the window and then named by a retry after all (the host took longer than the window
     /// assumed): answered again, outside the span (they lie before the checkpoint).
     pub late: Vec<Arc<Sent>>,
@@ -166,11 +170,11 @@ pub struct Answered {
 impl Answered {
     /// Nothing answered is waiting for proof.
     pub fn is_empty(&self) -> bool {
-        self.span.is_empty() && self.retries.is_empty() && self.late.is_empty()
+        self.span.is_empty() && self.retries.is_empty() && self.late.is_empty() && self.chunks.is_empty()
     }
 
     fn all_mut(&mut self) -> impl Iterator<Item = &mut Arc<Sent>> {
-        self.span.iter_mut().chain(self.retries.iter_mut()).chain(self.late.iter_mut())
+        self.span.iter_mut().chain(self.retries.iter_mut()).chain(self.late.iter_mut()).chain(self.chunks.iter_mut())
     }
 
     /// Keeps `sent`, proven, for a late retry.
@@ -218,6 +222,10 @@ impl Answered {
         while self.span.front().is_some_and(|s| s.proven(now, window)) {
             span.extend(self.span.pop_front());
         }
+        // Proven chunks go with the span: acknowledging them moves the backfill's position (`BatchRange::backfill`).
+        while self.chunks.front().is_some_and(|s| s.proven(now, window)) {
+            span.extend(self.chunks.pop_front());
+        }
         let (proven, pending): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.retries).into_iter().partition(|s| s.proven(now, window));
         self.retries = pending;
@@ -232,7 +240,7 @@ impl Answered {
 
     /// Whether a batch must be answered again.
     pub fn has_owed(&self) -> bool {
-        self.span.iter().chain(&self.retries).chain(&self.late).any(|s| s.owed && !s.settled)
+        self.span.iter().chain(&self.retries).chain(&self.late).chain(&self.chunks).any(|s| s.owed && !s.settled)
     }
 
     /// The first batch that must be answered again.

@@ -8,10 +8,12 @@
 //! an explicit operator reset or replay. Every write carries a fresh `write_id` ([`StateDoc::stamp`]), so no
 //! two writes are byte-identical and content-hash etags stay unique.
 
+mod backfill;
 mod pace;
 mod quarantine;
 mod read;
 
+pub use backfill::{Backfill, BackfillState};
 pub use pace::{Pace, PACE_HORIZON};
 pub use quarantine::{QuarantineDoc, QuarantineEntry, QUARANTINE_KEPT};
 pub use read::read;
@@ -78,6 +80,10 @@ pub struct StateDoc {
     /// keys under the same function name); and a re-run of the change knows the document as its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeded: Option<Seeded>,
+    /// The function's backfill, the current or the last one (docs/operations.md, "Backfill"). Absent in
+    /// documents written before backfills existed, and in functions that never had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<Backfill>,
 }
 
 /// Where a re-partitioned document's checkpoint came from (see [`StateDoc::seeded`]).
@@ -129,6 +135,7 @@ impl StateDoc {
             updated_by: by.to_string(),
             lineage: uuid::Uuid::new_v4().to_string(),
             seeded: None,
+            backfill: None,
         }
     }
 
@@ -178,11 +185,28 @@ impl StateDoc {
             self.counters.takeovers += 1;
         }
         self.counters.redelivered += 1;
+        self.count_chunk_redone(&flight.range);
     }
 
-    /// An owed batch of deferred delivery is answered again. Who: the deferred tick.
-    pub fn count_answer_again(&mut self) {
+    /// An owed batch of deferred delivery (`range`) is answered again. Who: the deferred tick.
+    pub fn count_answer_again(&mut self, range: &BatchRange) {
         self.counters.redelivered += 1;
+        self.count_chunk_redone(range);
+    }
+
+    fn count_chunk_redone(&mut self, range: &BatchRange) {
+        if let Some(b) = self.backfill.as_mut().filter(|b| range.backfill.as_ref() == Some(&b.id)) {
+            b.redone += 1;
+        }
+    }
+
+    /// The open backfill has no rows left: it is done. Who: a tick whose chunk read found nothing after the
+    /// backfill's position, with no chunk of it in flight.
+    pub fn finish_backfill(&mut self, now: OffsetDateTime) {
+        if let Some(b) = self.backfill.as_mut().filter(|b| b.state == BackfillState::Running) {
+            b.state = BackfillState::Done;
+            b.finished_at = Some(now);
+        }
     }
 
     /// Marks `flight` delivered: the checkpoint moves to its end unless it was a retry of a quarantined batch
@@ -190,13 +214,28 @@ impl StateDoc {
     /// sink tick once its sink took the batch.
     pub fn acknowledge(&mut self, flight: &InFlight, now: OffsetDateTime) {
         if flight.quarantined.is_none() {
-            self.checkpoint = flight.range.to.clone();
+            self.pass(&flight.range);
         }
         self.counters.delivered += flight.range.rows;
         self.counters.batches += 1;
         Pace::record(&mut self.pace, flight.range.rows, now);
         self.in_flight = None;
         self.progress_at = Some(now);
+    }
+
+    /// Moves past `range`, delivered: the checkpoint to its end, or for a backfill chunk the backfill's
+    /// position (a chunk of a backfill cancelled or replaced since moves nothing: its rows were delivered all
+    /// the same, and the backfill they belonged to is over).
+    fn pass(&mut self, range: &BatchRange) {
+        let Some(id) = &range.backfill else {
+            self.checkpoint = range.to.clone();
+            return;
+        };
+        if let Some(b) = self.backfill.as_mut().filter(|b| b.id == *id && b.open()) {
+            b.after = range.to.clone();
+            b.rows += range.rows;
+            b.chunks += 1;
+        }
     }
 
     /// Moves the checkpoint (and the counters) over batches proven written: the span's proven prefix, and
@@ -214,7 +253,7 @@ impl StateDoc {
         let counted: u64 = span.iter().chain(retries).filter(|(_, settled)| !settled).map(|(r, _)| r.rows).sum();
         Pace::record(&mut self.pace, counted, now);
         for (range, settled) in span {
-            self.checkpoint = range.to.clone();
+            self.pass(range);
             self.progress_at = Some(now);
             if !settled {
                 self.counters.delivered += range.rows;
@@ -359,7 +398,7 @@ impl StateDoc {
     /// after quarantining it.
     pub fn pass_quarantined(&mut self, flight: &InFlight) {
         if flight.quarantined.is_none() {
-            self.checkpoint = flight.range.to.clone();
+            self.pass(&flight.range);
         }
         self.in_flight = None;
     }
@@ -445,6 +484,47 @@ impl StateDoc {
     pub fn retired_into(&self) -> Option<u32> {
         let rest = self.halted.as_deref()?.strip_prefix(RETIRED)?;
         rest.split(' ').next()?.parse().ok()
+    }
+
+    /// Starts `backfill` (replacing a finished or cancelled one). Refused while one is running or paused. Who: an
+    /// operator; the first tick of a `startFrom: snapshot` function.
+    pub fn start_backfill(&mut self, backfill: Backfill) -> Result<(), String> {
+        if let Some(b) = self.backfill.as_ref().filter(|b| b.open()) {
+            return Err(format!(
+                "backfill {} of {} is {} since {} ({} row(s) delivered); cancel it first (--cancel)",
+                b.id,
+                self.function,
+                if b.state == BackfillState::Paused { "paused" } else { "running" },
+                b.started_at,
+                b.rows
+            ));
+        }
+        self.backfill = Some(backfill);
+        Ok(())
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the open backfill. Who: an operator.
+    pub fn pause_backfill(&mut self, pause: bool) -> Result<(), String> {
+        let function = self.function.clone();
+        let Some(b) = self.backfill.as_mut().filter(|b| b.open()) else {
+            return Err(format!(
+                "{function} has no backfill running or paused; start one with `handler state backfill {function}`"
+            ));
+        };
+        b.state = if pause { BackfillState::Paused } else { BackfillState::Running };
+        Ok(())
+    }
+
+    /// Cancels the open backfill: no further chunk; a chunk in flight is delivered but moves nothing. Who: an
+    /// operator.
+    pub fn cancel_backfill(&mut self, now: OffsetDateTime) -> Result<(), String> {
+        let function = self.function.clone();
+        let Some(b) = self.backfill.as_mut().filter(|b| b.open()) else {
+            return Err(format!("{function} has no backfill running or paused to cancel"));
+        };
+        b.state = BackfillState::Cancelled;
+        b.finished_at = Some(now);
+        Ok(())
     }
 
     /// Queues a quarantined batch for re-delivery before new changes. Who: an operator.

@@ -76,6 +76,9 @@ fn check(doc: &StateDoc) -> Result<(), String> {
     for entry in &doc.quarantine {
         positions.extend([("quarantine.from", &entry.range.from), ("quarantine.to", &entry.range.to)]);
     }
+    if let Some(b) = &doc.backfill {
+        positions.extend([("backfill.bound", &b.bound), ("backfill.after", &b.after)]);
+    }
     integer_positions(&positions)?;
     if let Some(flight) = &doc.in_flight {
         if flight.batches == 0 {
@@ -89,10 +92,18 @@ fn check(doc: &StateDoc) -> Result<(), String> {
         }
         // Every batch in flight starts where the checkpoint is, but an operator's retry of a quarantined batch,
         // which lies before it.
-        if flight.quarantined.is_none() && flight.range.from != doc.checkpoint {
+        // A backfill chunk starts at its backfill's position instead (a chunk of a backfill replaced since
+        // starts where that one was, which the document no longer says).
+        let start = match (&flight.range.backfill, &doc.backfill) {
+            (Some(id), Some(b)) if *id == b.id => Some(&b.after),
+            (Some(_), _) => None,
+            (None, _) => Some(&doc.checkpoint),
+        };
+        if let Some(start) = start.filter(|s| flight.quarantined.is_none() && flight.range.from != **s) {
             return Err(format!(
-                "field `in_flight.from` is {}, but the checkpoint is {}: a batch in flight starts at the checkpoint",
-                flight.range.from, doc.checkpoint
+                "field `in_flight.from` is {}, but the {} is {start}: a batch in flight starts there",
+                flight.range.from,
+                if flight.range.backfill.is_some() { "backfill's position" } else { "checkpoint" },
             ));
         }
         if flight.range.rows > 0 && flight.range.from == flight.range.to {

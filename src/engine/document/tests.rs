@@ -22,6 +22,7 @@ const FIELDS: &[&str] = &[
     "updated_by",
     "lineage",
     "seeded",
+    "backfill",
 ];
 const MUTATORS: &[&str] = &["push", "insert", "remove", "retain", "take", "as_mut", "drain", "clear", "get_or_insert"];
 

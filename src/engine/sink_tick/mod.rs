@@ -143,7 +143,8 @@ pub(super) async fn deliver(
         range: &flight.range,
     };
     let limit = trigger.config.settings.max_batch_size;
-    let draining = out.changes.len() >= limit && flight.quarantined.is_none();
+    // (A backfill chunk is not followed by live changes fetched ahead: the share decides what comes next.)
+    let draining = out.changes.len() >= limit && flight.quarantined.is_none() && flight.range.backfill.is_none();
     let (delivered, ahead) = tokio::join!(
         async {
             // A re-fetched range whose rows all moved on since holds nothing: there is nothing to hand over,
@@ -170,7 +171,11 @@ pub(super) async fn deliver(
             ack.doc.acknowledge(&flight, ack.now);
             // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the
             // module docs), unless an operator queued quarantined batches, which go first.
-            let chainable = ack.doc.retry_quarantined.is_empty() && !ack.doc.paused && ack.doc.halted.is_none();
+            // Nor while a running backfill is owed its turn (`decide::backfill`).
+            let chunk_turn = super::decide::backfill::turn(ack.doc.backfill.as_ref(), ack.memory.live_in_a_row)
+                == super::decide::backfill::Turn::ChunkThenLive;
+            let chainable =
+                ack.doc.retry_quarantined.is_empty() && !ack.doc.paused && ack.doc.halted.is_none() && !chunk_turn;
             let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
             let next = chain.map(|fetched| {
                 let last = fetched.last.clone().unwrap_or(Position::Null);
@@ -182,6 +187,9 @@ pub(super) async fn deliver(
                 Chained { range, changes: fetched.changes }
             });
             if ack.commit().await? {
+                if next.is_some() {
+                    ack.memory.live_in_a_row = super::decide::backfill::after_batch(ack.memory.live_in_a_row, false);
+                }
                 ack.memory.chained = next;
                 if let Some(fetched) = keep {
                     let after = flight.range.to.clone();

@@ -194,7 +194,7 @@ impl Source for MssqlRowversion {
         self.shape().await?;
         match from {
             // Every current row: a rowversion walk from the start is already a snapshot.
-            StartFrom::Earliest => Ok(Position::Null),
+            StartFrom::Earliest | StartFrom::Snapshot => Ok(Position::Null),
             StartFrom::Now => {
                 let ctx = "reading the newest rowversion";
                 let s = RvShape::newest();

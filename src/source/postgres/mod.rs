@@ -16,6 +16,7 @@
 //! every statement that reads or counts changes (sql.rs, `Shape::partition_expression`); at first use the plan
 //! of its fetch is checked for the index that keeps it a range scan (docs/postgres.md, "Partitions").
 
+mod backfill;
 mod sql;
 
 pub use sql::Guard;
@@ -43,6 +44,8 @@ pub struct PostgresCursor {
     /// Whether the log already said why the lag is unknown: status is polled every few seconds, and the reason
     /// (a server setting) does not change until a restart.
     lag_reason_logged: AtomicBool,
+    /// Every column and its type, read on a backfill's first use of a filter (`backfill.rs`).
+    column_types: OnceCell<Vec<(String, String)>>,
 }
 
 impl PostgresCursor {
@@ -52,7 +55,14 @@ impl PostgresCursor {
             return Err(super::wrong_kind(&spec, SourceKind::PostgresCursor));
         };
         let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
-        Ok(Self { spec, options, pool, shape: OnceCell::new(), lag_reason_logged: AtomicBool::new(false) })
+        Ok(Self {
+            spec,
+            options,
+            pool,
+            shape: OnceCell::new(),
+            lag_reason_logged: AtomicBool::new(false),
+            column_types: OnceCell::new(),
+        })
     }
 
     /// A pooled connection. A certificate that is not trusted or `sslmode=require` against a server without
@@ -362,6 +372,8 @@ impl Source for PostgresCursor {
     async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
         match from {
             StartFrom::Earliest => Ok(Position::Null),
+            // The rows that exist come through a backfill bounded by this position (the engine starts it).
+            StartFrom::Snapshot => self.snapshot_position().await,
             StartFrom::Now => {
                 let shape = self.shape().await?;
                 let client = self.client().await?;
@@ -376,6 +388,25 @@ impl Source for PostgresCursor {
                 })
             }
         }
+    }
+
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&super::Filter>,
+    ) -> Result<super::BackfillPlan, SourceError> {
+        self.start_backfill(checkpoint, filter).await
+    }
+
+    async fn backfill_chunk(
+        &self,
+        bound: &Position,
+        after: &Position,
+        upto: Option<&Position>,
+        filter: Option<&super::Filter>,
+        limit: usize,
+    ) -> Result<Fetched, SourceError> {
+        self.read_chunk(bound, after, upto, filter, limit).await
     }
 
     async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {

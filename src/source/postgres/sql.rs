@@ -75,7 +75,7 @@ impl Shape {
     }
 
     /// `<partition expression> = <index>` when this source reads one partition.
-    fn partition_predicate(&self) -> Option<String> {
+    pub(super) fn partition_predicate(&self) -> Option<String> {
         self.partition.map(|p| format!("{} = {}", self.partition_expression(p.count.get(), "t."), p.index))
     }
 
@@ -117,7 +117,7 @@ impl Shape {
         1 + self.key.len()
     }
 
-    fn guard_predicate(&self) -> Option<String> {
+    pub(super) fn guard_predicate(&self) -> Option<String> {
         let cursor = format!("t.{}", self.cursor.pg());
         match self.guard {
             Guard::Xid8 => Some(format!("{cursor} < pg_snapshot_xmin(pg_current_snapshot())")),
@@ -168,7 +168,7 @@ impl Shape {
         cols.join(", ")
     }
 
-    fn row_source(&self) -> String {
+    pub(super) fn row_source(&self) -> String {
         let projected: Vec<String> = self
             .columns
             .iter()

@@ -416,7 +416,7 @@ impl Source for MssqlChangeTracking {
         } else {
             match from {
                 // What the official trigger does: replay everything retention still holds.
-                StartFrom::Earliest => CtPosition::Changes { base: min_valid, last: None },
+                StartFrom::Earliest | StartFrom::Snapshot => CtPosition::Changes { base: min_valid, last: None },
                 StartFrom::Now => CtPosition::Changes { base: current, last: None },
             }
         };

@@ -1,0 +1,315 @@
+//! The backfill of the cursor source: the rows that already exist, read in primary-key order in chunks.
+//!
+//! The rule (argued in docs/architecture.md, "Backfill"): a backfill started while the live checkpoint's cursor
+//! was `C` delivers only rows whose cursor is `<= C` when the chunk is read. A row written after the start has
+//! a cursor above `C` (xid8 and sequences grow; a timestamp cursor grows with the safety lag's caveat), so it
+//! is left to the live path, which delivers it with its newest values; a row the chunk does read has not been
+//! written since the live path passed it, so the chunk's value is the newest there is. Soft-deleted rows are
+//! not backfilled (a consumer has nothing to delete for a row it never saw). The late-commit guard applies as
+//! it does to live fetches. Each chunk is one statement: no transaction or snapshot outlives it.
+//!
+//! Kept apart from `sql.rs` (the live statements) so the two evolve without touching each other.
+
+use super::sql::Shape;
+use super::{db_error, PostgresCursor};
+use crate::change::{Change, Operation};
+use crate::ident::Ident;
+use crate::source::{BackfillPlan, Fetched, Filter, Position, SourceError};
+use tokio_postgres::types::ToSql;
+
+/// The statement of one chunk, with its parameters in order (all text but the limit, which is last).
+#[derive(Debug, PartialEq)]
+pub(super) struct Chunk {
+    pub sql: String,
+    pub params: Vec<String>,
+}
+
+/// A filter and how to find each of its columns' types.
+pub(super) type Bound<'a> = (&'a Filter, &'a dyn Fn(&Ident) -> Option<String>);
+
+/// `(($n::text)::type, ...)` for the key's columns from parameter `first`.
+fn key_params(shape: &Shape, first: usize) -> String {
+    let parts: Vec<String> =
+        shape.key.iter().enumerate().map(|(i, (_, ty))| format!("(${}::text)::{ty}", first + i)).collect();
+    format!("({})", parts.join(", "))
+}
+
+fn key_columns(shape: &Shape) -> String {
+    shape.key.iter().map(|(k, _)| format!("t.{}", k.pg())).collect::<Vec<_>>().join(", ")
+}
+
+/// The chunk statement: rows after `after` (key texts; none: from the first key), up to `upto` when given,
+/// whose cursor is at most `bound`, not soft-deleted, below the guard, matching `filter`; in key order, at
+/// most the limit. Columns: the key's texts, then the item JSON.
+pub(super) fn chunk(
+    shape: &Shape,
+    bound: &str,
+    after: Option<Vec<String>>,
+    upto: Option<Vec<String>>,
+    filter: Option<Bound<'_>>,
+) -> Chunk {
+    let (preds, params) = predicates(shape, bound, after, upto, filter);
+    let keys = key_columns(shape);
+    let texts: Vec<String> = shape.key.iter().map(|(k, _)| format!("t.{}::text", k.pg())).collect();
+    let sql = format!(
+        "SELECT {}, row_to_json(r)::text FROM {} WHERE {preds} ORDER BY {keys} LIMIT ${}",
+        texts.join(", "),
+        shape.row_source(),
+        params.len() + 1
+    );
+    Chunk { sql, params }
+}
+
+/// The count of the rows a backfill will deliver (what `chunk` walks from the beginning): its estimate.
+pub(super) fn estimate(shape: &Shape, bound: &str, filter: Option<Bound<'_>>) -> Chunk {
+    let (preds, params) = predicates(shape, bound, None, None, filter);
+    Chunk { sql: format!("SELECT count(*) FROM {} t WHERE {preds}", shape.table), params }
+}
+
+/// The conditions of a chunk over alias `t`, and their parameters (`$1` the bound).
+fn predicates(
+    shape: &Shape,
+    bound: &str,
+    after: Option<Vec<String>>,
+    upto: Option<Vec<String>>,
+    filter: Option<Bound<'_>>,
+) -> (String, Vec<String>) {
+    let mut params = vec![bound.to_string()];
+    let mut preds = vec![format!("t.{} <= ($1::text)::{}", shape.cursor.pg(), shape.cursor_type)];
+    let keys = key_columns(shape);
+    if let Some(after) = after {
+        preds.push(format!("({keys}) > {}", key_params(shape, params.len() + 1)));
+        params.extend(after);
+    }
+    if let Some(upto) = upto {
+        preds.push(format!("({keys}) <= {}", key_params(shape, params.len() + 1)));
+        params.extend(upto);
+    }
+    preds.extend(shape.guard_predicate());
+    // A partition's backfill walks only its own keys, as its live fetches do.
+    preds.extend(shape.partition_predicate());
+    if let Some((column, is_bool)) = &shape.soft_delete {
+        preds.push(if *is_bool {
+            format!("t.{} IS NOT TRUE", column.pg())
+        } else {
+            format!("t.{} IS NULL", column.pg())
+        });
+    }
+    if let Some((filter, type_of)) = filter {
+        let mut bound = Vec::new();
+        let text = filter.to_pg(type_of, params.len(), &mut bound);
+        preds.push(text);
+        params.extend(bound);
+    }
+    (preds.join(" AND "), params)
+}
+
+/// The newest position below the late-commit guard (for `startFrom: snapshot`): every transaction that wrote a
+/// cursor at or below it has ended, so no row the backfill must deliver can still appear behind it.
+pub(super) fn newest_guarded(shape: &Shape) -> String {
+    let order: Vec<String> = std::iter::once(format!("t.{}", shape.cursor.pg()))
+        .chain(shape.key.iter().map(|(k, _)| format!("t.{}", k.pg())))
+        .collect();
+    let texts: Vec<String> = order.iter().map(|c| format!("{c}::text")).collect();
+    let desc: Vec<String> = order.iter().map(|c| format!("{c} DESC")).collect();
+    let guard = shape.guard_predicate().map(|g| format!(" WHERE {g}")).unwrap_or_default();
+    format!("SELECT {} FROM {} t{guard} ORDER BY {} LIMIT 1", texts.join(", "), shape.table, desc.join(", "))
+}
+
+impl PostgresCursor {
+    /// The backfill's bound is the live checkpoint's cursor (`Null`: nothing delivered yet, so the live path
+    /// delivers every row and there is nothing to backfill).
+    pub(super) async fn start_backfill(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        let shape = self.shape().await?;
+        if let Some(filter) = filter {
+            let columns = self.column_types().await?;
+            let table = self.spec.table.to_string();
+            filter.check_columns(&table, columns.iter().map(|(n, _)| n.as_str())).map_err(SourceError::Invalid)?;
+        }
+        let bound = match checkpoint {
+            Position::Null => return Ok(BackfillPlan { bound: Position::Null, estimate: Some(0) }),
+            other => self.position_texts(shape, other)?.remove(0),
+        };
+        let columns = self.column_types().await?;
+        let type_of = |c: &Ident| columns.iter().find(|(n, _)| n == c.as_str()).map(|(_, t)| t.clone());
+        let Chunk { sql, params } = estimate(shape, &bound, filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
+        let client = self.client().await?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+        let row = client.query_one(&sql, &refs).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let count: i64 = row.get(0);
+        Ok(BackfillPlan { bound: Position::String(bound), estimate: Some(count.max(0) as u64) })
+    }
+
+    pub(super) async fn read_chunk(
+        &self,
+        bound: &Position,
+        after: &Position,
+        upto: Option<&Position>,
+        filter: Option<&Filter>,
+        limit: usize,
+    ) -> Result<Fetched, SourceError> {
+        let shape = self.shape().await?;
+        let Some(bound) = bound.as_str() else { return Ok(Fetched::default()) };
+        let keys = |p: &Position| self.key_texts(shape, p);
+        let after = if after.is_null() { None } else { Some(keys(after)?) };
+        let upto = upto.map(keys).transpose()?;
+        let columns = match filter {
+            Some(_) => self.column_types().await?.clone(),
+            None => Vec::new(),
+        };
+        let type_of = |c: &Ident| columns.iter().find(|(n, _)| n == c.as_str()).map(|(_, t)| t.clone());
+        let Chunk { sql, params } =
+            chunk(shape, bound, after, upto, filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(&sql).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let limit = limit as i64;
+        let mut refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+        refs.push(&limit);
+        let rows = client.query(&stmt, &refs).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let arity = shape.key.len();
+        let mut changes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let item: String = row.get(arity);
+            changes.push(
+                Change::from_json(Operation::Insert, item)
+                    .map_err(|e| SourceError::Invalid(format!("PostgreSQL returned invalid row JSON: {e}")))?,
+            );
+        }
+        let last = rows
+            .last()
+            .map(|row| Position::Array((0..arity).map(|c| Position::String(row.get::<_, String>(c))).collect()));
+        Ok(Fetched { changes, last, advance: None })
+    }
+
+    /// A backfill position: the key's texts.
+    fn key_texts(&self, shape: &Shape, p: &Position) -> Result<Vec<String>, SourceError> {
+        let texts: Option<Vec<String>> =
+            p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        match texts {
+            Some(t) if t.len() == shape.key.len() => Ok(t),
+            _ => Err(SourceError::Invalid(format!(
+                "stored backfill position {p} does not fit the key of {} (expected {} values); cancel the backfill and start it again",
+                self.spec.table,
+                shape.key.len()
+            ))),
+        }
+    }
+
+    /// The guarded newest position (`startFrom: snapshot`).
+    pub(super) async fn snapshot_position(&self) -> Result<Position, SourceError> {
+        let shape = self.shape().await?;
+        let client = self.client().await?;
+        let rows = client.query(&newest_guarded(shape), &[]).await.map_err(|e| db_error(e, &self.spec.table))?;
+        Ok(match rows.first() {
+            Some(row) => Position::Array(
+                (0..shape.position_arity()).map(|c| Position::String(row.get::<_, String>(c))).collect(),
+            ),
+            None => Position::Null,
+        })
+    }
+
+    /// Every column of the table with its type (`format_type`), read once: what a filter's columns are checked
+    /// against and its literals cast to.
+    async fn column_types(&self) -> Result<&Vec<(String, String)>, SourceError> {
+        self.column_types
+            .get_or_try_init(|| async {
+                let client = self.client().await?;
+                let table = &self.spec.table;
+                let oid: Option<u32> = client
+                    .query_one(super::sql::TABLE_OID, &[&table.pg()])
+                    .await
+                    .map_err(|e| db_error(e, table))?
+                    .get(0);
+                let oid = oid.ok_or_else(|| SourceError::Invalid(format!("table {table} does not exist")))?;
+                let rows = client.query(super::sql::COLUMNS, &[&oid]).await.map_err(|e| db_error(e, table))?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::postgres::sql::{Age, Guard};
+
+    fn shape() -> Shape {
+        let id = |s: &str| Ident::new(s).expect("valid");
+        Shape {
+            table: "\"public\".\"orders\"".into(),
+            cursor: id("version"),
+            cursor_type: "xid8".into(),
+            key: vec![(id("tenant"), "integer".into()), (id("id"), "bigint".into())],
+            columns: vec![(id("id"), false)],
+            soft_delete: Some((id("deleted"), true)),
+            inserted: None,
+            guard: Guard::Xid8,
+            age: Age::CommitTimestamp,
+            partition: None,
+        }
+    }
+
+    #[test]
+    fn a_chunk_walks_the_key_below_the_bound_and_the_guard() {
+        let c = chunk(&shape(), "900", Some(vec!["1".into(), "7".into()]), None, None);
+        assert_eq!(
+            c.sql,
+            "SELECT t.\"tenant\"::text, t.\"id\"::text, row_to_json(r)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\") r \
+WHERE t.\"version\" <= ($1::text)::xid8 AND (t.\"tenant\", t.\"id\") > (($2::text)::integer, ($3::text)::bigint) \
+AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS NOT TRUE ORDER BY t.\"tenant\", t.\"id\" LIMIT $4"
+        );
+        assert_eq!(c.params, ["900", "1", "7"]);
+    }
+
+    #[test]
+    fn a_re_read_is_bounded_on_both_sides_and_a_filter_is_bound() {
+        let filter = Filter::parse("region = 'eu' OR id IN (1, 2)").expect("parses");
+        let type_of = |c: &Ident| Some(if c.as_str() == "region" { "text".to_string() } else { "bigint".into() });
+        let c = chunk(&shape(), "900", None, Some(vec!["2".into(), "9".into()]), Some((&filter, &type_of)));
+        assert!(
+            c.sql.contains("AND (t.\"tenant\", t.\"id\") <= (($2::text)::integer, ($3::text)::bigint) AND"),
+            "{}",
+            c.sql
+        );
+        assert!(
+            c.sql.contains(
+                "(t.\"region\" = ($4::text)::text OR t.\"id\" IN (($5::text)::bigint, ($6::text)::bigint)) ORDER BY"
+            ),
+            "{}",
+            c.sql
+        );
+        assert!(c.sql.ends_with("LIMIT $7"));
+        assert_eq!(c.params, ["900", "2", "9", "eu", "1", "2"]);
+        let e = estimate(&shape(), "900", Some((&filter, &type_of)));
+        assert!(
+            e.sql.starts_with(
+                "SELECT count(*) FROM \"public\".\"orders\" t WHERE t.\"version\" <= ($1::text)::xid8 AND"
+            ),
+            "{}",
+            e.sql
+        );
+        assert!(!e.sql.contains("ORDER BY") && !e.sql.contains("LIMIT"), "{}", e.sql);
+    }
+
+    #[test]
+    fn a_partitions_chunk_reads_only_its_keys() {
+        let partition = crate::config::Partition::new(1, std::num::NonZeroU32::new(4).expect("4"));
+        let s = Shape { partition, ..shape() };
+        let c = chunk(&s, "900", None, None, None);
+        let expected = format!("{} = 1", s.partition_expression(4, "t."));
+        assert!(c.sql.contains(&format!("AND {expected} AND")), "{}", c.sql);
+    }
+
+    #[test]
+    fn the_snapshot_start_is_the_newest_row_below_the_guard() {
+        assert_eq!(
+            newest_guarded(&shape()),
+            "SELECT t.\"version\"::text, t.\"tenant\"::text, t.\"id\"::text FROM \"public\".\"orders\" t \
+WHERE t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY t.\"version\" DESC, t.\"tenant\" DESC, t.\"id\" DESC LIMIT 1"
+        );
+    }
+}

@@ -319,6 +319,20 @@ async fn paused_or_halted_old_partitions_refuse_and_say_so() {
         .await;
 }
 
+#[tokio::test]
+async fn an_open_backfill_refuses_because_its_position_is_a_key_of_the_old_layout() {
+    let w = world();
+    w.layout(4, |i| at(5, i64::from(i))).await;
+    let ledger = w.ledger(2, 4);
+    let (mut doc, etag) = ledger.load().await.expect("load").expect("doc");
+    let now = time::OffsetDateTime::now_utc();
+    let backfill = sql_pseudo_trigger::engine::document::Backfill::new(at(5, 2), None, Some(100), "operator", now);
+    doc.start_backfill(backfill).expect("started");
+    ledger.save(&mut doc, Some(&etag), "operator").await.expect("saved");
+    let refusal = assert_refused(&w, &request(8), &["partition 2 of 4 has backfill", "--cancel"]).await;
+    assert!(refusal.contains("not carried over"), "{refusal}");
+}
+
 /// The memory source with an order that cannot tell any two positions apart, as a real source cannot tell
 /// positions of one cursor value apart without its database.
 #[derive(Debug)]

@@ -561,6 +561,12 @@ impl Repartition {
                 "partition {i} of {n} is halted ({reason}): deal with that batch and `handler state resume {function}`, let it deliver, stop the function, then run this again"
             ));
         }
+        if let Some(b) = doc.backfill.as_ref().filter(|b| b.open()) {
+            problems.push(format!(
+                "partition {i} of {n} has backfill {} open ({} row(s) delivered so far), and a backfill's position (a key of this layout's partition) is not carried over to new partitions: let it finish (`handler state status {function}` shows its progress), or cancel it (`handler state backfill {function} --cancel`) and start it again after the change, then stop the function and run this again",
+                b.id, b.rows
+            ));
+        }
         let mut queued = doc.retry_quarantined.clone();
         if let Some(f) = doc.in_flight.as_ref().filter(|f| f.quarantined.is_some()) {
             queued.insert(0, f.range.batch_id);

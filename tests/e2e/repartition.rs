@@ -95,6 +95,16 @@ async fn four_partitions_changed_to_eight_with_a_writer_running_lose_and_skip_no
     let writing = writer(orders.url.clone(), next.clone(), stop.clone());
     let mut runner = Runner::start(&app, &[]);
     wait_for_copy(&orders, Duration::from_secs(60), "300 orders copied", &runner, |_, copy| copy.len() >= 300).await;
+    // AND every partition ran (the process claims them one balancing cycle at a time), so each has a checkpoint
+    let store = shared_blob_store();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..4 {
+        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-4.json");
+        while store.load(&key).await.expect("load").is_none() {
+            assert!(Instant::now() < deadline, "partition {i} never ran within 60 s:\n{}", runner.stderr());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // WHEN it is stopped with SIGTERM, mid-stream
     runner.terminate();
@@ -118,7 +128,6 @@ async fn four_partitions_changed_to_eight_with_a_writer_running_lose_and_skip_no
     assert!(table.contains(&format!("{FUNCTION}: partition count changed from 4 to 8")), "{table}");
     assert_eq!(table.lines().filter(|l| l.ends_with("written")).count(), 8, "{table}");
     // Each new partition j starts exactly where old partition j mod 4 stopped (4 divides 8: its keys are a subset).
-    let store = shared_blob_store();
     let doc = |n: u32, i: u32| {
         let (store, key) = (&store, format!("{app_name}/{FUNCTION}/partition-{i}-of-{n}.json"));
         async move {

@@ -2,14 +2,19 @@
 //! everything it and its libraries log (`Sql_Trigger_LogLevel=Trace`), with a wrong PostgreSQL password against
 //! a real server that checks it, unreachable PostgreSQL and SQL Server, a storage account key and a SAS that
 //! real Azurite refuses, a SAS sent to storage that does not answer, a webhook sink that does not answer, the
-//! admin key on its routes and metrics exporters that cannot export. Every secret kind the configuration
+//! admin key on its routes, metrics exporters that cannot export, and a storage client secret that a loopback
+//! Microsoft Entra ID authority refuses, fails on or never answers. Every secret kind the configuration
 //! reference lists is set to a value found nowhere else, and the whole output (stdout and stderr) must hold
 //! none of them. Each failure path is shown to be reached by what it logs.
 
 use crate::common::{http, read_all};
 use crate::support::{self, timer_function_json, AppBuilder, AppFolder};
 use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::embedded::{EmbeddedPostgres, PostgresOptions, ScratchDir};
 
@@ -211,4 +216,275 @@ fn no_secret_is_printed_at_trace_level_through_the_failure_paths() {
     assert!(output.contains("tick failed"), "{output}");
     assert!(output.contains("metrics export started") && output.contains("shut down"), "{output}");
     assert_no_secret("serving the host", &output);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The storage identity's client secret
+// ---------------------------------------------------------------------------------------------------------------
+
+/// `AzureWebJobsStorage__clientSecret`, shaped like an Entra ID secret (`~` and `.` in it).
+const STORAGE_CLIENT_SECRET: &str = "Cs8Q~StorageClientSecret.2b7e-Zq~";
+/// The secret as the form body of the token request carries it (`~` percent-encoded).
+const STORAGE_CLIENT_SECRET_FORM: &str = "Cs8Q%7EStorageClientSecret.2b7e-Zq%7E";
+const TENANT_ID: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+const CLIENT_ID: &str = "3c1e9a0d-5b7f-4e2a-8d61-0f9b2c4a7e15";
+
+/// Every form the client secret could take in the output: as set, form-encoded, base64.
+fn client_secret_forms() -> Vec<(&'static str, String)> {
+    use base64::Engine as _;
+    vec![
+        ("the storage client secret", STORAGE_CLIENT_SECRET.to_string()),
+        ("the storage client secret, form-encoded", STORAGE_CLIENT_SECRET_FORM.to_string()),
+        (
+            "the storage client secret, base64",
+            base64::engine::general_purpose::STANDARD.encode(STORAGE_CLIENT_SECRET).trim_end_matches('=').to_string(),
+        ),
+    ]
+}
+
+fn assert_no_client_secret(what: &str, text: &str) {
+    for (kind, secret) in client_secret_forms() {
+        assert!(!text.contains(&secret), "{what}: {kind} ({secret}) is in:\n{text}");
+    }
+}
+
+/// A CA and a server certificate it signed for 127.0.0.1, made with the openssl CLI in a scratch folder.
+struct Pki {
+    dir: ScratchDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = ScratchDir::new("authority-pki").expect("the temp directory is writable");
+        let openssl = |args: &[&str]| {
+            let output = Command::new("openssl").args(args).current_dir(dir.path()).output().expect("openssl runs");
+            assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        };
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+        let ca = ["-x509", "-days", "2", "-subj", "/CN=test CA", "-keyout", "ca.key", "-out", "ca.pem"];
+        let ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"];
+        openssl(&[&["req"][..], &key, &ca, &ca_ext].concat());
+        let server = ["-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr"];
+        openssl(&[&["req"][..], &key, &server].concat());
+        let ext = "subjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n";
+        std::fs::write(dir.path().join("server.ext"), ext).expect("write server.ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ]);
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+}
+
+/// How the loopback authority answers a token request.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    /// 400 invalid_client, as Entra ID answers a wrong or expired secret.
+    InvalidClient,
+    /// 500 with an Entra ID error body.
+    ServerError,
+    /// Reads the request and never answers.
+    Never,
+}
+
+/// One request the authority received: its head (request line and headers) and its body.
+struct Received {
+    head: String,
+    body: String,
+}
+
+/// An HTTPS server on 127.0.0.1 standing in for the Microsoft Entra authority (and for storage: the blob
+/// endpoint points here too, so a request to storage would be recorded as well). Records every request.
+struct Authority {
+    port: u16,
+    received: Arc<Mutex<Vec<Received>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Authority {
+    fn start(pki: &Pki, answer: Answer) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = vec![CertificateDer::from_pem_file(pki.path("server.pem")).expect("server.pem")];
+        let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).expect("server.key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("the server certificate");
+        let config = Arc::new(config);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (log, stopped) = (received.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (config, log, stopped) = (config.clone(), log.clone(), stopped.clone());
+                std::thread::spawn(move || serve(stream, config, answer, &log, &stopped));
+            }
+        });
+        Self { port, received, stop }
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    fn received(&self) -> std::sync::MutexGuard<'_, Vec<Received>> {
+        self.received.lock().expect("requests")
+    }
+}
+
+impl Drop for Authority {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Answers the requests of one connection as `answer` says, recording each.
+fn serve(
+    stream: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    answer: Answer,
+    log: &Mutex<Vec<Received>>,
+    stop: &AtomicBool,
+) {
+    let Ok(connection) = rustls::ServerConnection::new(config) else { return };
+    let mut tls = rustls::StreamOwned::new(connection, stream);
+    loop {
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while !request.ends_with(b"\r\n\r\n") {
+            match tls.read(&mut byte) {
+                Ok(1) => request.push(byte[0]),
+                _ => return,
+            }
+        }
+        let head = String::from_utf8_lossy(&request).into_owned();
+        let length = head
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        if tls.read_exact(&mut body).is_err() {
+            return;
+        }
+        log.lock().expect("requests").push(Received { head, body: String::from_utf8_lossy(&body).into_owned() });
+        let (status, error) = match answer {
+            Answer::InvalidClient => (
+                "400 Bad Request",
+                r#"{"error":"invalid_client","error_description":"AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID.","error_codes":[7000215]}"#,
+            ),
+            Answer::ServerError => (
+                "500 Internal Server Error",
+                r#"{"error":"server_error","error_description":"AADSTS90033: A transient error has occurred. Please try again.","error_codes":[90033]}"#,
+            ),
+            Answer::Never => {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                return;
+            }
+        };
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: {}\r\n\r\n{error}",
+            error.len()
+        );
+        if tls.write_all(response.as_bytes()).and_then(|()| tls.flush()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The storage identity's client secret (`AzureWebJobsStorage__tenantId`, `__clientId`, `__clientSecret`) through
+/// the real binary at trace level, with the Microsoft Entra authority (`AZURE_AUTHORITY_HOST`, as for a
+/// sovereign cloud) on loopback refusing the secret, failing, and never answering: the output names the problem
+/// and the settings to check and holds the secret in no form; the secret went to the authority, in the token
+/// request's body only, and nothing went to storage without a token.
+#[test]
+fn the_storage_client_secret_goes_only_into_the_token_request_body() {
+    let pki = Pki::new();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let database = rt.block_on(async {
+        let url = support::fixture().fresh_database("secrets_client_secret").await;
+        let db = testbed::embedded::connect(&url).await.expect("connect");
+        db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.expect("the orders table");
+        url
+    });
+    let app = AppBuilder::new().function("Orders", timer_function_json(Some(3)), Some(postgres_function("Pg"))).write();
+    let token_path = format!("POST /{TENANT_ID}/oauth2/v2.0/token HTTP/1.1\r\n");
+
+    // A refusal names the settings to fix; a failing or silent authority is transient (the next tick retries).
+    let refused = "; check AzureWebJobsStorage__tenantId, AzureWebJobsStorage__clientId and \
+                   AzureWebJobsStorage__clientSecret";
+    let transient = "could not get an Entra ID token for storage, the authority did not answer or failed";
+    for (what, answer, reached, named) in [
+        ("an authority refusing the secret", Answer::InvalidClient, "AADSTS7000215", refused),
+        ("an authority failing", Answer::ServerError, "AADSTS90033", transient),
+        ("an authority that never answers", Answer::Never, "operation timed out", transient),
+    ] {
+        let authority = Authority::start(&pki, answer);
+        let env = [
+            ("Pg", database.clone()),
+            ("AzureWebJobsStorage__blobServiceUri", format!("{}/devstoreaccount1", authority.url())),
+            ("AzureWebJobsStorage__tenantId", TENANT_ID.to_string()),
+            ("AzureWebJobsStorage__clientId", CLIENT_ID.to_string()),
+            ("AzureWebJobsStorage__clientSecret", STORAGE_CLIENT_SECRET.to_string()),
+            ("AZURE_AUTHORITY_HOST", authority.url()),
+            ("SSL_CERT_FILE", pki.path("ca.pem")),
+        ];
+        let started = Instant::now();
+        let output = run_once(&app, &env);
+        let took = started.elapsed();
+        assert_no_client_secret(what, &output);
+        assert_no_secret(what, &output);
+        assert!(output.contains(reached), "{what}: the failure path was not reached:\n{output}");
+        assert!(output.contains(named), "{what}: the problem and its fix are not named:\n{output}");
+        let hint = if named == refused { "needs an operator" } else { "transient: the next invocation retries" };
+        assert!(output.contains(hint), "{what}: not classified as it should be:\n{output}");
+        // Token requests keep storage's bounds: 3 tries of at most 10 s each per attempt, and a transient failure
+        // makes `--give-up-after` try a second tick (the SDK's own client would wait 60 s per try, 9 tries).
+        assert!(took < Duration::from_secs(90), "{what}: the run took {took:?}");
+
+        let received = authority.received();
+        assert!(!received.is_empty(), "{what}: no token request reached the authority:\n{output}");
+        assert!(received.len() <= 6, "{what}: {} token requests, more than 2 ticks of 3 tries", received.len());
+        for request in received.iter() {
+            // Only token requests (storage, at the same address, was never asked anything without a token) ...
+            assert!(request.head.starts_with(&token_path), "{what}: not a token request:\n{}", request.head);
+            // ... carrying the secret in the body, form-encoded, and nowhere else.
+            assert_no_client_secret(what, &request.head);
+            let fields: Vec<&str> = request.body.split('&').collect();
+            assert!(
+                fields.contains(&format!("client_secret={STORAGE_CLIENT_SECRET_FORM}").as_str()),
+                "{}",
+                request.body
+            );
+            assert!(fields.contains(&format!("client_id={CLIENT_ID}").as_str()), "{}", request.body);
+            assert!(fields.contains(&"grant_type=client_credentials"), "{}", request.body);
+        }
+    }
 }

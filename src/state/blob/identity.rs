@@ -13,10 +13,10 @@
 use super::connection_string::parse_endpoint;
 use crate::config::Secret;
 use azure_core::credentials::TokenCredential;
-use azure_core::http::Url;
+use azure_core::http::{ClientOptions, Url};
 use azure_identity::{
-    ClientSecretCredential, DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
-    UserAssignedId,
+    ClientSecretCredential, ClientSecretCredentialOptions, DeveloperToolsCredential, ManagedIdentityCredential,
+    ManagedIdentityCredentialOptions, UserAssignedId,
 };
 use std::sync::Arc;
 
@@ -45,7 +45,11 @@ pub(crate) enum CredentialChoice {
 }
 
 impl CredentialChoice {
-    pub(crate) fn build(&self) -> azure_core::Result<Arc<dyn TokenCredential>> {
+    /// The credential. `client_options` (transport and retry bounds) serve the client secret's token requests;
+    /// the managed identity keeps the SDK's, which follow the identity endpoint's own retry guidance. The
+    /// authority a client secret is sent to is Microsoft Entra ID's public cloud, or `AZURE_AUTHORITY_HOST`
+    /// (https only) for a sovereign cloud.
+    pub(crate) fn build(&self, client_options: ClientOptions) -> azure_core::Result<Arc<dyn TokenCredential>> {
         Ok(match self {
             Self::ManagedIdentity { client_id, resource_id } => {
                 let user_assigned_id = match (client_id, resource_id) {
@@ -62,10 +66,33 @@ impl CredentialChoice {
                 tenant_id,
                 client_id.clone(),
                 azure_core::credentials::Secret::new(secret.expose().to_string()),
-                None,
+                Some(ClientSecretCredentialOptions { client_options }),
             )?,
             Self::DeveloperTools => DeveloperToolsCredential::new(None)?,
         })
+    }
+
+    /// What to check when this credential cannot get a token: the settings of `prefix` that make it up.
+    pub(crate) fn token_hint(&self, prefix: &str) -> String {
+        match self {
+            Self::ManagedIdentity { client_id: None, resource_id: None } => format!(
+                "check that the app has a system-assigned managed identity, or name a user-assigned one with \
+                 {prefix}__clientId"
+            ),
+            Self::ManagedIdentity { .. } => format!(
+                "check that {prefix}__clientId or {prefix}__managedIdentityResourceId names a managed identity \
+                 assigned to the app"
+            ),
+            Self::ClientSecret { .. } => format!(
+                "check {prefix}__tenantId, {prefix}__clientId and {prefix}__clientSecret (the secret's value, not \
+                 its id; secrets expire) and, in a sovereign cloud, set AZURE_AUTHORITY_HOST to its Entra ID \
+                 authority"
+            ),
+            Self::DeveloperTools => format!(
+                "sign in with `az login` or `azd auth login`, or set {prefix}__credential=managedidentity when \
+                 running in Azure"
+            ),
+        }
     }
 
     /// What to check when storage refuses a token from this credential.

@@ -63,6 +63,9 @@ pub struct BlobStore {
     description: String,
     /// What to check when storage answers 401/403, specific to the credential in use.
     auth_hint: &'static str,
+    /// What to check when no Entra ID token could be had (identity-based connections only): the settings that
+    /// make up the credential.
+    token_hint: String,
     /// Set once the container is known to exist; cleared if a write finds it gone.
     container_ready: AtomicBool,
     /// HTTP requests sent, retries included; shared with the counting policy.
@@ -79,7 +82,8 @@ impl fmt::Debug for BlobStore {
 enum Auth {
     SharedKey(SharedKeyPolicy),
     Sas(Secret),
-    Token(Arc<dyn azure_core::credentials::TokenCredential>),
+    /// The credential, and what to check when it cannot get a token.
+    Token(Arc<dyn azure_core::credentials::TokenCredential>, String),
 }
 
 impl BlobStore {
@@ -122,25 +126,24 @@ impl BlobStore {
         match identity::resolve(get, prefix).map_err(StoreError::Refused)? {
             identity::Resolved::ConnectionString(cs) => Self::from_connection_string(&cs, container),
             identity::Resolved::Identity { blob_endpoint, credential } => {
-                ensure_tls_provider();
-                let token = credential.build().map_err(|e| {
-                    StoreError::Refused(format!("could not set up the Entra ID credential for {prefix}: {}", chain(&e)))
+                // The token requests go through the same client and retry bounds as storage requests, so an
+                // authority that does not answer holds a tick no longer than storage would.
+                let transport = Transport::new(Arc::new(http_client()?));
+                let token = credential.build(client_options(transport)).map_err(|e| {
+                    StoreError::Refused(format!(
+                        "could not set up the Entra ID credential for {prefix}: {}; {}",
+                        chain(&e),
+                        credential.token_hint(prefix)
+                    ))
                 })?;
-                Self::build(blob_endpoint, Auth::Token(token), credential.hint(), container)
+                let auth = Auth::Token(token, credential.token_hint(prefix));
+                Self::build(blob_endpoint, auth, credential.hint(), container)
             }
         }
     }
 
     fn build(endpoint: Url, auth: Auth, auth_hint: &'static str, container: &str) -> Result<BlobStore, StoreError> {
-        ensure_tls_provider();
-        // Our own client rather than the SDK's default: that one has no overall deadline (60 s read timeout).
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| StoreError::Refused(format!("could not build the HTTP client for blob storage: {e}")))?;
-        Self::build_with(endpoint, auth, auth_hint, container, Transport::new(Arc::new(http)))
+        Self::build_with(endpoint, auth, auth_hint, container, Transport::new(Arc::new(http_client()?)))
     }
 
     fn build_with(
@@ -163,23 +166,14 @@ impl BlobStore {
         let ops = Arc::new(AtomicU64::new(0));
         let mut per_try: Vec<Arc<dyn Policy>> = vec![Arc::new(CountTries { ops: ops.clone() })];
         let mut credential = None;
+        let mut token_hint = String::new();
         match auth {
             Auth::SharedKey(policy) => per_try.push(Arc::new(policy)),
             Auth::Sas(sas) => container_url.set_query(Some(sas.expose())),
-            Auth::Token(token) => credential = Some(token),
+            Auth::Token(token, hint) => (credential, token_hint) = (Some(token), hint),
         }
         let options = BlobContainerClientOptions {
-            client_options: ClientOptions {
-                per_try_policies: per_try,
-                retry: RetryOptions::exponential(ExponentialRetryOptions {
-                    initial_delay: azure_core::time::Duration::milliseconds(200),
-                    max_retries: MAX_RETRIES,
-                    max_total_elapsed: azure_core::time::Duration::seconds(15),
-                    max_delay: azure_core::time::Duration::seconds(2),
-                }),
-                transport: Some(transport),
-                ..Default::default()
-            },
+            client_options: ClientOptions { per_try_policies: per_try, ..client_options(transport) },
             version: SERVICE_VERSION.to_string(),
         };
         let client = BlobContainerClient::new(container_url, credential, Some(options))
@@ -189,6 +183,7 @@ impl BlobStore {
             container_name: container.to_string(),
             description,
             auth_hint,
+            token_hint,
             container_ready: AtomicBool::new(false),
             ops,
         })
@@ -296,10 +291,17 @@ impl BlobStore {
                     _ => StoreError::Refused(format!("{op} {target}: storage answered {status_num} {code}")),
                 }
             }
+            // The authority unreachable or failing (5xx, timeout) passes; a refusal (wrong secret, unknown
+            // tenant or client) needs the settings fixed.
+            ErrorKind::Credential if token_failure_is_transient(e) => StoreError::Unavailable(format!(
+                "{op} {target}: could not get an Entra ID token for storage, the authority did not answer or \
+                 failed: {}",
+                chain(e)
+            )),
             ErrorKind::Credential => StoreError::Refused(format!(
                 "{op} {target}: could not get an Entra ID token for storage: {}; {}",
                 chain(e),
-                self.auth_hint
+                self.token_hint
             )),
             _ => StoreError::Unavailable(format!("{op} {target}: {}", chain(e))),
         }
@@ -439,6 +441,27 @@ fn error_code(e: &azure_core::Error) -> Option<&str> {
     }
 }
 
+/// True when a credential failed because Microsoft Entra ID (or the identity endpoint) could not be reached,
+/// timed out or answered with a server error: the next try may succeed. A refusal (4xx: a wrong or expired
+/// secret, an unknown tenant or client) is not.
+fn token_failure_is_transient(e: &azure_core::Error) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(inner) = err.downcast_ref::<azure_core::Error>() {
+            match inner.kind() {
+                ErrorKind::Io | ErrorKind::Connection => return true,
+                ErrorKind::HttpResponse { status, .. } => {
+                    return status.is_server_error()
+                        || matches!(*status, StatusCode::RequestTimeout | StatusCode::TooManyRequests)
+                }
+                _ => {}
+            }
+        }
+        next = err.source();
+    }
+    false
+}
+
 /// An error and its sources as one line, repeated messages collapsed and any SAS signature masked.
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -466,6 +489,32 @@ pub(crate) fn redact_signature(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The HTTP client for storage and for the Entra ID credential's token requests. Our own rather than the SDK's
+/// default: that one has no overall deadline (60 s read timeout).
+fn http_client() -> Result<reqwest::Client, StoreError> {
+    ensure_tls_provider();
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| StoreError::Refused(format!("could not build the HTTP client for blob storage: {e}")))
+}
+
+/// Client options with `transport` and the store's retry bounds ([`MAX_RETRIES`], 15 s in all).
+fn client_options(transport: Transport) -> ClientOptions {
+    ClientOptions {
+        retry: RetryOptions::exponential(ExponentialRetryOptions {
+            initial_delay: azure_core::time::Duration::milliseconds(200),
+            max_retries: MAX_RETRIES,
+            max_total_elapsed: azure_core::time::Duration::seconds(15),
+            max_delay: azure_core::time::Duration::seconds(2),
+        }),
+        transport: Some(transport),
+        ..Default::default()
+    }
 }
 
 /// reqwest (built with `rustls-no-provider`) panics when no rustls provider is installed. The binary installs

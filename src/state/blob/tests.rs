@@ -18,6 +18,42 @@ fn describe_names_endpoint_and_container_but_no_secret() {
     assert!(!format!("{s:?}").contains("topsecret"));
 }
 
+/// The client secret of an identity-based connection, as `Debug` of the settings resolved, of the credential
+/// built from them and of the store, and as the error of a credential that cannot be built, never shows.
+#[test]
+fn debug_and_errors_of_an_identity_store_hold_no_client_secret() {
+    const SECRET: &str = "Cs8Q~UnitClientSecret.9d1";
+    let with_tenant = |tenant: &'static str| {
+        move |key: &str| {
+            let value = match key {
+                "AzureWebJobsStorage__accountName" => "acct",
+                "AzureWebJobsStorage__tenantId" => tenant,
+                "AzureWebJobsStorage__clientId" => "3c1e9a0d-5b7f-4e2a-8d61-0f9b2c4a7e15",
+                "AzureWebJobsStorage__clientSecret" => SECRET,
+                _ => return None,
+            };
+            Some(value.to_string())
+        }
+    };
+    let settings = with_tenant("72f988bf-86f1-41af-91ab-2d7cd011db47");
+    let resolved = identity::resolve(&settings, BlobStore::DEFAULT_SETTING).expect("resolves");
+    assert!(!format!("{resolved:?}").contains(SECRET), "{resolved:?}");
+    let identity::Resolved::Identity { credential, .. } = &resolved else { panic!("identity: {resolved:?}") };
+    let transport = Transport::new(Arc::new(http_client().expect("a client")));
+    let built = credential.build(client_options(transport)).expect("a credential");
+    let debug = format!("{built:?}");
+    assert!(debug.contains("ClientSecretCredential") && !debug.contains(SECRET), "{debug}");
+    let store = BlobStore::from_settings(&settings, BlobStore::DEFAULT_SETTING, "state").expect("a store");
+    assert!(!format!("{store:?}").contains(SECRET), "{store:?}");
+    assert!(!store.token_hint.contains(SECRET) && store.token_hint.contains("AzureWebJobsStorage__clientSecret"));
+
+    let err = BlobStore::from_settings(&with_tenant("not/a tenant"), BlobStore::DEFAULT_SETTING, "state")
+        .expect_err("an invalid tenant id");
+    let text = err.to_string();
+    assert!(text.contains("invalid tenant ID") && text.contains("AzureWebJobsStorage__tenantId"), "{text}");
+    assert!(!text.contains(SECRET) && !format!("{err:?}").contains(SECRET), "{text}");
+}
+
 #[test]
 fn construction_errors_are_refusals_that_name_the_problem() {
     let err = BlobStore::from_connection_string(&Secret::new("AccountName=acct"), "state").expect_err("no key");
@@ -114,4 +150,22 @@ fn signatures_are_masked_in_error_text() {
         redact_signature("error sending request for url (https://a/b?sv=1&sig=abc%3D&se=2) sig=xyz"),
         "error sending request for url (https://a/b?sv=1&sig=***&se=2) sig=***"
     );
+}
+
+/// An Entra ID authority that refuses (4xx) needs the settings fixed; one that fails (5xx, 408, 429) or cannot
+/// be reached passes.
+#[test]
+fn a_token_failure_is_transient_only_when_the_authority_failed_or_did_not_answer() {
+    let failed = |kind: ErrorKind| {
+        let inner = azure_core::Error::with_message(kind, "the authority's answer").with_context("a retry wrapper");
+        azure_core::Error::with_error(ErrorKind::Credential, inner, "ClientSecretCredential authentication failed")
+    };
+    let answered = |status| ErrorKind::HttpResponse { status, error_code: None, raw_response: None };
+    assert!(!token_failure_is_transient(&failed(answered(StatusCode::BadRequest))));
+    assert!(!token_failure_is_transient(&failed(answered(StatusCode::Unauthorized))));
+    assert!(token_failure_is_transient(&failed(answered(StatusCode::InternalServerError))));
+    assert!(token_failure_is_transient(&failed(answered(StatusCode::TooManyRequests))));
+    assert!(token_failure_is_transient(&failed(ErrorKind::Io)));
+    assert!(token_failure_is_transient(&failed(ErrorKind::Connection)));
+    assert!(!token_failure_is_transient(&failed(ErrorKind::Credential)), "no scopes, an invalid tenant id");
 }

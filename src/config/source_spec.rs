@@ -18,8 +18,8 @@ pub enum StartFrom {
     /// Only changes made after the first tick.
     Now,
     /// The rows that exist when the function first runs, delivered by a backfill (docs/operations.md,
-    /// "Backfill"), and every change after them (postgres-cursor; SQL Server change tracking reads the option
-    /// itself and starts from `Earliest`).
+    /// "Backfill"), and every change after them (postgres-cursor, postgres-logical; SQL Server change tracking
+    /// reads the option itself and starts from `Earliest`).
     Snapshot,
 }
 
@@ -224,18 +224,20 @@ pub(super) fn source_spec(
         // The SQL Server change-tracking source walks the table first, then follows changes; it reads the
         // option itself, and to the engine the start is "before everything".
         Some("snapshot") if kind == SourceKind::MssqlChangeTracking => StartFrom::Earliest,
-        Some("snapshot") if kind == SourceKind::PostgresCursor => StartFrom::Snapshot,
+        Some("snapshot") if matches!(kind, SourceKind::PostgresCursor | SourceKind::PostgresLogical) => {
+            StartFrom::Snapshot
+        }
         Some("snapshot") => {
             problem(
                 "startFrom",
-                "snapshot is available for postgres-cursor and mssql-change-tracking only; use earliest or now".into(),
+                "snapshot is available for postgres-cursor, postgres-logical and mssql-change-tracking only; use earliest or now".into(),
             );
             StartFrom::Earliest
         }
         Some(other) => {
             problem(
                 "startFrom",
-                format!("{other:?} is not a start; use earliest, now or (postgres-cursor, SQL Server change tracking) snapshot"),
+                format!("{other:?} is not a start; use earliest, now or (postgres-cursor, postgres-logical, SQL Server change tracking) snapshot"),
             );
             StartFrom::Earliest
         }

@@ -14,7 +14,7 @@ use super::error::TickError;
 use super::parts::Trigger;
 use super::tick::Tick;
 use crate::change::Change;
-use crate::source::{BatchRange, Fetched, Filter, Position, SourceError};
+use crate::source::{BatchRange, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError};
 use serde_json::value::RawValue;
 
 /// The metadata key that marks a backfilled row (see [`mark`]).
@@ -58,18 +58,42 @@ pub(super) fn served(tick: &mut Tick<'_>, chunk: bool) {
 }
 
 /// The next chunk of the running backfill after `after`, marked, with its backfill's id; `None` when there is
-/// none to serve (no running backfill, or nothing left: then, if nothing of it is `unacknowledged`, the
-/// backfill is done and the tick must write).
+/// none to serve (no running backfill; the source cannot place a chunk now; or nothing left: then, if nothing
+/// of it is `unacknowledged`, the backfill is done and the tick must write). `live` is the end of the live
+/// changes already handed to the consumer: the chunk goes right after them (`ChunkRequest::live`).
 pub(super) async fn next_chunk(
     tick: &mut Tick<'_>,
     after: &Position,
     unacknowledged: bool,
+    live: &Position,
 ) -> Result<Option<(Fetched, String)>, TickError> {
     let Some(b) = tick.doc.backfill.clone().filter(|b| b.state == super::document::BackfillState::Running) else {
         return Ok(None);
     };
     let limit = tick.trigger.config.settings.max_batch_size;
-    let mut fetched = tick.trigger.source.backfill_chunk(&b.bound, after, None, filter(&b)?.as_ref(), limit).await?;
+    let filter = filter(&b)?;
+    let request = ChunkRequest { bound: &b.bound, after, upto: None, filter: filter.as_ref(), limit, live };
+    let mut fetched = match tick.trigger.source.backfill_chunk(request).await? {
+        ChunkRead::Rows(fetched) => {
+            tick.memory.backfill_later = None;
+            fetched
+        }
+        ChunkRead::Later(why) => {
+            // Said once per reason: a source that waits out a long transaction says so every tick otherwise.
+            let name = &tick.trigger.config.name;
+            if tick.memory.backfill_later.as_deref() != Some(why.as_str()) {
+                tracing::info!(function = %name, backfill = %b.id, "no chunk of backfill {} this tick, live changes go first: {why}", b.id);
+                tick.out.logs.push(format!("no chunk of backfill {} this tick: {why}", b.id));
+                tick.memory.backfill_later = Some(why);
+            } else {
+                tracing::debug!(function = %name, backfill = %b.id, "still no chunk of backfill {}: {why}", b.id);
+            }
+            // The attempt counts as the backfill's turn: under a live backlog, a source that waits (up to its
+            // poll bound) before refusing costs live changes one tick in `LIVE_PER_CHUNK + 1`, not every tick.
+            tick.memory.live_in_a_row = 0;
+            return Ok(None);
+        }
+    };
     if fetched.changes.is_empty() {
         if share::finished(Some(&b), unacknowledged) {
             tick.doc.finish_backfill(tick.now);
@@ -84,20 +108,33 @@ pub(super) async fn next_chunk(
     Ok(Some((fetched, b.id)))
 }
 
-/// A chunk delivered before, read again as its rows are now: the same key range, bounded on both sides. A
-/// chunk of a backfill the document no longer holds open (cancelled, replaced) reads nothing.
+/// A chunk delivered before, read again as its rows are now: the same key range, bounded on both sides, placed
+/// after the live changes up to `live`. A chunk of a backfill the document no longer holds open (cancelled,
+/// replaced) reads nothing. A source that cannot place it now fails the tick (the chunk must go before
+/// anything else); the next tick reads it again.
 pub(super) async fn reread(
     trigger: &Trigger,
     tick_doc: &super::document::StateDoc,
     range: &BatchRange,
     limit: usize,
+    live: &Position,
 ) -> Result<Fetched, TickError> {
     let id = range.backfill.as_deref().unwrap_or_default();
     let Some(b) = tick_doc.backfill.as_ref().filter(|b| b.id == id && b.open()) else {
         return Ok(Fetched::default());
     };
-    let mut fetched =
-        trigger.source.backfill_chunk(&b.bound, &range.from, Some(&range.to), filter(b)?.as_ref(), limit).await?;
+    let filter = filter(b)?;
+    let request =
+        ChunkRequest { bound: &b.bound, after: &range.from, upto: Some(&range.to), filter: filter.as_ref(), limit, live };
+    let mut fetched = match trigger.source.backfill_chunk(request).await? {
+        ChunkRead::Rows(fetched) => fetched,
+        ChunkRead::Later(why) => {
+            return Err(TickError::Source(SourceError::Unavailable(format!(
+                "chunk {} of backfill {} cannot be read again now ({why}); the next tick tries again",
+                range.batch_id, b.id
+            ))))
+        }
+    };
     mark(&mut fetched.changes, &b.id);
     Ok(fetched)
 }

@@ -83,9 +83,10 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
             return tick.halt(&poison).await;
         }
         sent.settled = true;
+        let live = answered.frontier(&tick.doc.checkpoint).clone();
         let changes = match &poison.quarantined {
             Some(_) => Vec::new(),
-            None => tick.changes_of(&poison.range, None).await?,
+            None => tick.changes_of(&poison.range, None, &live).await?,
         };
         tick.quarantine(&poison, changes).await?;
     }
@@ -154,10 +155,12 @@ async fn owed_reply(
             page = Some(fetched.changes);
         }
     }
+    // An owed chunk goes after everything answered so far: the live changes up to the span's end.
+    let live = answered.frontier(&tick.doc.checkpoint).clone();
     let Some(sent) = answered.owed() else { return Ok(None) };
     let changes = match page {
         Some(changes) => changes,
-        None => tick.changes_of(&sent.range, sent.quarantined.as_deref()).await?,
+        None => tick.changes_of(&sent.range, sent.quarantined.as_deref(), &live).await?,
     };
     if sent.answered_on_final() && sent.failures > 0 {
         // Its earlier answers failed, and the last one, on the host's final attempt, is assumed to.
@@ -208,7 +211,7 @@ async fn fetch_reply(
     let unproven = answered.chunks.iter().rfind(ours).map(|s| s.range.to.clone());
     let after = unproven.clone().or_else(|| tick.doc.backfill.as_ref().map(|b| b.after.clone())).unwrap_or_default();
     let first = match turn {
-        Turn::ChunkThenLive => backfill::next_chunk(tick, &after, unproven.is_some()).await?,
+        Turn::ChunkThenLive => backfill::next_chunk(tick, &after, unproven.is_some(), &from).await?,
         _ => None,
     };
     let (mut fetched, mut chunk) = match first {
@@ -216,7 +219,7 @@ async fn fetch_reply(
         None => (tick.trigger.source.fetch(&from, tick.trigger.config.settings.max_batch_size).await?, None),
     };
     if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
-        if let Some((read, id)) = backfill::next_chunk(tick, &after, unproven.is_some()).await? {
+        if let Some((read, id)) = backfill::next_chunk(tick, &after, unproven.is_some(), &from).await? {
             fetched = read;
             chunk = Some(id);
         }

@@ -70,6 +70,8 @@ pub(super) struct Memory {
     pub(super) chained: Option<Chained>,
     /// Live batches served in a row since the last backfill chunk (`decide::backfill`).
     pub(super) live_in_a_row: u32,
+    /// Why the source last could not place a backfill chunk (`ChunkRead::Later`), so the reason is said once.
+    pub(super) backfill_later: Option<String>,
 }
 
 /// The trigger of one function: its configuration, source, ledger and delivery, and this process's memory of

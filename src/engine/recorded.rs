@@ -32,7 +32,8 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
             Stuck::Redeliver => return redeliver(tick, ack, flight).await,
             Stuck::Halt(poison) => return tick.halt(&poison).await,
             Stuck::Quarantine(poison) => {
-                let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref()).await?;
+                let live = tick.doc.checkpoint.clone();
+                let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref(), &live).await?;
                 tick.quarantine(&poison, changes).await?;
                 tick.doc.pass_quarantined(&flight);
             }
@@ -53,11 +54,13 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         None => {
             let turn = backfill::turn(tick);
             let after = tick.doc.backfill.as_ref().map(|b| b.after.clone()).unwrap_or_default();
+            // Nothing is in flight: the live changes handed over end at the checkpoint (a batch fetched ahead
+            // was not handed over, and goes after the chunk).
+            let checkpoint = tick.doc.checkpoint.clone();
             let first = match turn {
-                Turn::ChunkThenLive => backfill::next_chunk(tick, &after, false).await?,
+                Turn::ChunkThenLive => backfill::next_chunk(tick, &after, false, &checkpoint).await?,
                 _ => None,
             };
-            let checkpoint = tick.doc.checkpoint.clone();
             let (mut fetched, mut chunk) = match first {
                 Some((fetched, id)) => (fetched, Some(id)),
                 None => match take_ahead(tick, &checkpoint) {
@@ -66,7 +69,7 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
                 },
             };
             if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
-                if let Some((read, id)) = backfill::next_chunk(tick, &after, false).await? {
+                if let Some((read, id)) = backfill::next_chunk(tick, &after, false, &checkpoint).await? {
                     fetched = read;
                     chunk = Some(id);
                 }
@@ -122,7 +125,9 @@ fn record_delivery(tick: &mut Tick<'_>, flight: InFlight, ack: Acknowledge) {
 /// Sends a batch in flight again: the same range as the rows are now, or the stored changes of a quarantined
 /// batch.
 async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> Result<(), TickError> {
-    let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref()).await?;
+    // The batch in flight is the only one after the checkpoint handed over.
+    let live = tick.doc.checkpoint.clone();
+    let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref(), &live).await?;
     let owner = tick.trigger.owner.clone();
     let why = if flight.owner != owner {
         format!("it was answered by {} and its outcome is unknown", flight.owner)

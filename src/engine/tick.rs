@@ -203,14 +203,19 @@ impl<'a> Tick<'a> {
     }
 
     /// The changes of a batch delivered before, as they are now (or as quarantined, when `quarantined` names
-    /// its document).
-    pub async fn changes_of(&self, range: &BatchRange, quarantined: Option<&str>) -> Result<Vec<Change>, TickError> {
+    /// its document). `live`: the end of the live changes handed over before it (a chunk is placed after them).
+    pub async fn changes_of(
+        &self,
+        range: &BatchRange,
+        quarantined: Option<&str>,
+        live: &Position,
+    ) -> Result<Vec<Change>, TickError> {
         if let Some(key) = quarantined {
             return Ok(self.trigger.ledger.load_quarantined_batch(key).await?.1);
         }
         let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
         if range.backfill.is_some() {
-            return Ok(super::backfill::reread(self.trigger, &self.doc, range, limit).await?.changes);
+            return Ok(super::backfill::reread(self.trigger, &self.doc, range, limit, live).await?.changes);
         }
         Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)
     }

@@ -79,10 +79,37 @@ pub struct BackfillPlan {
     pub estimate: Option<u64>,
 }
 
+/// One chunk read of a backfill ([`Source::backfill_chunk`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkRequest<'a> {
+    /// What the backfill reads under ([`BackfillPlan::bound`]).
+    pub bound: &'a Position,
+    /// After this key position (`Null`: from the first key)...
+    pub after: &'a Position,
+    /// ...up to this one, inclusive, when re-reading a chunk delivered before.
+    pub upto: Option<&'a Position>,
+    pub filter: Option<&'a Filter>,
+    pub limit: usize,
+    /// The end of the live changes already handed to the consumer (the checkpoint, or under deferred delivery
+    /// the end of the answered span): the chunk is delivered right after them and before every live change
+    /// after it. A source whose rule needs it (postgres-logical) reads it; the others need not.
+    pub live: &'a Position,
+}
+
+/// What a chunk read found.
+#[derive(Debug)]
+pub enum ChunkRead {
+    /// The chunk: rows (possibly none, at the end of the walk) and the last key read.
+    Rows(Fetched),
+    /// No chunk can be placed now without breaking the source's rule; the text says why. Nothing was read
+    /// that the backfill must remember: the next tick asks again.
+    Later(String),
+}
+
 /// The error of a source that cannot backfill, naming the ones that can.
 pub fn cannot_backfill(name: &str) -> SourceError {
     SourceError::Invalid(format!(
-        "{name} cannot backfill (yet): only postgres-cursor sources can; see docs/operations.md, \"Backfill\""
+        "{name} cannot backfill (yet): only postgres-cursor and postgres-logical sources can; see docs/operations.md, \"Backfill\""
     ))
 }
 
@@ -181,19 +208,15 @@ pub trait Source: Send + Sync + fmt::Debug {
         let _ = (checkpoint, filter);
         Err(cannot_backfill(&self.name()))
     }
-    /// Up to `limit` rows of the backfill started with `bound`, after key position `after` (`Null`: from the
-    /// first key) and, when re-reading a chunk delivered before, up to `upto` (inclusive); in key order, as
-    /// they are now, each an insert (operation 0). `Fetched::last` is the last row's key position. Reads in
-    /// one statement: nothing is held open between chunks.
-    async fn backfill_chunk(
-        &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        filter: Option<&Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
-        let _ = (bound, after, upto, filter, limit);
+    /// Up to `request.limit` rows of the backfill started with `request.bound`, after key position
+    /// `request.after` (`Null`: from the first key) and, when re-reading a chunk delivered before, up to
+    /// `request.upto` (inclusive); in key order, as they are now, each an insert (operation 0).
+    /// `Fetched::last` is the last key position read (a source may leave out rows it read: their keys' newer
+    /// changes come through the live path, `request.live`). Reads in one statement: nothing is held open
+    /// between chunks. [`ChunkRead::Later`]: the source cannot place a chunk right now (it says why), and the
+    /// tick serves live changes instead.
+    async fn backfill_chunk(&self, request: ChunkRequest<'_>) -> Result<ChunkRead, SourceError> {
+        let _ = request;
         Err(cannot_backfill(&self.name()))
     }
     /// What the source wants an operator to see in status beside pending and lag (a slot's retained WAL).

@@ -31,6 +31,10 @@ struct Inner {
     fetches: u64,
     /// Every backfill chunk read: its `after` and `upto`.
     chunk_reads: Vec<(Position, Option<Position>)>,
+    /// The live position each chunk read was given (`ChunkRequest::live`).
+    chunk_lives: Vec<Position>,
+    /// When set, every chunk read answers `ChunkRead::Later` with this text.
+    chunks_later: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -46,6 +50,17 @@ impl MemorySource {
     /// Every backfill chunk read so far: `(after, upto)`.
     pub fn chunk_reads(&self) -> Vec<(Position, Option<Position>)> {
         self.inner.lock().expect("memory source lock").chunk_reads.clone()
+    }
+
+    /// The live position each backfill chunk read was given, in order.
+    pub fn chunk_live_positions(&self) -> Vec<Position> {
+        self.inner.lock().expect("memory source lock").chunk_lives.clone()
+    }
+
+    /// While `why` is set, every chunk read answers that no chunk can be placed now (as the logical source does
+    /// while a transaction of its window is still in progress).
+    pub fn refuse_chunks(&self, why: Option<&str>) {
+        self.inner.lock().expect("memory source lock").chunks_later = why.map(str::to_string);
     }
 
     /// Starts a transaction and returns its version; its writes are invisible until [`Self::commit`].
@@ -208,16 +223,19 @@ impl Source for MemorySource {
 
     async fn backfill_chunk(
         &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        _filter: Option<&sql_pseudo_trigger::source::Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
+        request: sql_pseudo_trigger::source::ChunkRequest<'_>,
+    ) -> Result<sql_pseudo_trigger::source::ChunkRead, SourceError> {
+        let sql_pseudo_trigger::source::ChunkRequest { bound, after, upto, limit, .. } = request;
         let key = |p: &Position| p.as_array().and_then(|a| a.first()).and_then(|k| k.as_i64());
         let mut i = self.inner.lock().expect("memory source lock");
+        i.chunk_lives.push(request.live.clone());
+        if let Some(why) = &i.chunks_later {
+            return Ok(sql_pseudo_trigger::source::ChunkRead::Later(why.clone()));
+        }
         i.chunk_reads.push((after.clone(), upto.cloned()));
-        let Some(bound) = bound.as_u64() else { return Ok(Fetched::default()) };
+        let Some(bound) = bound.as_u64() else {
+            return Ok(sql_pseudo_trigger::source::ChunkRead::Rows(Fetched::default()));
+        };
         let (after, upto) = (key(after), upto.and_then(key));
         let mut fetched = Fetched::default();
         for (k, r) in i.rows.iter() {
@@ -230,7 +248,7 @@ impl Source for MemorySource {
             fetched.changes.push(Change::from_json(Operation::Insert, r.item.clone()).expect("row json"));
             fetched.last = Some(serde_json::json!([k]));
         }
-        Ok(fetched)
+        Ok(sql_pseudo_trigger::source::ChunkRead::Rows(fetched))
     }
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {

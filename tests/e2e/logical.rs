@@ -39,23 +39,23 @@ const ORDERS: &str = "CREATE TABLE public.orders (
 CREATE TABLE public.other (id bigserial PRIMARY KEY, filler text NOT NULL);";
 
 /// A fresh database with `schema` created, and a replication slot name no other test uses.
-struct Db {
-    url: String,
-    db: tokio_postgres::Client,
-    slot: String,
+pub(crate) struct Db {
+    pub(crate) url: String,
+    pub(crate) db: tokio_postgres::Client,
+    pub(crate) slot: String,
     // Last: drops the slot after everything declared after this `Db` (the handler) is gone.
     _guard: SlotGuard,
 }
 
 impl Db {
     /// A database on the shared server.
-    async fn shared(prefix: &str, schema: &str) -> Self {
+    pub(crate) async fn shared(prefix: &str, schema: &str) -> Self {
         let url = support::fixture().fresh_database(prefix).await;
         Self::on(url, schema).await
     }
 
     /// A database on a private server (whose admin URL is `admin`).
-    async fn private(admin: &str, prefix: &str, schema: &str) -> Self {
+    pub(crate) async fn private(admin: &str, prefix: &str, schema: &str) -> Self {
         let name = support::unique_database_name(prefix);
         let url = embedded::create_database(admin, &name).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
         Self::on(url, schema).await
@@ -205,7 +205,7 @@ fn logical_trigger(table: &str, slot: &str, extra: Value) -> Value {
 
 /// An app whose one function ([`FUNCTION`]) watches `table` of `db` through the test's slot, with blob state in
 /// the shared Azurite and a zero proof window (a batch is acknowledged by the next invocation).
-fn logical_app(db: &Db, table: &str, extra: Value, settings: &[(&str, &str)]) -> (AppFolder, String) {
+pub(crate) fn logical_app(db: &Db, table: &str, extra: Value, settings: &[(&str, &str)]) -> (AppFolder, String) {
     let app_name = unique_app_name("logical");
     let azurite = support::fixture().azurite_connection_string();
     let mut all: Vec<(&str, &str)> = vec![
@@ -279,7 +279,7 @@ fn changes(messages: &[Value]) -> Vec<(i64, Value)> {
 }
 
 /// Every attempt's failure of a firing and the handler's log, to search for an error message.
-fn failure_text(host: &HostDriver, run: &TimerRun) -> String {
+pub(crate) fn failure_text(host: &HostDriver, run: &TimerRun) -> String {
     let mut text: Vec<String> = run
         .attempts
         .iter()
@@ -301,7 +301,7 @@ async fn fire_failing(host: &HostDriver) -> String {
 }
 
 /// The first firing: creates the slot (and the publication); nothing can be delivered yet.
-async fn first_firing(host: &HostDriver) {
+pub(crate) async fn first_firing(host: &HostDriver) {
     let run = host.run_timer(FUNCTION).await.expect("timer run");
     assert!(run.succeeded, "the first firing failed: {}", failure_text(host, &run));
     assert!(run.applied.get("changes").is_none_or(|m| m.is_empty()), "delivered before any write: {:?}", run.applied);
@@ -331,7 +331,7 @@ fn answered_items(invocation: &testbed::driver::Invocation) -> Vec<(i64, String)
 }
 
 /// `handler state <args>` on the app, as JSON; the error text when it fails.
-async fn cli(app: &AppFolder, args: &[&str]) -> Result<Value, String> {
+pub(crate) async fn cli(app: &AppFolder, args: &[&str]) -> Result<Value, String> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let output = handler_cli(app.root(), &args).await;
     if output.status.success() {

@@ -18,6 +18,7 @@ mod lag;
 mod liveness;
 mod log_levels;
 mod logical;
+mod logical_backfill;
 mod operations;
 mod outages;
 mod outputs;

@@ -1774,3 +1774,38 @@ async fn a_backfill_chunk_whose_write_failed_is_answered_again_from_the_same_key
     assert_eq!(key2, vec![(2, v1 as i64), (2, v2 as i64)]);
     world.assert_nothing_lost();
 }
+
+#[tokio::test]
+async fn a_chunk_the_source_cannot_place_yet_leaves_the_backfill_running_and_the_tick_serves_live_changes() {
+    use sql_pseudo_trigger::engine::document::BackfillState;
+    use sql_pseudo_trigger::ops::Action;
+    // GIVEN three rows delivered and proven, a backfill started, and a source that cannot place a chunk now
+    // (as the logical source while a transaction of its window is still in progress)
+    let world = World::new();
+    let p = world.process("p1", settings());
+    let v1 = world.upsert(1..=3);
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Delivered, Some(1), &rows(1..=3, v1));
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
+    p.trigger.operate(Action::BackfillStart { filter: None }, "test").await.expect("backfill starts");
+    world.source.refuse_chunks(Some("a transaction is still in progress"));
+
+    // WHEN a live change comes, and then nothing
+    let v2 = world.upsert([4]);
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Delivered, Some(2), &rows([4], v2));
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
+
+    // THEN the backfill is still running (an unplaced chunk is not an empty one), and each chunk read was told
+    // where the live changes handed over end: the proven checkpoint, batch 2's last change
+    let doc = world.state().await;
+    assert_eq!(doc.backfill.as_ref().map(|b| b.state), Some(BackfillState::Running), "{doc:?}");
+    assert_eq!(world.source.chunk_live_positions().last(), Some(&doc.checkpoint));
+    assert_eq!(checkpoint(&doc), Some((v2, 4)));
+
+    // AND once the source can, the chunk is delivered and the backfill ends
+    world.source.refuse_chunks(None);
+    let chunk = p.answer(NORMAL, Output::Written).await;
+    assert_answer(&chunk, OutcomeKind::Delivered, Some(3), &rows(1..=3, v1));
+    assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
+    assert_eq!(world.state().await.backfill.map(|b| b.state), Some(BackfillState::Done));
+    world.assert_nothing_lost();
+}

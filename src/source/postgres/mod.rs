@@ -398,15 +398,9 @@ impl Source for PostgresCursor {
         self.start_backfill(checkpoint, filter).await
     }
 
-    async fn backfill_chunk(
-        &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        filter: Option<&super::Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
-        self.read_chunk(bound, after, upto, filter, limit).await
+    /// The cursor source's rule needs no live position: its bound excludes every row written since the start.
+    async fn backfill_chunk(&self, r: super::ChunkRequest<'_>) -> Result<super::ChunkRead, SourceError> {
+        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(super::ChunkRead::Rows)
     }
 
     async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {

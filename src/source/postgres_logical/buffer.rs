@@ -141,6 +141,16 @@ impl Buffer {
         Ok((scanner.out, complete))
     }
 
+    /// Every event held after `after` (all of them for `None`), in order: what a backfill checks its chunk
+    /// against. Exact only while [`Self::serves`] `after`.
+    pub fn after(&self, after: Option<Pos>) -> impl Iterator<Item = &Event> {
+        let from = match after {
+            Some(a) => self.events.partition_point(|(e, _)| a.covers(e.place())),
+            None => 0,
+        };
+        self.events.range(from..).map(|(e, _)| e)
+    }
+
     pub fn held(&self) -> (usize, usize) {
         (self.changes, self.bytes)
     }
@@ -164,6 +174,7 @@ mod tests {
             lsn: Lsn(commit),
             xid: 1,
             commit_time: 0,
+            key: None,
         })
     }
 

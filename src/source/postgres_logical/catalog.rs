@@ -19,6 +19,8 @@ pub(super) struct Shape {
     pub catalog: Vec<CatalogColumn>,
     /// The columns of `Item`, in `Item` order.
     pub item_columns: Vec<Ident>,
+    /// The same columns with how each reaches `Item` (a backfill's chunk statement projects them alike).
+    pub item_renders: Vec<(Ident, sql::Render)>,
     pub items: String,
     /// How the last Relation message said `Item`s are built (logged when it changes).
     pub items_path: Mutex<Option<Result<(), String>>>,
@@ -167,6 +169,7 @@ impl PostgresLogical {
         Ok(Shape {
             oid,
             items: sql::items(&quoted, &key, &item_columns),
+            item_renders: item_columns,
             key,
             columns: columns.into_iter().map(|(n, _, _)| n).collect(),
             catalog,

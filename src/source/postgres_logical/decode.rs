@@ -28,6 +28,10 @@ pub(super) struct Decoded {
     pub lsn: Lsn,
     pub xid: u32,
     pub commit_time: i64,
+    /// The texts of the key the change touched (the old key, for the delete half of a key change), in key
+    /// order, as the WAL carries them: what a backfill drops from a chunk (`backfill`). `None` when a key
+    /// column's value is not in the WAL (status decodes no values).
+    pub key: Option<Vec<String>>,
 }
 
 /// What the watched table's part of the WAL holds, in order.
@@ -165,6 +169,7 @@ impl Decoder {
                         }
                         (true, _, _) => row_values(&message, r, &shape, self.delete_item),
                     };
+                    let key = key_texts(&shape, &values);
                     let item = self.plan.as_ref().and_then(|p| item::build(p, kind, &values));
                     // What the statement would read is not needed once the Item is built.
                     let values = if item.is_some() { Map::new() } else { values };
@@ -177,6 +182,7 @@ impl Decoder {
                         lsn,
                         xid: t.xid,
                         commit_time: t.commit_time,
+                        key,
                     }));
                 }
             }
@@ -285,6 +291,11 @@ fn tuple_object(tuple: &[pgoutput::Value], r: &Relation, shape: &Shape, only_key
         m.insert(c.name.clone(), value);
     }
     m
+}
+
+/// The key's texts among a change's values, in key order; `None` when one is missing or null.
+fn key_texts(shape: &Shape, values: &Map<String, Value>) -> Option<Vec<String>> {
+    shape.key.iter().map(|k| values.get(k.as_str()).and_then(Value::as_str).map(str::to_string)).collect()
 }
 
 /// Whether an update moved its row to another key: the old tuple (sent when the replica identity changed or

@@ -25,6 +25,7 @@
 //! `REPLICA IDENTITY FULL` it comes from the old row the WAL carries; otherwise it is read from the table by
 //! key (its current value — a later change to it is delivered later, so a consumer converges).
 
+mod backfill;
 mod buffer;
 mod catalog;
 mod decode;
@@ -164,7 +165,8 @@ impl Source for PostgresLogical {
         let confirmed = self.ensure_slot(&client, true).await?;
         memory.at = Some(confirmed);
         let at = match from {
-            // (Configuration refuses snapshot for this kind: a backfill of it is for a later release.)
+            // Snapshot: the live path starts where earliest does, and the engine starts a backfill of the rows
+            // that exist beside it; whatever changes meanwhile, each chunk is checked against the stream.
             StartFrom::Earliest | StartFrom::Snapshot => confirmed,
             StartFrom::Now => {
                 let flush: String = client.query_one(sql::FLUSH, &[]).await.map_err(|e| self.error(e))?.get(0);
@@ -213,6 +215,18 @@ impl Source for PostgresLogical {
             return Ok(());
         }
         self.advance_over_sql(&mut memory, target).await
+    }
+
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&super::Filter>,
+    ) -> Result<super::BackfillPlan, SourceError> {
+        self.start_backfill(checkpoint, filter).await
+    }
+
+    async fn backfill_chunk(&self, request: super::ChunkRequest<'_>) -> Result<super::ChunkRead, SourceError> {
+        self.read_chunk(request).await
     }
 
     async fn health(&self) -> Result<Option<Value>, SourceError> {

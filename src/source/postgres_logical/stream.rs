@@ -87,7 +87,7 @@ impl PostgresLogical {
     }
 
     /// The stream that serves a read after `after`: the one held, else a new one.
-    async fn stream_for(&self, after: Option<Pos>) -> Result<Option<Arc<Shared>>, SourceError> {
+    pub(super) async fn stream_for(&self, after: Option<Pos>) -> Result<Option<Arc<Shared>>, SourceError> {
         let mut current = self.streams.current.lock().await;
         if let Some(handle) = current.as_ref() {
             let mut b = handle.shared.lock();

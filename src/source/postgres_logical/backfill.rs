@@ -1,0 +1,353 @@
+//! The backfill of the logical source: the rows that already exist, read in primary-key order in chunks, each
+//! placed in the live stream right after the live changes already handed to the consumer (`D`,
+//! `ChunkRequest::live`). The rule, argued in docs/architecture.md ("Backfill"), is DBLog's watermarks with
+//! one step added for PostgreSQL's commit visibility:
+//!
+//! 1. Take a snapshot `S0` and wait (a short, bounded poll) until every transaction in progress in it has left
+//!    the proc array. A transaction's commit record reaches the WAL (and the stream) before its changes become
+//!    visible to other sessions; after this wait every transaction the stream decoded before the chunk is
+//!    visible to the chunk's read. The test is a later snapshot, not `pg_xact_status`: the commit log says
+//!    "committed" before the transaction leaves the proc array, while a snapshot taken then still hides it.
+//! 2. Read the chunk in one statement.
+//! 3. Read the WAL insert position `H` in a statement that commits a transaction (it takes an xid), so the WAL
+//!    has a flushed record after `H` even on an idle server; wait until the stream has decoded through it.
+//!    Every transaction the chunk saw committed before `H`.
+//! 4. Leave out of the chunk every key that a change the stream holds after `D` touched (both keys of a key
+//!    change; every row after a truncate). Those changes are delivered after the chunk with their row images,
+//!    so a key left in the chunk has no change in `(D, H]`: its value is the one the consumer holds after `D`,
+//!    and its changes after `H` come after the chunk.
+//!
+//! A step that cannot finish in time (a long transaction, a stream behind or full, the slot held elsewhere)
+//! gives the chunk up for this tick (`ChunkRead::Later`): live changes go first, and the next tick tries again.
+//! What this keeps in memory beyond the stream's own bounded buffer: one chunk's rows and the set of keys the
+//! buffer's changes after `D` touched (at most `streamBufferChanges` keys).
+
+use super::catalog::Shape;
+use super::decode::Event;
+use super::options::Reader;
+use super::position::{Lsn, Pos};
+use super::sql::Render;
+use super::stream::Shared;
+use super::PostgresLogical;
+use crate::change::{Change, Operation};
+use crate::ident::Ident;
+use crate::source::{BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// Raw reads one chunk may take when every row of a read was left out (each key changed while it was read):
+/// the walk goes on rather than answer an empty chunk, which would end the backfill.
+const READS_PER_CHUNK: usize = 4;
+
+/// A snapshot's text (`xmin:xmax:xip,...`) and the transactions in progress in it.
+pub const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+
+/// How many of the transactions in progress in snapshot `$1` are still in progress now (in the proc array: a
+/// snapshot taken now would not see them).
+pub const STILL_RUNNING: &str = "SELECT count(*) FROM unnest(pg_snapshot_xip($1::text::pg_snapshot)) x
+    WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot())";
+
+/// The WAL insert position, read in a transaction that takes an xid: its commit record, written after the
+/// position and flushed at commit, lets the stream pass the position even when nothing else is written.
+pub const HIGH_WATERMARK: &str = "SELECT pg_current_wal_insert_lsn()::text, pg_current_xact_id()::text";
+
+/// The statement of one chunk read, with its text parameters in order (a limit, when there is one, is last).
+#[derive(Debug, PartialEq)]
+pub(super) struct ChunkSql {
+    pub sql: String,
+    pub params: Vec<String>,
+    pub limited: bool,
+}
+
+/// The rows after `after` (key texts; none: from the first key), up to `upto` when given, matching `filter`, in
+/// key order: the key's texts, then the `Item` (projected as the live path builds it). `limited`: at most `$n`
+/// rows; a re-read (`upto`) is not limited, since rows inserted into its range since belong to it.
+pub(super) fn chunk_sql(
+    shape: &Shape,
+    table: &str,
+    after: Option<&[String]>,
+    upto: Option<&[String]>,
+    filter: Option<&Filter>,
+) -> ChunkSql {
+    let key_type = |k: &Ident| type_of(shape, k).unwrap_or_else(|| "text".into());
+    let keys: Vec<String> = shape.key.iter().map(|k| format!("t.{}", k.pg())).collect();
+    let keys = keys.join(", ");
+    let mut params: Vec<String> = Vec::new();
+    let mut preds = Vec::new();
+    let bound_key = |texts: &[String], op: &str, params: &mut Vec<String>| {
+        let first = params.len();
+        let casts: Vec<String> =
+            shape.key.iter().enumerate().map(|(i, k)| format!("(${}::text)::{}", first + i + 1, key_type(k))).collect();
+        params.extend(texts.iter().cloned());
+        format!("({keys}) {op} ({})", casts.join(", "))
+    };
+    if let Some(after) = after {
+        preds.push(bound_key(after, ">", &mut params));
+    }
+    if let Some(upto) = upto {
+        preds.push(bound_key(upto, "<=", &mut params));
+    }
+    if let Some(filter) = filter {
+        let mut bound = Vec::new();
+        preds.push(filter.to_pg(&|c| type_of(shape, c), params.len(), &mut bound));
+        params.extend(bound);
+    }
+    let texts: Vec<String> = shape.key.iter().map(|k| format!("t.{}::text", k.pg())).collect();
+    let projected: Vec<String> = shape
+        .item_renders
+        .iter()
+        .map(|(c, render)| match render {
+            Render::Plain | Render::Json(_) => format!("t.{} AS {}", c.pg(), c.pg()),
+            Render::Base64 => format!("translate(encode(t.{}, 'base64'), E'\\n', '') AS {}", c.pg(), c.pg()),
+        })
+        .collect();
+    let preds = if preds.is_empty() { "true".to_string() } else { preds.join(" AND ") };
+    let limited = upto.is_none();
+    let limit = if limited { format!(" LIMIT ${}", params.len() + 1) } else { String::new() };
+    let sql = format!(
+        "SELECT {}, row_to_json(r)::text FROM {table} t CROSS JOIN LATERAL (SELECT {}) r WHERE {preds} ORDER BY {keys}{limit}",
+        texts.join(", "),
+        projected.join(", ")
+    );
+    ChunkSql { sql, params, limited }
+}
+
+/// The count of the rows a backfill will walk (its estimate), with the filter's parameters.
+pub(super) fn estimate_sql(shape: &Shape, table: &str, filter: Option<&Filter>) -> (String, Vec<String>) {
+    let mut params = Vec::new();
+    let preds = filter.map_or_else(|| "true".to_string(), |f| f.to_pg(&|c| type_of(shape, c), 0, &mut params));
+    (format!("SELECT count(*) FROM {table} t WHERE {preds}"), params)
+}
+
+/// A column's type as SQL spells it.
+fn type_of(shape: &Shape, column: &Ident) -> Option<String> {
+    shape.catalog.iter().find(|c| c.name == column.as_str()).map(|c| c.type_name.clone())
+}
+
+/// The keys the stream's changes after `D` touched: what step 4 leaves out of a chunk.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Touched {
+    keys: HashSet<Vec<String>>,
+    /// A truncate after `D`: every row the chunk read is gone or was written after it.
+    all: bool,
+}
+
+impl Touched {
+    /// From the events after `D`, in order. A change whose key the WAL did not carry cannot be matched: the
+    /// error says so, and the chunk waits.
+    pub fn of<'a>(events: impl Iterator<Item = &'a Event>) -> Result<Self, String> {
+        let mut touched = Self::default();
+        for event in events {
+            match event {
+                Event::Change(c) => match &c.key {
+                    Some(key) => {
+                        touched.keys.insert(key.clone());
+                    }
+                    None => {
+                        return Err(format!(
+                            "a change at LSN {} does not carry its key in the WAL, so the chunk cannot be checked against it",
+                            c.lsn
+                        ))
+                    }
+                },
+                Event::Truncate { .. } => touched.all = true,
+                Event::Commit { .. } => {}
+            }
+        }
+        Ok(touched)
+    }
+
+    /// Whether a chunk row of `key` stays in the chunk.
+    pub fn keeps(&self, key: &[String]) -> bool {
+        !self.all && !self.keys.contains(key)
+    }
+}
+
+impl PostgresLogical {
+    /// The backfill's bound is the live position it started at (for the record: the rule needs none, each chunk
+    /// is placed at the live position of its own tick). Refused with the SQL reader, which has no stream to
+    /// check chunks against.
+    pub(super) async fn start_backfill(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        self.backfill_reader()?;
+        let shape = self.shape().await?;
+        if let Some(filter) = filter {
+            filter
+                .check_columns(&self.spec.table.to_string(), shape.columns.iter().map(String::as_str))
+                .map_err(SourceError::Invalid)?;
+        }
+        let (sql, params) = estimate_sql(&shape, &self.spec.table.pg(), filter);
+        let client = self.client().await?;
+        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+        let count: i64 = client.query_one(&sql, &refs).await.map_err(|e| self.error(e))?.get(0);
+        let bound = if checkpoint.is_null() { serde_json::json!({}) } else { checkpoint.clone() };
+        Ok(BackfillPlan { bound, estimate: Some(count.max(0) as u64) })
+    }
+
+    fn backfill_reader(&self) -> Result<(), SourceError> {
+        match self.options.reader {
+            Reader::Stream => Ok(()),
+            Reader::Sql => Err(SourceError::Invalid(format!(
+                "postgres-logical:{} cannot backfill with \"reader\": \"sql\": a chunk is checked against the changes a replication stream decoded around it. Remove \"reader\" (the stream is the default) to backfill",
+                self.spec.table
+            ))),
+        }
+    }
+
+    /// One chunk by the rule in the module docs.
+    pub(super) async fn read_chunk(&self, r: ChunkRequest<'_>) -> Result<ChunkRead, SourceError> {
+        self.backfill_reader()?;
+        let shape = self.shape().await?;
+        let live = self.position(r.live)?;
+        let mut after = self.key_texts(&shape, r.after)?;
+        let upto = r.upto.map(|u| self.key_texts(&shape, u)).transpose()?.flatten();
+        let Some(shared) = self.stream_for(live).await? else {
+            return Ok(ChunkRead::Later(format!("replication slot {} is streamed by another session", self.options.slot)));
+        };
+        let table = self.spec.table.pg();
+        let mut out = Fetched::default();
+        let reads = if upto.is_some() { 1 } else { READS_PER_CHUNK };
+        for _ in 0..reads {
+            let client = self.client().await?;
+            // 1. Everything the stream decoded so far is visible to the read below.
+            if let Some(why) = self.wait_for_snapshot(&client).await? {
+                return Ok(ChunkRead::Later(why));
+            }
+            // 2. The chunk, in one statement.
+            let q = chunk_sql(&shape, &table, after.as_deref(), upto.as_deref(), r.filter);
+            let limit = r.limit.max(1) as i64;
+            let mut refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                q.params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+            if q.limited {
+                refs.push(&limit);
+            }
+            let rows = client.query(&q.sql, &refs).await.map_err(|e| self.error(e))?;
+            // 3. The high watermark, and the stream through it.
+            let row = client.query_one(HIGH_WATERMARK, &[]).await.map_err(|e| self.error(e))?;
+            drop(client);
+            let high = Lsn::parse(&row.get::<_, String>(0)).ok_or_else(|| {
+                SourceError::Invalid("PostgreSQL answered an unreadable WAL position; please report it".into())
+            })?;
+            let touched = match self.decoded_through(&shared, live, high).await {
+                Ok(touched) => touched,
+                Err(why) => return Ok(ChunkRead::Later(why)),
+            };
+            // 4. Leave out what changed after D.
+            let arity = shape.key.len();
+            let Some(last) = rows.last() else { return Ok(ChunkRead::Rows(out)) };
+            let last: Vec<String> = (0..arity).map(|c| last.get(c)).collect();
+            for row in &rows {
+                let key: Vec<String> = (0..arity).map(|c| row.get(c)).collect();
+                if touched.keeps(&key) {
+                    let item: String = row.get(arity);
+                    let change = Change::from_json(Operation::Insert, item)
+                        .map_err(|e| SourceError::Invalid(format!("PostgreSQL returned invalid row JSON: {e}")))?;
+                    out.changes.push(change);
+                }
+            }
+            let left_out = rows.len() - out.changes.len();
+            if left_out > 0 {
+                tracing::debug!(table = %self.spec.table, rows = rows.len(), left_out, "left out of a backfill chunk the rows whose keys changed while it was read; their changes follow it");
+            }
+            out.last = Some(Position::Array(last.iter().cloned().map(Position::String).collect()));
+            if !out.changes.is_empty() || upto.is_some() {
+                return Ok(ChunkRead::Rows(out));
+            }
+            after = Some(last);
+        }
+        Ok(ChunkRead::Later(format!(
+            "every row of {READS_PER_CHUNK} chunks in a row changed while it was read (its newer change is delivered live)"
+        )))
+    }
+
+    /// A backfill position: the key's texts (`None` for `Null`, before the first key).
+    fn key_texts(&self, shape: &Shape, p: &Position) -> Result<Option<Vec<String>>, SourceError> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        let texts: Option<Vec<String>> =
+            p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+        match texts {
+            Some(t) if t.len() == shape.key.len() => Ok(Some(t)),
+            _ => Err(SourceError::Invalid(format!(
+                "stored backfill position {p} does not fit the key of {} (expected {} values); cancel the backfill (handler state backfill <function> --cancel) and start it again",
+                self.spec.table,
+                shape.key.len()
+            ))),
+        }
+    }
+
+    /// Step 1: waits, at most `streamPollMs`, until no transaction in progress in a snapshot taken now still
+    /// is. `Some(why)` when the bound passed.
+    async fn wait_for_snapshot(&self, client: &deadpool_postgres::Client) -> Result<Option<String>, SourceError> {
+        let s0: String = client.query_one(SNAPSHOT, &[]).await.map_err(|e| self.error(e))?.get(0);
+        let running = s0.rsplit(':').next().unwrap_or_default();
+        if running.is_empty() {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let left: i64 = client.query_one(STILL_RUNNING, &[&s0]).await.map_err(|e| self.error(e))?.get(0);
+            if left == 0 {
+                return Ok(None);
+            }
+            if Instant::now() >= deadline {
+                // (Said without the xids: the engine logs a reason once, and the xids change from tick to tick.)
+                tracing::debug!(table = %self.spec.table, xids = running, "a backfill chunk waits for these transactions");
+                return Ok(Some(format!(
+                    "transactions in progress when the chunk was to be read have not ended within streamPollMs ({} ms), and a chunk read before they end could miss a change the stream already delivered (pg_stat_activity's backend_xid names them)",
+                    self.options.poll_ms
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// Step 3: waits, at most `streamPollMs`, until the stream has decoded the WAL through `high`, and answers
+    /// the keys its changes after `live` touched; `Err(why)` when it cannot.
+    async fn decoded_through(&self, shared: &Shared, live: Option<Pos>, high: Lsn) -> Result<Touched, String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.options.poll_ms);
+        loop {
+            let notified = shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut b = shared.lock();
+                b.last_used = Instant::now();
+                if b.ended.is_some() {
+                    return Err("the replication stream stopped while the chunk was read".into());
+                }
+                if !b.serves(live) {
+                    return Err("the stream no longer holds every change after the live position".into());
+                }
+                if b.proven() >= high {
+                    return Touched::of(b.after(live));
+                }
+                if b.paused {
+                    return Err("the stream's buffer is full of changes not delivered yet (streamBufferChanges, streamBufferBytes): live changes catch up first".into());
+                }
+                // A keepalive answer says how far the server has sent.
+                b.reply_wanted = true;
+            }
+            shared.wake.notify_one();
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "the stream had not decoded the WAL up to {high} within streamPollMs ({} ms)",
+                    self.options.poll_ms
+                ));
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + Duration::from_millis(20)), notified).await;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "backfill_tests.rs"]
+mod tests;

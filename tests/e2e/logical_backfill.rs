@@ -174,7 +174,7 @@ async fn an_operators_filtered_backfill_of_a_logical_function_delivers_the_match
     assert_eq!(got, expected, "{messages:#?}");
     let b = backfill_state(&app_name).await;
     assert_eq!((b.rows, b.estimate), (11, Some(11)), "{b:?}");
-    assert_eq!(b.filter.as_deref(), Some("id > 20 OR id = 3"), "{b:?}");
+    assert_eq!(b.filter.as_deref(), Some("(\"id\" > 20) OR (\"id\" = 3)"), "the filter as parsed: {b:?}");
     let ids: BTreeSet<i64> = got.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids.len(), 11);
 }
@@ -228,7 +228,12 @@ async fn a_chunk_waits_for_a_transaction_the_stream_delivered_before_it_became_v
     for _ in 0..3 {
         let run = host.run_timer(FUNCTION).await.expect("timer run");
         assert!(run.succeeded, "a firing failed: {}", crate::logical::failure_text(&host, &run));
-        assert!(run.applied.get("changes").is_none_or(|m| m.is_empty()), "a chunk went out: {:?}", run.applied);
+        assert!(
+            run.applied.get("changes").is_none_or(|m| m.is_empty()),
+            "a chunk went out: {:?}\n{}",
+            run.applied,
+            host.output()
+        );
     }
     assert!(host.output().contains("have not ended within streamPollMs"), "{}", host.output());
 

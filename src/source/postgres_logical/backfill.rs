@@ -3,11 +3,15 @@
 //! `ChunkRequest::live`). The rule, argued in docs/architecture.md ("Backfill"), is DBLog's watermarks with
 //! one step added for PostgreSQL's commit visibility:
 //!
-//! 1. Take a snapshot `S0` and wait (a short, bounded poll) until every transaction in progress in it has left
-//!    the proc array. A transaction's commit record reaches the WAL (and the stream) before its changes become
-//!    visible to other sessions; after this wait every transaction the stream decoded before the chunk is
-//!    visible to the chunk's read. The test is a later snapshot, not `pg_xact_status`: the commit log says
-//!    "committed" before the transaction leaves the proc array, while a snapshot taken then still hides it.
+//! 1. Take an xid `X` (a statement that commits at once) and wait (a short, bounded poll) until no transaction
+//!    older than `X` is in progress: the oldest one a new snapshot sees running (its `xmin`) is `X` or newer.
+//!    A transaction's commit record reaches the WAL (and the stream) before its changes become visible to
+//!    other sessions; every transaction the stream decoded before the chunk took its xid before `X`, so after
+//!    this wait it is visible to the chunk's read. Not `pg_xact_status`: the commit log says "committed"
+//!    before the transaction leaves the proc array, while a snapshot taken then still hides it. Not the
+//!    running list of a snapshot (`pg_snapshot_xip`) either: it leaves out a running transaction whose xid is
+//!    at or above the snapshot's `xmax` (the latest completed xid + 1), which a transaction waiting in its
+//!    commit can be.
 //! 2. Read the chunk in one statement.
 //! 3. Read the WAL insert position `H` in a statement that commits a transaction (it takes an xid), so the WAL
 //!    has a flushed record after `H` even on an idle server; wait until the stream has decoded through it.
@@ -39,13 +43,12 @@ use std::time::{Duration, Instant};
 /// the walk goes on rather than answer an empty chunk, which would end the backfill.
 const READS_PER_CHUNK: usize = 4;
 
-/// A snapshot's text (`xmin:xmax:xip,...`) and the transactions in progress in it.
-pub const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+/// A new xid, committed at once: every transaction that wrote a commit record before this took an older one.
+pub const LOW_WATERMARK: &str = "SELECT pg_current_xact_id()::text";
 
-/// How many of the transactions in progress in snapshot `$1` are still in progress now (in the proc array: a
-/// snapshot taken now would not see them).
-pub const STILL_RUNNING: &str = "SELECT count(*) FROM unnest(pg_snapshot_xip($1::text::pg_snapshot)) x
-    WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot())";
+/// Whether no transaction older than xid `$1` is still in progress (in the proc array, hidden from a snapshot
+/// taken now).
+pub const OLDER_ENDED: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= $1::text::xid8";
 
 /// The WAL insert position, read in a transaction that takes an xid: its commit record, written after the
 /// position and flushed at commit, lets the stream pass the position even when nothing else is written.
@@ -281,26 +284,22 @@ impl PostgresLogical {
         }
     }
 
-    /// Step 1: waits, at most `streamPollMs`, until no transaction in progress in a snapshot taken now still
-    /// is. `Some(why)` when the bound passed.
+    /// Step 1: takes an xid and waits, at most `streamPollMs`, until no older transaction is in progress.
+    /// `Some(why)` when the bound passed.
     async fn wait_for_snapshot(&self, client: &deadpool_postgres::Client) -> Result<Option<String>, SourceError> {
-        let s0: String = client.query_one(SNAPSHOT, &[]).await.map_err(|e| self.error(e))?.get(0);
-        let running = s0.rsplit(':').next().unwrap_or_default();
-        if running.is_empty() {
-            return Ok(None);
-        }
+        let x: String = client.query_one(LOW_WATERMARK, &[]).await.map_err(|e| self.error(e))?.get(0);
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
         let mut pause = Duration::from_millis(1);
         loop {
-            let left: i64 = client.query_one(STILL_RUNNING, &[&s0]).await.map_err(|e| self.error(e))?.get(0);
-            if left == 0 {
+            let ended: bool = client.query_one(OLDER_ENDED, &[&x]).await.map_err(|e| self.error(e))?.get(0);
+            if ended {
                 return Ok(None);
             }
             if Instant::now() >= deadline {
-                // (Said without the xids: the engine logs a reason once, and the xids change from tick to tick.)
-                tracing::debug!(table = %self.spec.table, xids = running, "a backfill chunk waits for these transactions");
+                // (Said without xids: the engine logs a reason once, and the xids change from tick to tick.)
+                tracing::debug!(table = %self.spec.table, xid = %x, "a backfill chunk waits for transactions older than this xid");
                 return Ok(Some(format!(
-                    "transactions in progress when the chunk was to be read have not ended within streamPollMs ({} ms), and a chunk read before they end could miss a change the stream already delivered (pg_stat_activity's backend_xid names them)",
+                    "transactions in progress when the chunk was to be read have not ended within streamPollMs ({} ms), and a chunk read before they end could miss a change the stream already delivered (pg_stat_activity's backend_xid and xact_start name them)",
                     self.options.poll_ms
                 )));
             }

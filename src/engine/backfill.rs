@@ -124,8 +124,14 @@ pub(super) async fn reread(
         return Ok(Fetched::default());
     };
     let filter = filter(b)?;
-    let request =
-        ChunkRequest { bound: &b.bound, after: &range.from, upto: Some(&range.to), filter: filter.as_ref(), limit, live };
+    let request = ChunkRequest {
+        bound: &b.bound,
+        after: &range.from,
+        upto: Some(&range.to),
+        filter: filter.as_ref(),
+        limit,
+        live,
+    };
     let mut fetched = match trigger.source.backfill_chunk(request).await? {
         ChunkRead::Rows(fetched) => fetched,
         ChunkRead::Later(why) => {

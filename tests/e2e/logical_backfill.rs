@@ -222,8 +222,7 @@ async fn a_chunk_waits_for_a_transaction_the_stream_delivered_before_it_became_v
     let blocker = testbed::embedded::connect(&db.url).await.expect("connect the blocker");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let names: String =
-            blocker.query_one("SHOW synchronous_standby_names", &[]).await.expect("a setting").get(0);
+        let names: String = blocker.query_one("SHOW synchronous_standby_names", &[]).await.expect("a setting").get(0);
         if names == "nobody" {
             break;
         }

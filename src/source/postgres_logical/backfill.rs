@@ -209,7 +209,10 @@ impl PostgresLogical {
         let mut after = self.key_texts(&shape, r.after)?;
         let upto = r.upto.map(|u| self.key_texts(&shape, u)).transpose()?.flatten();
         let Some(shared) = self.stream_for(live).await? else {
-            return Ok(ChunkRead::Later(format!("replication slot {} is streamed by another session", self.options.slot)));
+            return Ok(ChunkRead::Later(format!(
+                "replication slot {} is streamed by another session",
+                self.options.slot
+            )));
         };
         let table = self.spec.table.pg();
         let mut out = Fetched::default();

@@ -13,12 +13,22 @@ fn id(s: &str) -> Ident {
 }
 
 fn shape() -> Shape {
-    let column = |name: &str, type_name: &str| CatalogColumn { name: name.into(), oid: 0, typmod: -1, type_name: type_name.into() };
+    let column = |name: &str, type_name: &str| CatalogColumn {
+        name: name.into(),
+        oid: 0,
+        typmod: -1,
+        type_name: type_name.into(),
+    };
     Shape {
         oid: 1,
         key: vec![id("tenant"), id("Id")],
         columns: vec!["tenant".into(), "Id".into(), "blob".into(), "doc".into()],
-        catalog: vec![column("tenant", "integer"), column("Id", "bigint"), column("blob", "bytea"), column("doc", "jsonb")],
+        catalog: vec![
+            column("tenant", "integer"),
+            column("Id", "bigint"),
+            column("blob", "bytea"),
+            column("doc", "jsonb"),
+        ],
         item_columns: vec![id("tenant"), id("Id"), id("blob"), id("doc")],
         item_renders: vec![
             (id("tenant"), Render::Plain),

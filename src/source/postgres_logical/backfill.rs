@@ -62,14 +62,15 @@ pub(super) struct ChunkSql {
     pub limited: bool,
 }
 
-/// The rows after `after` (key texts; none: from the first key), up to `upto` when given, matching `filter`, in
-/// key order: the key's texts, then the `Item` (projected as the live path builds it). `limited`: at most `$n`
-/// rows; a re-read (`upto`) is not limited, since rows inserted into its range since belong to it.
+/// The rows after `after` (key texts; none: from the first key), up to `upto` when given (else up to `last`, the
+/// walk's end), matching `filter`, in key order: the key's texts, then the `Item` (projected as the live path
+/// builds it). `limited`: at most `$n` rows; a re-read (`upto`) is not limited, since rows inserted into its
+/// range since belong to it.
 pub(super) fn chunk_sql(
     shape: &Shape,
     table: &str,
     after: Option<&[String]>,
-    upto: Option<&[String]>,
+    (upto, last): (Option<&[String]>, Option<&[String]>),
     filter: Option<&Filter>,
 ) -> ChunkSql {
     let key_type = |k: &Ident| type_of(shape, k).unwrap_or_else(|| "text".into());
@@ -87,8 +88,8 @@ pub(super) fn chunk_sql(
     if let Some(after) = after {
         preds.push(bound_key(after, ">", &mut params));
     }
-    if let Some(upto) = upto {
-        preds.push(bound_key(upto, "<=", &mut params));
+    if let Some(end) = upto.or(last) {
+        preds.push(bound_key(end, "<=", &mut params));
     }
     if let Some(filter) = filter {
         let mut bound = Vec::new();
@@ -113,6 +114,15 @@ pub(super) fn chunk_sql(
         projected.join(", ")
     );
     ChunkSql { sql, params, limited }
+}
+
+/// The greatest key of the table: a backfill's walk ends there. A row with a greater key was written after the
+/// backfill started (or its key was), so the live path delivers it; without this end, a table whose keys grow
+/// under steady inserts would keep a backfill chasing its newest rows.
+pub(super) fn last_key_sql(shape: &Shape, table: &str) -> String {
+    let texts: Vec<String> = shape.key.iter().map(|k| format!("t.{}::text", k.pg())).collect();
+    let desc: Vec<String> = shape.key.iter().map(|k| format!("t.{} DESC", k.pg())).collect();
+    format!("SELECT {} FROM {table} t ORDER BY {} LIMIT 1", texts.join(", "), desc.join(", "))
 }
 
 /// The count of the rows a backfill will walk (its estimate), with the filter's parameters.
@@ -167,9 +177,10 @@ impl Touched {
 }
 
 impl PostgresLogical {
-    /// The backfill's bound is the live position it started at (for the record: the rule needs none, each chunk
-    /// is placed at the live position of its own tick). Refused with the SQL reader, which has no stream to
-    /// check chunks against.
+    /// The backfill's bound: `{"from": the live position it started at (for the record: the rule needs none,
+    /// each chunk is placed at the live position of its own tick), "last": the table's greatest key then (the
+    /// walk's end; `null` for an empty table)}`. Refused with the SQL reader, which has no stream to check
+    /// chunks against.
     pub(super) async fn start_backfill(
         &self,
         checkpoint: &Position,
@@ -187,7 +198,10 @@ impl PostgresLogical {
         let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
         let count: i64 = client.query_one(&sql, &refs).await.map_err(|e| self.error(e))?.get(0);
-        let bound = if checkpoint.is_null() { serde_json::json!({}) } else { checkpoint.clone() };
+        let last =
+            client.query_opt(&last_key_sql(&shape, &self.spec.table.pg()), &[]).await.map_err(|e| self.error(e))?;
+        let last = last.map(|row| (0..shape.key.len()).map(|c| Position::String(row.get(c))).collect::<Vec<_>>());
+        let bound = serde_json::json!({ "from": checkpoint, "last": last });
         Ok(BackfillPlan { bound, estimate: Some(count.max(0) as u64) })
     }
 
@@ -208,6 +222,17 @@ impl PostgresLogical {
         let live = self.position(r.live)?;
         let mut after = self.key_texts(&shape, r.after)?;
         let upto = r.upto.map(|u| self.key_texts(&shape, u)).transpose()?.flatten();
+        let last = match r.bound.get("last") {
+            // The table was empty when the backfill started: every row is the live path's.
+            Some(Position::Null) => return Ok(ChunkRead::Rows(Fetched::default())),
+            Some(last) => self.key_texts(&shape, last)?,
+            None => {
+                return Err(SourceError::Invalid(format!(
+                    "the stored backfill bound {} has no \"last\" key; cancel the backfill (handler state backfill <function> --cancel) and start it again",
+                    r.bound
+                )))
+            }
+        };
         let Some(shared) = self.stream_for(live).await? else {
             return Ok(ChunkRead::Later(format!(
                 "replication slot {} is streamed by another session",
@@ -224,7 +249,7 @@ impl PostgresLogical {
                 return Ok(ChunkRead::Later(why));
             }
             // 2. The chunk, in one statement.
-            let q = chunk_sql(&shape, &table, after.as_deref(), upto.as_deref(), r.filter);
+            let q = chunk_sql(&shape, &table, after.as_deref(), (upto.as_deref(), last.as_deref()), r.filter);
             let limit = r.limit.max(1) as i64;
             let mut refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
                 q.params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();

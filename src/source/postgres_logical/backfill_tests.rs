@@ -46,15 +46,21 @@ fn shape() -> Shape {
 fn a_chunk_walks_the_key_after_the_last_one_projects_items_as_the_live_path_and_binds_the_filter() {
     let filter = Filter::parse("tenant = 7 AND doc IS NOT NULL").expect("parses");
     let after = ["7".to_string(), "41".to_string()];
-    let q = chunk_sql(&shape(), "\"public\".\"orders\"", Some(&after), None, Some(&filter));
+    let last = ["9".to_string(), "1".to_string()];
+    let q = chunk_sql(&shape(), "\"public\".\"orders\"", Some(&after), (None, Some(&last)), Some(&filter));
     assert_eq!(
         q.sql,
         "SELECT t.\"tenant\"::text, t.\"Id\"::text, row_to_json(r)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL \
 (SELECT t.\"tenant\" AS \"tenant\", t.\"Id\" AS \"Id\", translate(encode(t.\"blob\", 'base64'), E'\\n', '') AS \"blob\", t.\"doc\" AS \"doc\") r \
-WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\" = ($3::text)::integer AND t.\"doc\" IS NOT NULL) \
-ORDER BY t.\"tenant\", t.\"Id\" LIMIT $4"
+WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\", t.\"Id\") <= (($3::text)::integer, ($4::text)::bigint) \
+AND (t.\"tenant\" = ($5::text)::integer AND t.\"doc\" IS NOT NULL) ORDER BY t.\"tenant\", t.\"Id\" LIMIT $6"
     );
-    assert_eq!(q.params, ["7", "41", "7"]);
+    assert_eq!(q.params, ["7", "41", "9", "1", "7"]);
+    // The walk ends at the greatest key when the backfill started: newer keys are the live path's.
+    assert_eq!(
+        last_key_sql(&shape(), "t"),
+        "SELECT t.\"tenant\"::text, t.\"Id\"::text FROM t t ORDER BY t.\"tenant\" DESC, t.\"Id\" DESC LIMIT 1"
+    );
     assert!(q.limited);
 }
 
@@ -63,7 +69,8 @@ fn a_re_read_is_bounded_by_its_keys_and_not_by_a_limit() {
     // Rows inserted into the range since its first read belong to it: a limit would cut them off, and the
     // acknowledgement of the range would then pass them.
     let (from, upto) = (["1".to_string(), "2".to_string()], ["3".to_string(), "4".to_string()]);
-    let q = chunk_sql(&shape(), "t", Some(&from), Some(&upto), None);
+    let last = ["9".to_string(), "9".to_string()];
+    let q = chunk_sql(&shape(), "t", Some(&from), (Some(&upto), Some(&last)), None);
     assert!(
         q.sql.ends_with(
             "WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\", t.\"Id\") <= (($3::text)::integer, ($4::text)::bigint) ORDER BY t.\"tenant\", t.\"Id\""
@@ -72,7 +79,7 @@ fn a_re_read_is_bounded_by_its_keys_and_not_by_a_limit() {
         q.sql
     );
     assert!(!q.limited);
-    let first = chunk_sql(&shape(), "t", None, None, None);
+    let first = chunk_sql(&shape(), "t", None, (None, None), None);
     assert!(first.sql.contains("WHERE true ORDER BY"), "{}", first.sql);
     let (count, params) = estimate_sql(&shape(), "t", Some(&Filter::parse("tenant IN (1, 2)").expect("parses")));
     assert_eq!(count, "SELECT count(*) FROM t t WHERE t.\"tenant\" IN (($1::text)::integer, ($2::text)::integer)");

@@ -311,3 +311,20 @@ async fn kill_9_during_a_logical_backfill_under_a_writer_redoes_at_most_a_chunk_
     let b = backfill_state(&app_name).await;
     assert!(b.redone <= kills.len() as u64, "{b:?} {notes:?}");
 }
+
+#[tokio::test]
+async fn a_backfill_of_a_table_keyed_by_a_time_refuses_sessions_that_do_not_write_dates_as_iso() {
+    // GIVEN a table keyed by a timestamp, in a database whose sessions write dates as SQL, not ISO (the
+    // replication stream writes ISO, and chunk rows are matched to its changes by the key's text)
+    let db = Db::shared("logical_backfill_datestyle", "CREATE TABLE public.items (at timestamptz PRIMARY KEY, v int);")
+        .await;
+    let name: String = db.db.query_one("SELECT current_database()::text", &[]).await.expect("name").get(0);
+    db.db.batch_execute(&format!("ALTER DATABASE \"{name}\" SET DateStyle = 'SQL, DMY'")).await.expect("datestyle");
+    let (app, _) = logical_app(&db, "public.items", json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN an operator starts a backfill, THEN it is refused with the fix
+    let refused = cli(&app, &["state", "backfill", FUNCTION]).await.expect_err("refused");
+    assert!(refused.contains("DateStyle") && refused.contains("ALTER ROLE"), "{refused}");
+}

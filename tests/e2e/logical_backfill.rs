@@ -328,3 +328,46 @@ async fn a_backfill_of_a_table_keyed_by_a_time_refuses_sessions_that_do_not_writ
     let refused = cli(&app, &["state", "backfill", FUNCTION]).await.expect_err("refused");
     assert!(refused.contains("DateStyle") && refused.contains("ALTER ROLE"), "{refused}");
 }
+
+#[tokio::test]
+async fn handler_run_backfills_a_logical_function_into_its_sink_under_a_writer_and_the_sink_ends_equal_to_the_table() {
+    // GIVEN 400 rows, and a logical function that `handler run` delivers to its (stdout) sink: each chunk is
+    // placed after the checkpoint, the one batch recorded in flight at a time
+    let db = Db::shared("logical_backfill_run", ITEMS).await;
+    db.db.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 400) g", &[]).await.expect("rows");
+    let extra = json!({ "startFrom": "snapshot", "maxBatchSize": 10, "pollingIntervalMs": 10 });
+    let (app, app_name) = logical_app(&db, "public.items", extra, &[]);
+    let mut runner = crate::runner::Runner::start(&app, &[]);
+
+    // WHEN a writer writes while it runs
+    let writer_db = testbed::embedded::connect(&db.url).await.expect("connect the writer");
+    write_mix(writer_db, 1000, 10_000).await;
+
+    // THEN once the backfill is done and the sink caught up, the lines it printed, applied in order, equal the
+    // table; no backfilled row is older than a live change before it, and no key goes back
+    let table = table(&db).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lines = loop {
+        // (whole lines only: the sink may be writing the last one)
+        let lines: Vec<Value> = runner
+            .stdout()
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+            .collect();
+        let done = load_state(&shared_blob_store(), &app_name)
+            .await
+            .and_then(|(d, _)| d.backfill)
+            .is_some_and(|b| b.state == sql_pseudo_trigger::engine::document::BackfillState::Done);
+        if done && view(&lines) == table {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "the sink did not catch up within 60 s\n{}", runner.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    runner.terminate();
+    runner.exit(Duration::from_secs(20)).await;
+    assert_no_backfilled_row_older_than_live(&lines);
+    assert_no_key_goes_back(&lines);
+    assert!(lines.iter().any(backfilled) && lines.iter().any(|l| !backfilled(l)), "both kinds were delivered");
+}

@@ -13,7 +13,7 @@
 //!    at or above the snapshot's `xmax` (the latest completed xid + 1), which a transaction waiting in its
 //!    commit can be.
 //! 2. Read the chunk in one statement.
-//! 3. Read the WAL insert position `H` in a statement that commits a transaction (it takes an xid), so the WAL
+//! 3. Write a transactional logical message and take its end as `H`: its commit is flushed at once, so the WAL
 //!    has a flushed record after `H` even on an idle server; wait until the stream has decoded through it.
 //!    Every transaction the chunk saw committed before `H`.
 //! 4. Leave out of the chunk every key that a change the stream holds after `D` touched (both keys of a key
@@ -43,6 +43,9 @@ use std::time::{Duration, Instant};
 /// the walk goes on rather than answer an empty chunk, which would end the backfill.
 const READS_PER_CHUNK: usize = 4;
 
+/// How often a chunk waiting for the stream asks the server how far it has sent.
+const ASK_EVERY: Duration = Duration::from_millis(5);
+
 /// A new xid, committed at once: every transaction that wrote a commit record before this took an older one.
 pub const LOW_WATERMARK: &str = "SELECT pg_current_xact_id()::text";
 
@@ -50,9 +53,11 @@ pub const LOW_WATERMARK: &str = "SELECT pg_current_xact_id()::text";
 /// taken now).
 pub const OLDER_ENDED: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= $1::text::xid8";
 
-/// The WAL insert position, read in a transaction that takes an xid: its commit record, written after the
-/// position and flushed at commit, lets the stream pass the position even when nothing else is written.
-pub const HIGH_WATERMARK: &str = "SELECT pg_current_wal_insert_lsn()::text, pg_current_xact_id()::text";
+/// A transactional logical message (pgoutput does not send it: the publication is read without messages): its
+/// end is the high watermark. It makes the transaction write WAL, so its commit is flushed at once (a
+/// transaction that only takes an xid commits asynchronously, and the stream would wait for the WAL writer,
+/// up to `wal_writer_delay`), and the stream can pass the watermark even when nothing else is written.
+pub const HIGH_WATERMARK: &str = "SELECT pg_logical_emit_message(true, 'sql-pseudo-trigger/backfill', '')::text";
 
 /// The statement of one chunk read, with its text parameters in order (a limit, when there is one, is last).
 #[derive(Debug, PartialEq)]
@@ -360,6 +365,7 @@ impl PostgresLogical {
     /// the keys its changes after `live` touched; `Err(why)` when it cannot.
     async fn decoded_through(&self, shared: &Shared, live: Option<Pos>, high: Lsn) -> Result<Touched, String> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(self.options.poll_ms);
+        let mut asked: Option<tokio::time::Instant> = None;
         loop {
             let notified = shared.changed.notified();
             tokio::pin!(notified);
@@ -379,8 +385,12 @@ impl PostgresLogical {
                 if b.paused {
                     return Err("the stream's buffer is full of changes not delivered yet (streamBufferChanges, streamBufferBytes): live changes catch up first".into());
                 }
-                // A keepalive answer says how far the server has sent.
-                b.reply_wanted = true;
+                // A keepalive answer says how far the server has sent. Asked at most every ASK_EVERY: asking on
+                // every answer keeps the server answering instead of reading the WAL.
+                if asked.is_none_or(|at| at.elapsed() >= ASK_EVERY) {
+                    b.reply_wanted = true;
+                    asked = Some(tokio::time::Instant::now());
+                }
             }
             shared.wake.notify_one();
             let now = tokio::time::Instant::now();
@@ -390,7 +400,7 @@ impl PostgresLogical {
                     self.options.poll_ms
                 ));
             }
-            let _ = tokio::time::timeout_at(deadline.min(now + Duration::from_millis(20)), notified).await;
+            let _ = tokio::time::timeout_at(deadline.min(now + ASK_EVERY), notified).await;
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `cargo bench --bench partitions` (or `scripts/bench partitions`): scaling out with partitions (issue 23), in
 //! one run on one PostgreSQL and one Azurite, with the release `handler`:
 //!
-//! 1. **Under the host's timer.** 1, 2, 4, 8 and 16 partition functions (the folders `handler partitions
+//! 1. **Under the host's timer.** 2, 4, 8 and 16 partition functions (the folders `handler partitions
 //!    generate` writes: one timer function per partition), each on a 1-second schedule with batch 1000, beside
 //!    the one unpartitioned function, through the host model (`testbed::driver`) on a simulated clock as
 //!    benches/pacing.rs does: every function fires on its own schedule, all at once, and a firing that takes

@@ -117,6 +117,27 @@ impl SqlType {
         }
     }
 
+    /// The type a backfill filter's literal for a column of this type is converted to before the comparison
+    /// (`--where`, `sql::MssqlFilter`): the column's own type, so `created >= '2026-01-01'` compares dates and
+    /// the column side needs no conversion (an index on it still seeks), except that a sized character or binary
+    /// type takes its `(MAX)` form: converted to the column's length, a longer literal would be cut and equal a
+    /// value it is not. `Err` names why a column of this type cannot be compared with a value.
+    pub fn literal_type(&self) -> Result<SqlType, String> {
+        let widened = match self.name.as_str() {
+            "char" | "varchar" => Some("varchar"),
+            "nchar" | "nvarchar" => Some("nvarchar"),
+            "binary" | "varbinary" => Some("varbinary"),
+            _ => None,
+        };
+        let ty = match widened {
+            Some(name) => SqlType { name: name.into(), max_length: Some(-1), ..self.clone() },
+            None => self.clone(),
+        };
+        ty.convert_target().map(|_| ty).map_err(|_| {
+            format!("a filter cannot compare a {} column with a value (only IS [NOT] NULL applies to it)", self.name)
+        })
+    }
+
     /// The expression `FOR JSON` serializes for a column of this type: the column itself, except where the
     /// official trigger's payload differs and matching it loses nothing. The official trigger reads rows into
     /// .NET values and writes them with Newtonsoft.Json: a `date` is a `DateTime` (`"2026-01-02T00:00:00"`,
@@ -202,6 +223,22 @@ mod tests {
         assert_eq!(SqlType::new("uniqueidentifier").json_value("CT.[g]"), "LOWER(CONVERT(NCHAR(36), CT.[g]))");
         assert_eq!(SqlType::new("decimal").with_precision(18, 4).json_value("T.[p]"), "T.[p]", "exact decimals stay");
         assert_eq!(SqlType::new("datetime2").json_value("T.[t]"), "T.[t]");
+    }
+
+    #[test]
+    fn a_filter_literal_takes_the_columns_type_with_no_length_to_cut_it() {
+        let literal = |ty: SqlType| ty.literal_type().map(|t| t.parse_text("@P4"));
+        assert_eq!(literal(SqlType::new("nchar").with_length(3)), Ok("CONVERT(NVARCHAR(MAX), @P4)".into()));
+        assert_eq!(
+            literal(SqlType::new("char").with_length(3).with_collation("Greek_100_CI_AS")),
+            Ok("CONVERT(VARCHAR(MAX), @P4 COLLATE Greek_100_CI_AS)".into())
+        );
+        assert_eq!(literal(SqlType::new("binary").with_length(16)), Ok("CONVERT(VARBINARY(MAX), @P4, 1)".into()));
+        assert_eq!(literal(SqlType::new("bit")), Ok("CONVERT(BIT, @P4)".into()));
+        assert_eq!(literal(SqlType::new("decimal").with_precision(9, 2)), Ok("CONVERT(DECIMAL(9,2), @P4)".into()));
+        assert_eq!(literal(SqlType::new("date")), Ok("CONVERT(DATE, @P4, 121)".into()));
+        let e = literal(SqlType::new("xml")).unwrap_err();
+        assert!(e.contains("xml column") && e.contains("IS [NOT] NULL"), "{e}");
     }
 
     #[test]

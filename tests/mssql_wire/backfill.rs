@@ -11,6 +11,7 @@
 
 use super::*;
 use sql_pseudo_trigger::engine::document::BackfillState;
+use sql_pseudo_trigger::ops::Action;
 use sql_pseudo_trigger::sink::{Sink, SinkBatch, SinkError};
 use sql_pseudo_trigger::source::Filter;
 use std::collections::BTreeMap;
@@ -287,6 +288,53 @@ async fn a_rowversion_snapshot_start_backfills_below_the_start_and_a_row_changed
     );
     assert_eq!(mock.values("rv_fetch_after_version"), vec![Wire::Int(2), Wire::Int(1999)]);
     assert_eq!(checkpoint(&trigger).await, json!({"rv": 2003, "key": ["3"]}));
+}
+
+#[tokio::test]
+async fn an_operators_filtered_backfill_of_a_running_change_tracking_function_delivers_the_matching_rows() {
+    // GIVEN a running function (startFrom earliest) whose first tick found nothing after the minimum valid version
+    let mut mock = Mock::start().await;
+    catalog(&mut mock).await;
+    mock.register("ct_versions", versions(10, 42)).await;
+    mock.register("ct_fetch_start", changes(42, 10, &[])).await;
+    let function = function(
+        &mock,
+        "OrdersChanged",
+        json!({"source": "mssql-change-tracking", "tableName": "[DBO].[ORDERS]", "connectionStringSetting": "SqlConnectionString"}),
+    );
+    let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+    let consumer = Arc::new(Consumer::default());
+    let trigger = Trigger::new(function, "wire-app", source, Arc::new(MemoryStore::new()), "owner-1".into())
+        .with_sink(consumer.clone());
+    assert_eq!(invoke(&trigger).await.expect("tick 1"), OutcomeKind::Empty);
+    assert_eq!(checkpoint(&trigger).await, json!({"phase": "changes", "base": 42}), "the empty tick proved 42");
+
+    // WHEN an operator starts a backfill naming a column the table does not have, then one with a valid filter
+    let start = |filter: &str| Action::BackfillStart { filter: Some(filter.to_string()) };
+    let refused = trigger.operate(start("name = 'Zoë'"), "test").await.expect_err("no such column").to_string();
+    mock.register("ct_backfill_filter_estimate", estimate(1)).await;
+    let started = trigger.operate(start("NAME = 'Zoë' AND PRICE >= 10.5"), "test").await.expect("starts");
+    mock.register("ct_backfill_filter_first", chunk(&[(ONE, &["1"])], 1)).await;
+    assert_eq!(invoke(&trigger).await.expect("tick 2"), OutcomeKind::Delivered);
+    mock.register("ct_backfill_filter_after", chunk(&[], 1)).await;
+    assert_eq!(invoke(&trigger).await.expect("tick 3"), OutcomeKind::Empty);
+
+    // THEN the refusal names the column and the table's, the start reports its estimate, and the matching row came
+    // marked, read under the checkpoint's version with the filter's values bound after the key
+    assert!(refused.contains("\"name\"") && refused.contains("ID, NAME, PRICE"), "{refused}");
+    assert_eq!(
+        (started["backfill"]["state"].clone(), started["backfill"]["rows_estimated"].clone()),
+        (json!("running"), json!(1))
+    );
+    let (doc, _) = trigger.load().await.expect("load").expect("state written");
+    let b = doc.backfill.expect("a backfill");
+    assert_eq!((b.state, b.rows, b.bound), (BackfillState::Done, 1, json!(42)));
+    assert_eq!(consumer.batches(), vec![(Some(b.id.clone()), batch(&[row(0, ONE, Some(&b.id))]))]);
+    let texts = |t: &[&str]| t.iter().map(|s| Wire::Text((*s).into())).collect::<Vec<_>>();
+    let mut want = vec![Wire::Int(2), Wire::Int(42)];
+    want.extend(texts(&["Zoë", "10.5"]));
+    assert_eq!(mock.values("ct_backfill_filter_first"), want);
+    assert_eq!(mock.values("ct_backfill_filter_after")[2], Wire::Text("1".into()));
 }
 
 fn parse(filter: &str) -> Filter {

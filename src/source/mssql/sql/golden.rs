@@ -172,6 +172,7 @@ fn backfills() -> Vec<(&'static str, Statement)> {
         ("ct_backfill_after", o.backfill_chunk(after, None)),
         ("ct_backfill_range", o.backfill_chunk(range, None)),
         ("ct_backfill_estimate", o.backfill_estimate(None)),
+        ("ct_backfill_filter_first", o.backfill_chunk(first, Some(&fo))),
         ("ct_backfill_filter_after", o.backfill_chunk(after, Some(&fo))),
         ("ct_backfill_filter_estimate", o.backfill_estimate(Some(&fo))),
         ("ct_options_backfill_first", l.backfill_chunk(first, None)),

@@ -25,20 +25,18 @@ impl MssqlFilter {
     pub fn new(filter: &Filter, table: &str, columns: &[(String, SqlType)]) -> Result<Self, String> {
         filter.check_columns(table, columns.iter().map(|(n, _)| n.as_str()))?;
         let mut literal_types = Vec::new();
-        for (column, count) in compared(filter) {
+        for (column, literal) in compared(filter) {
             let ty = columns.iter().find(|(n, _)| n == column.as_str()).map(|(_, t)| t);
             let ty = ty.ok_or_else(|| format!("internal error: column {:?} vanished", column.as_str()))?;
-            let literal = ty.literal_type().map_err(|e| format!("column {:?}: {e}", column.as_str()))?;
-            literal_types.extend(std::iter::repeat_n(literal, count));
+            literal_types
+                .push(ty.literal_type(literal.text()).map_err(|e| format!("column {:?}: {e}", column.as_str()))?);
         }
         Ok(Self { filter: filter.clone(), literal_types })
     }
 
     /// The text bound to each `Slot::Filter(i)`, in order.
     pub fn values(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        collect_literals(&self.filter, &mut out);
-        out.into_iter().map(|l| l.text().to_string()).collect()
+        compared(&self.filter).into_iter().map(|(_, l)| l.text().to_string()).collect()
     }
 
     /// The condition over the rows of `alias`, its literals numbered on from `p`'s parameters.
@@ -76,23 +74,14 @@ impl MssqlFilter {
     }
 }
 
-/// The columns compared with literals, each with how many literals it is compared with, in the order the
-/// literals are written (the order `render` numbers them in).
-fn compared(f: &Filter) -> Vec<(&Ident, usize)> {
+/// Each literal with the column it is compared with, in the order the literals are written (the order `render`
+/// numbers them in).
+fn compared(f: &Filter) -> Vec<(&Ident, &Literal)> {
     match f {
         Filter::Or(all) | Filter::And(all) => all.iter().flat_map(compared).collect(),
-        Filter::Compare { column, .. } => vec![(column, 1)],
+        Filter::Compare { column, value, .. } => vec![(column, value)],
         Filter::IsNull { .. } => Vec::new(),
-        Filter::In { column, values, .. } => vec![(column, values.len())],
-    }
-}
-
-fn collect_literals<'a>(f: &'a Filter, out: &mut Vec<&'a Literal>) {
-    match f {
-        Filter::Or(all) | Filter::And(all) => all.iter().for_each(|x| collect_literals(x, out)),
-        Filter::Compare { value, .. } => out.push(value),
-        Filter::IsNull { .. } => {}
-        Filter::In { values, .. } => out.extend(values),
+        Filter::In { column, values, .. } => values.iter().map(|v| (column, v)).collect(),
     }
 }
 
@@ -144,10 +133,11 @@ OR T.[Is Open] = CONVERT(BIT, @P5)) AND T.[At] < CONVERT(DATETIME2(3), @P6, 121)
             "(T.[Name]]x] IN (CONVERT(NVARCHAR(MAX), @P1), CONVERT(NVARCHAR(MAX), @P2)) OR T.[Doc] IS NOT NULL)"
         );
         assert_eq!(values, ["a'b", "x]; DROP TABLE t; --"]);
-        let (sql, slots, _) = render("Region NOT IN ('a') AND Total <> -3", &[]);
+        let (sql, slots, _) = render("Region NOT IN ('a') AND Total <> -3.125", &[]);
         assert_eq!(
             sql,
-            "(T.[Region] NOT IN (CONVERT(VARCHAR(MAX), @P1 COLLATE Greek_100_CI_AS)) AND T.[Total] <> CONVERT(DECIMAL(18,2), @P2))"
+            "(T.[Region] NOT IN (CONVERT(VARCHAR(MAX), @P1 COLLATE Greek_100_CI_AS)) AND T.[Total] <> CONVERT(DECIMAL(19,3), @P2))",
+            "a decimal literal finer than the column is compared as written, not rounded to the column's scale"
         );
         assert_eq!(slots, [Slot::Filter(0), Slot::Filter(1)]);
     }

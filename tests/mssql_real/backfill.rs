@@ -1,7 +1,7 @@
 //! Tier 3 scenarios of the SQL Server backfills (docs/operations.md, "Backfill"): what only a server decides,
 //! that the bound leaves out exactly the rows changed since the start (change tracking's
 //! `CHANGETABLE(VERSION ...)`, the rowversion's comparison), that a filter's literals convert to each column's
-//! type, and that a re-read stops at its chunk's last key.
+//! type (neither cut to a column's length nor rounded to its scale), and that a re-read stops at its chunk's last key.
 
 use super::{drain, payload, tracked, Ctx};
 use serde_json::{json, Value};
@@ -60,8 +60,8 @@ pub(super) async fn change_tracking_backfill_leaves_rows_changed_since_its_start
 
 pub(super) async fn rowversion_backfill_leaves_rows_changed_since_its_start_to_the_live_path(ctx: &mut Ctx) {
     let t = ctx.table("rvbf");
-    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, Title nvarchar(3), Deleted bit NOT NULL DEFAULT 0, RV rowversion)")).await;
-    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, Title) VALUES (1, N'a'), (2, N'b'), (3, N'abc'), (4, N'd'); UPDATE [dbo].[{t}] SET Deleted = 1 WHERE Id = 4")).await;
+    ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, Title nvarchar(3), Price decimal(9,2), Deleted bit NOT NULL DEFAULT 0, RV rowversion)")).await;
+    ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, Title, Price) VALUES (1, N'a', 10.55), (2, N'b', 1), (3, N'abc', 10.56), (4, N'd', 1); UPDATE [dbo].[{t}] SET Deleted = 1 WHERE Id = 4")).await;
     let source = MssqlRowversion::new(ctx.spec(
         SourceKind::MssqlRowversion,
         &format!("dbo.{t}"),
@@ -87,4 +87,7 @@ pub(super) async fn rowversion_backfill_leaves_rows_changed_since_its_start_to_t
     assert!(chunks(&source, &plan.bound, Some(&longer), 10).await.is_empty());
     let exact = Filter::parse("Title = 'abc' AND Deleted = false").expect("a filter");
     assert_eq!(chunks(&source, &plan.bound, Some(&exact), 10).await, vec![vec![3]]);
+    // Nor is a decimal rounded to the column's scale: 10.56 > 10.555, 10.55 is not.
+    let finer = Filter::parse("Price > 10.555").expect("a filter");
+    assert_eq!(chunks(&source, &plan.bound, Some(&finer), 10).await, vec![vec![3]]);
 }

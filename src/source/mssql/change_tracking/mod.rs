@@ -27,6 +27,7 @@
 //! empty by this process since the base (the base moves to the version that poll proved empty).
 
 mod backfill;
+mod payload;
 mod snapshot;
 mod status;
 
@@ -36,11 +37,10 @@ use super::position::{CtPosition, Last};
 use super::read::Reads;
 use super::schema::{self, ColumnFacts, DatabaseFacts};
 use super::sql::{self, After, CtShape, Slot, Statement, Upto};
-use crate::change::{Change, Operation};
+use crate::change::Change;
 use crate::config::SourceSpec;
 use crate::db::mssql::{Param, Pool, Settings};
 use crate::source::{BackfillPlan, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
-use serde_json::value::RawValue;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::OnceCell;
 
@@ -270,32 +270,6 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
             min_valid.map(|v| v.to_string()).unwrap_or_else(|| "unknown".into()),
             self.db_name()
         ))
-    }
-
-    fn change(&self, row: &ChangeRow, shape: &CtShape) -> Result<Change, SourceError> {
-        let op = Operation::from_code(row.op.into())
-            .ok_or_else(|| SourceError::Invalid(format!("unexpected operation code {} from SQL Server", row.op)))?;
-        let mut change = Change::from_json(op, row.item.clone())
-            .map_err(|e| SourceError::Invalid(format!("SQL Server returned invalid row JSON: {e}")))?;
-        if self.options.include_metadata {
-            let mut meta = serde_json::Map::new();
-            meta.insert("Version".into(), row.version.into());
-            meta.insert("CreationVersion".into(), row.created.map(Into::into).unwrap_or(serde_json::Value::Null));
-            // A mask is present only for updates of a table tracking columns; NULL means "all columns".
-            if let (Some(mask), Operation::Update) = (&row.mask, op) {
-                let changed: Vec<serde_json::Value> = shape
-                    .item
-                    .iter()
-                    .zip(mask.chars())
-                    .filter(|(_, bit)| *bit == '1')
-                    .map(|(c, _)| c.name.as_str().into())
-                    .collect();
-                meta.insert("ChangedColumns".into(), changed.into());
-            }
-            let text = serde_json::Value::Object(meta).to_string();
-            change.metadata = RawValue::from_string(text).ok();
-        }
-        Ok(change)
     }
 
     async fn versions(&self) -> Result<(i64, i64), SourceError> {

@@ -77,3 +77,32 @@ async fn start_from_snapshot_backfills_the_rows_that_exist_beside_live_changes_a
     assert_eq!(b.after, json!([backfilled_ids.last().expect("one").to_string()]), "{b:?}");
     assert_eq!(b.rows, backfilled_ids.len() as u64, "{b:?}");
 }
+
+/// An operator's `--where` compares in the column's type family as written: `amount > 10.555` on a
+/// `numeric(12, 2)` column takes 10.56 (cast with the column's modifier, the literal would round to 10.56 and
+/// leave it out).
+#[tokio::test]
+async fn a_filtered_backfill_compares_a_decimal_literal_as_written_not_rounded_to_the_columns_scale() {
+    // GIVEN three orders of 10.55, 10.56 and 10.60 written before a function that starts from now
+    let orders = Orders::new("backfill_where").await;
+    orders.insert(1..=3).await;
+    for (id, amount) in [(1, "10.55"), (2, "10.56"), (3, "10.60")] {
+        orders.set_amount(id, amount).await;
+    }
+    let app_name = unique_app_name("backfill-where");
+    let app = orders_app(&orders, &app_name, json!({"startFrom": "now"}), &[]);
+    let host = start(&app).await;
+    drain(&host, 5).await;
+    assert!(host.delivered("changes").is_empty(), "startFrom now delivers no existing row");
+
+    // WHEN an operator backfills the orders above 10.555
+    let args = ["state", "backfill", FUNCTION, "--where", "amount > 10.555"].map(String::from);
+    let output = crate::operations::handler_cli(app.root(), &args).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    drain(&host, 10).await;
+
+    // THEN orders 2 and 3 are backfilled, and 1 is not
+    let messages = host.delivered("changes");
+    assert_eq!(ids_of(&messages), [2, 3], "{messages:#?}");
+    assert!(messages.iter().all(|m| m.pointer("/Metadata/Backfill").is_some()), "{messages:#?}");
+}

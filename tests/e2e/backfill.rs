@@ -1,12 +1,14 @@
 //! Backfill through the real binary under the host model (deferred delivery): `startFrom: snapshot` on the
-//! orders table, with writes while it runs (docs/operations.md, "Backfill").
+//! orders table, with writes while it runs (docs/operations.md, "Backfill"). Crashes during a backfill:
+//! backfill_crashes.rs.
 
 use crate::common::*;
 use serde_json::{json, Value};
+use sql_pseudo_trigger::engine::document::BackfillState;
 use std::collections::BTreeMap;
 
 /// The consumer's view after applying every message in order, idempotently (upsert by id, delete by id).
-fn view(messages: &[Value]) -> BTreeMap<i64, f64> {
+pub(crate) fn view(messages: &[Value]) -> BTreeMap<i64, f64> {
     let mut view = BTreeMap::new();
     for m in messages {
         let id = m["Item"]["id"].as_i64().expect("an id");
@@ -73,7 +75,7 @@ async fn start_from_snapshot_backfills_the_rows_that_exist_beside_live_changes_a
     // AND the backfill is done, at the last key it delivered
     let (doc, _) = load_state(&shared_blob_store(), &app_name).await.expect("a state document");
     let b = doc.backfill.expect("a backfill");
-    assert_eq!(b.state, sql_pseudo_trigger::engine::document::BackfillState::Done, "{b:?}");
+    assert_eq!(b.state, BackfillState::Done, "{b:?}");
     assert_eq!(b.after, json!([backfilled_ids.last().expect("one").to_string()]), "{b:?}");
     assert_eq!(b.rows, backfilled_ids.len() as u64, "{b:?}");
 }

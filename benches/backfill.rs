@@ -281,7 +281,7 @@ fn spawn(servers: &Servers, url: &str, dir: &ScratchDir, app_name: &str) -> Resu
         .env("PostgresConnectionString", url)
         .env("AzureWebJobsStorage", servers.azurite.connection_string())
         .env("Sql_Trigger_StateStore", "blob")
-        .env("Sql_Trigger_AppName", &app_name)
+        .env("Sql_Trigger_AppName", app_name)
         .env("Sql_Trigger_LogLevel", "warn")
         .env_remove("FUNCTIONS_APP_ROOT_PATH")
         .stdin(Stdio::null())

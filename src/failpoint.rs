@@ -7,7 +7,8 @@
 //!
 //! Points: `after-fetch` (changes read, nothing committed), `after-commit` (batch recorded in flight, not yet
 //! answered to the host or handed to a sink), `sink-before-commit` (a SQL sink wrote the batch in its open
-//! transaction, not committed), `after-sink` (the sink committed the batch, the state does not say so yet).
+//! transaction, not committed), `after-sink` (the sink committed the batch, the state does not say so yet),
+//! `after-sink-chunk` (the same, reached only by a backfill's chunks).
 
 #[cfg(feature = "failpoints")]
 use std::sync::atomic::{AtomicU64, Ordering};

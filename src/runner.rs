@@ -21,7 +21,7 @@ use crate::app::App;
 use crate::clock::SystemClock;
 use crate::config::DeliveryMode;
 use crate::engine::partitions::{Group, Owners};
-use crate::engine::{OutcomeKind, RetryDirective, TickError, Trigger};
+use crate::engine::{OutcomeKind, RetryDirective, TickError, TickOutcome, Trigger};
 use crate::sink::Sink;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -185,11 +185,7 @@ pub async fn run_one(
                 if options.once && matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) {
                     break;
                 }
-                if outcome.changes.len() >= settings.max_batch_size {
-                    Duration::ZERO
-                } else {
-                    settings.polling_interval
-                }
+                pause_after(&outcome, settings.max_batch_size, settings.polling_interval)
             }
             // A rejected batch is retried until MaxAttempts quarantines it; other operator errors do not pass
             // by waiting, so a drain stops at them.
@@ -225,6 +221,21 @@ pub async fn run_one(
     }
     tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
     summary
+}
+
+/// How long a function's loop waits after a successful tick: not at all while there is a backlog, which is a
+/// full batch (more changes are likely waiting) or a delivering tick while a backfill runs (its chunks are
+/// waiting whatever the live fetch found); the polling interval otherwise. Without the second, a trickle of
+/// live changes (each tick finds a few, and a chunk gets only the ticks that find none, or one in five) would
+/// hold a backfill to about one chunk per interval: with the default second, a million rows in chunks of 1000
+/// would take most of an hour. An empty tick always waits, so a paused or leased-away backfill never spins.
+fn pause_after(outcome: &TickOutcome, max_batch_size: usize, polling_interval: Duration) -> Duration {
+    let delivered = outcome.changes.len();
+    if delivered >= max_batch_size || (delivered > 0 && outcome.backfill_running) {
+        Duration::ZERO
+    } else {
+        polling_interval
+    }
 }
 
 /// Logs the drain's rate now and then, then waits `pause` (cut short by a stop).
@@ -269,6 +280,22 @@ mod tests {
         assert!(streak.failed(), "an hour of failures without a break");
         streak.ok();
         assert!(!streak.failed(), "a success ends the streak");
+    }
+
+    #[test]
+    fn a_loop_waits_the_polling_interval_only_without_a_backlog_and_never_after_a_delivering_tick_of_a_backfill() {
+        let second = Duration::from_secs(1);
+        let change = || crate::change::Change::from_json(crate::change::Operation::Insert, "{}".into()).expect("json");
+        let outcome = |rows: usize, backfill_running| {
+            let mut outcome = TickOutcome::default();
+            outcome.changes = (0..rows).map(|_| change()).collect();
+            outcome.backfill_running = backfill_running;
+            outcome
+        };
+        assert_eq!(pause_after(&outcome(10, false), 10, second), Duration::ZERO, "a full batch");
+        assert_eq!(pause_after(&outcome(3, false), 10, second), second, "a live trickle without a backfill");
+        assert_eq!(pause_after(&outcome(3, true), 10, second), Duration::ZERO, "a live trickle beside a backfill");
+        assert_eq!(pause_after(&outcome(0, true), 10, second), second, "an empty tick (paused, leased away)");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!
 //! The scenarios follow the official trigger's acceptance checklist (see docs/sql-server.md): single
 //! operations, net change, batch size, every column type, validation errors, retention overtaken, snapshot
-//! start, context filter, pending counts, two functions on one table, metadata, rowversion; and the lag, whose
+//! start, backfills, context filter, pending counts, two functions on one table, metadata, rowversion; and the lag, whose
 //! reading of `sys.dm_tran_commit_table.commit_time` as UTC only a real server can confirm. Issue 15 added the
 //! ones only a server can decide: Inserts labelled across rowversion pages, a rowversion read waiting for an
 //! open transaction, rowversion refetch and pending, composite and string keysets in a column collation other
@@ -25,6 +25,12 @@ use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
+#[path = "mssql_real/backfill.rs"]
+mod backfill;
+use backfill::{
+    change_tracking_backfill_leaves_rows_changed_since_its_start_to_the_live_path,
+    rowversion_backfill_leaves_rows_changed_since_its_start_to_the_live_path,
+};
 #[path = "mssql_real/sink.rs"]
 mod sink;
 
@@ -128,7 +134,9 @@ async fn real_server_suite() {
     scenario!(validation_errors_are_exact);
     scenario!(retention_overtaken_is_refused_then_resynced);
     scenario!(an_empty_table_resync_replaces_the_lost_position);
-    scenario!(snapshot_start_walks_then_follows_changes);
+    scenario!(a_recorded_walk_walks_on_then_follows_changes);
+    scenario!(change_tracking_backfill_leaves_rows_changed_since_its_start_to_the_live_path);
+    scenario!(rowversion_backfill_leaves_rows_changed_since_its_start_to_the_live_path);
     scenario!(walk_batches_are_read_again_up_to_their_end);
     scenario!(refetch_to_a_drained_version_returns_the_same_rows);
     scenario!(composite_and_string_keysets_page_in_the_columns_collation);
@@ -300,12 +308,13 @@ async fn retention_overtaken_is_refused_then_resynced(ctx: &mut Ctx) {
     assert_eq!(payload(&f), vec![(0, json!({"Id":1})), (0, json!({"Id":2}))]);
 }
 
-async fn snapshot_start_walks_then_follows_changes(ctx: &mut Ctx) {
+/// A walk recorded before `startFrom: snapshot` became a backfill (or a resync's) walks on, then follows changes.
+async fn a_recorded_walk_walks_on_then_follows_changes(ctx: &mut Ctx) {
     let t = tracked(ctx, "snap", "Id int PRIMARY KEY, V int").await;
     ctx.exec(&format!("INSERT INTO [dbo].[{t}] VALUES (1, 1), (2, 2), (3, 3)")).await;
-    let source = ctx.ct(&format!("dbo.{t}"), json!({"startFrom": "snapshot"}));
-    let start = source.start_position(StartFrom::Earliest).await.expect("start");
-    assert_eq!(start["phase"], "snapshot");
+    let source = ctx.ct(&format!("dbo.{t}"), json!({}));
+    let now = source.start_position(StartFrom::Now).await.expect("start");
+    let start = json!({"phase": "snapshot", "base": now["base"]});
     let first = source.fetch(&start, 2).await.expect("walk");
     assert_eq!(payload(&first), vec![(0, json!({"Id":1,"V":1})), (0, json!({"Id":2,"V":2}))]);
     ctx.exec(&format!("UPDATE [dbo].[{t}] SET V = 20 WHERE Id = 2")).await;

@@ -36,6 +36,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+#[path = "mssql_wire/backfill.rs"]
+mod backfill;
 mod tds_reader;
 use tds_reader::{decode_rpc_after_headers, Reader, Wire};
 
@@ -267,7 +269,7 @@ impl Drop for Mock {
 
 #[test]
 fn every_golden_statement_is_registered_by_a_test() {
-    let this = include_str!("mssql_wire.rs");
+    let this = [include_str!("mssql_wire.rs"), include_str!("mssql_wire/backfill.rs")].concat();
     let dir = format!("{}/tests/golden/mssql", env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("golden dir").flatten() {
@@ -728,22 +730,20 @@ async fn pending_counts_from_a_base_or_a_key_and_from_a_walk() {
 }
 
 #[tokio::test]
-async fn start_from_snapshot_walks_the_table_in_key_order_then_follows_the_changes_made_since() {
-    // GIVEN a function configured with startFrom: snapshot (accepted by the configuration: issue 15, defect 11)
+async fn a_walk_recorded_before_backfills_existed_walks_on_in_key_order_then_follows_the_changes_made_since() {
+    // GIVEN a function whose state was written in the walk phase (startFrom: snapshot before it became a
+    // backfill, or a resync), at the version read before its walk began
     let mut mock = Mock::start().await;
     catalog(&mut mock).await;
-    mock.register("ct_versions", versions(10, 42)).await;
     mock.register("ct_walk_first", walk(&[(INSERTED, "1"), (NULLS, "2")])).await;
     mock.register("ct_walk_after", walk(&[(DELETED, "3")])).await;
     mock.register("ct_fetch_start", changes(50, 10, &[(45, 1, NULLS, "2")])).await;
     mock.register("ct_walk_upto", walk(&[(INSERTED, "1"), (NULLS, "2")])).await;
     mock.register("ct_walk_range", walk(&[(DELETED, "3")])).await;
-    let spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({"startFrom": "snapshot"}), "");
-    assert_eq!(spec.start_from, StartFrom::Earliest, "snapshot is a source option; to the engine it is a start");
-    let source = MssqlChangeTracking::new(spec).expect("source builds");
+    let source = ct_source(&mock, json!({}));
 
-    // WHEN it starts, walks in pages of two, and follows on
-    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    // WHEN it walks on in pages of two, and follows on
+    let start = json!({"phase": "snapshot", "base": 42});
     let first = source.fetch(&start, 2).await.expect("walk");
     let first_end = first.last.clone().expect("a position");
     let second = source.fetch(&first_end, 2).await.expect("walk ends");
@@ -751,7 +751,6 @@ async fn start_from_snapshot_walks_the_table_in_key_order_then_follows_the_chang
 
     // THEN every current row is an Insert, the walk ends at the version read before it, and the change made
     // during the walk follows
-    assert_eq!(start, json!({"phase": "snapshot", "base": 42}));
     assert_eq!(first_end, json!({"phase": "snapshot", "base": 42, "key": ["2"]}));
     assert_eq!(encode_batch(&second.changes).get(), format!(r#"[{{"Operation":0,"Item":{DELETED}}}]"#));
     assert_eq!(second.last, Some(json!({"phase": "changes", "base": 42})));
@@ -1537,17 +1536,17 @@ async fn a_partitioned_change_tracking_function_filters_every_read_by_its_partit
 }
 
 #[tokio::test]
-async fn a_partitioned_snapshot_start_walks_and_counts_only_its_partitions_rows() {
+async fn a_partitioned_walk_walks_and_counts_only_its_partitions_rows() {
     let mut mock = Mock::start().await;
     catalog(&mut mock).await;
-    mock.register("ct_versions", versions(10, 42)).await;
     mock.register("ct_part_walk_first", walk(&[(INSERTED, "1")])).await;
     mock.register("ct_part_walk_pending_first", count(25)).await;
-    let mut spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({"startFrom": "snapshot"}), "");
+    let mut spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({}), "");
     spec.partition = partition(0, 8);
     let source = MssqlChangeTracking::new(spec).expect("source builds");
 
-    let start = source.start_position(StartFrom::Earliest).await.expect("start");
+    // A walk recorded before backfills existed (or a resync's) goes on in its partition.
+    let start = json!({"phase": "snapshot", "base": 42});
     let walked = source.fetch(&start, 100).await.expect("walk");
     let waiting = source.pending(&start).await.expect("pending");
 

@@ -125,8 +125,6 @@ pub struct ChangeTrackingOptions {
     pub skip_context: Option<Vec<u8>>,
     /// `Metadata` on each change: version, creation version and changed columns.
     pub include_metadata: bool,
-    /// `startFrom: snapshot`: walk the current rows first, then follow changes.
-    pub snapshot_start: bool,
 }
 
 /// Keys the cursor sources read, which postgres-logical refuses.
@@ -330,13 +328,7 @@ pub(super) fn change_tracking(
         bad("includeMetadata", e);
         false
     });
-    let snapshot_start = o.get("startFrom").and_then(Value::as_str) == Some("snapshot");
-    (errors.len() == before).then_some(ChangeTrackingOptions {
-        on_position_lost,
-        skip_context,
-        include_metadata,
-        snapshot_start,
-    })
+    (errors.len() == before).then_some(ChangeTrackingOptions { on_position_lost, skip_context, include_metadata })
 }
 
 /// `0x0A0B...` is hex; anything else is the UTF-8 bytes of the text (what `CAST('text' AS varbinary(128))`

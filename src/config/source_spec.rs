@@ -18,8 +18,8 @@ pub enum StartFrom {
     /// Only changes made after the first tick.
     Now,
     /// The rows that exist when the function first runs, delivered by a backfill (docs/operations.md,
-    /// "Backfill"), and every change after them (postgres-cursor, postgres-logical; SQL Server change tracking
-    /// reads the option itself and starts from `Earliest`).
+    /// "Backfill"), and every change after them (every source: postgres-cursor, postgres-logical and both SQL
+    /// Server sources).
     Snapshot,
 }
 
@@ -221,24 +221,11 @@ pub(super) fn source_spec(
     let start_from = match text("startFrom").as_deref() {
         None | Some("earliest") => StartFrom::Earliest,
         Some("now") => StartFrom::Now,
-        // The SQL Server change-tracking source walks the table first, then follows changes; it reads the
-        // option itself, and to the engine the start is "before everything".
-        Some("snapshot") if kind == SourceKind::MssqlChangeTracking => StartFrom::Earliest,
-        Some("snapshot") if matches!(kind, SourceKind::PostgresCursor | SourceKind::PostgresLogical) => {
-            StartFrom::Snapshot
-        }
-        Some("snapshot") => {
-            problem(
-                "startFrom",
-                "snapshot is available for postgres-cursor, postgres-logical and mssql-change-tracking only; use earliest or now".into(),
-            );
-            StartFrom::Earliest
-        }
+        // A backfill of the rows that exist beside the changes after them (docs/operations.md, "Backfill"):
+        // every source can backfill.
+        Some("snapshot") => StartFrom::Snapshot,
         Some(other) => {
-            problem(
-                "startFrom",
-                format!("{other:?} is not a start; use earliest, now or (postgres-cursor, postgres-logical, SQL Server change tracking) snapshot"),
-            );
+            problem("startFrom", format!("{other:?} is not a start; use earliest, now or snapshot"));
             StartFrom::Earliest
         }
     };
@@ -340,5 +327,36 @@ mod tests {
         assert_eq!(resolve_text("x-%Table%-y", &env).expect("resolves"), "x-dbo.Orders-y");
         assert_eq!(resolve_text("100%", &env).expect("no reference"), "100%");
         assert_eq!(resolve_text("%Missing%", &env).unwrap_err(), "Missing");
+    }
+
+    #[test]
+    fn start_from_snapshot_is_a_backfill_for_every_source() {
+        let env = Env::from_pairs([("Db".to_string(), "unused".to_string())]);
+        let start = |kind: SourceKind| {
+            let json = serde_json::json!({"source": kind.as_str(), "tableName": "dbo.t", "connectionStringSetting": "Db",
+                "cursorColumn": "v", "startFrom": "snapshot"});
+            let json = match kind {
+                SourceKind::PostgresCursor => json,
+                SourceKind::PostgresLogical => serde_json::json!({"source": kind.as_str(), "tableName": "dbo.t",
+                    "connectionStringSetting": "Db", "slotName": "s", "startFrom": "snapshot"}),
+                _ => serde_json::Value::Object(
+                    json.as_object()
+                        .expect("an object")
+                        .clone()
+                        .into_iter()
+                        .filter(|(k, _)| k != "cursorColumn")
+                        .collect(),
+                ),
+            };
+            SourceSpec::from_json(&json, &env).map(|s| s.start_from)
+        };
+        for kind in [
+            SourceKind::PostgresCursor,
+            SourceKind::PostgresLogical,
+            SourceKind::MssqlChangeTracking,
+            SourceKind::MssqlRowversion,
+        ] {
+            assert_eq!(start(kind).expect("valid"), StartFrom::Snapshot, "{kind:?}");
+        }
     }
 }

@@ -197,17 +197,25 @@ impl Trigger {
     }
 
     async fn deliver_into(&self, memory: &mut Memory, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
-        if let Some(out) = sink_tick::take_chained(self, memory) {
-            return sink_tick::deliver(self, memory, sink, out).await;
-        }
-        let mode = Mode::Recorded(Acknowledge::AfterSink);
-        let mut out = self.run(memory, mode).await?;
-        if let Some(logs) = sink_tick::reconcile(self, memory, sink, &mut out).await? {
-            // The document now starts where the destination ends: no second reconciliation.
-            out = self.run(memory, mode).await?;
-            out.logs.splice(0..0, logs);
-        }
-        sink_tick::deliver(self, memory, sink, out).await
+        let mut out = match sink_tick::take_chained(self, memory) {
+            Some(out) => sink_tick::deliver(self, memory, sink, out).await?,
+            None => {
+                let mode = Mode::Recorded(Acknowledge::AfterSink);
+                let mut out = self.run(memory, mode).await?;
+                if let Some(logs) = sink_tick::reconcile(self, memory, sink, &mut out).await? {
+                    // The document now starts where the destination ends: no second reconciliation.
+                    out = self.run(memory, mode).await?;
+                    out.logs.splice(0..0, logs);
+                }
+                sink_tick::deliver(self, memory, sink, out).await?
+            }
+        };
+        // Read off the document this process holds (written or read last): no store operation.
+        out.backfill_running = memory
+            .written
+            .as_ref()
+            .is_some_and(|(doc, _)| doc.backfill.as_ref().is_some_and(|b| b.state == document::BackfillState::Running));
+        Ok(out)
     }
 
     /// On a clean stop of `handler run`: withdraws a chained batch never delivered (see `sink_tick`).

@@ -19,6 +19,11 @@ pub struct TickOutcome {
     pub fence: u64,
     /// The document this tick last wrote and its new etag: where sink mode's acknowledgement continues from.
     pub(super) committed: Option<(StateDoc, Etag)>,
+    /// After a sink tick (`Trigger::tick_into`): the function's backfill was running when the tick ended, so
+    /// its chunks are a backlog. A loop that waits its polling interval after a batch smaller than
+    /// `MaxBatchSize` must not wait after a delivering tick while this holds: a trickle of live changes would
+    /// otherwise leave a chunk about one tick per interval (see `runner::pause_after`).
+    pub backfill_running: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -72,8 +72,8 @@ impl BatchRange {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackfillPlan {
     /// Source-owned: what every chunk of this backfill is bounded by (postgres-cursor: the live checkpoint's
-    /// cursor when the backfill started). `Null`: there is nothing to backfill (the live path delivers every
-    /// row, or the table is empty).
+    /// cursor when the backfill started; mssql-rowversion: its rowversion; mssql-change-tracking: the version it
+    /// covers). `Null`: there is nothing to backfill (the live path delivers every row, or the table is empty).
     pub bound: Position,
     /// How many rows the backfill is expected to deliver (the table changes meanwhile), when known.
     pub estimate: Option<u64>,
@@ -109,7 +109,7 @@ pub enum ChunkRead {
 /// The error of a source that cannot backfill, naming the ones that can.
 pub fn cannot_backfill(name: &str) -> SourceError {
     SourceError::Invalid(format!(
-        "{name} cannot backfill (yet): only postgres-cursor and postgres-logical sources can; see docs/operations.md, \"Backfill\""
+        "{name} cannot backfill (yet): postgres-cursor, postgres-logical, mssql-change-tracking and mssql-rowversion sources can; see docs/operations.md, \"Backfill\""
     ))
 }
 

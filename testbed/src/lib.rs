@@ -9,9 +9,11 @@
 //! - [`faulty`]: a state store that injects faults between the engine and a real store;
 //! - [`memory_source`]: an in-memory change source with transactions and a late-commit guard;
 //! - [`store_contract`]: the assertions every state store must pass;
-//! - [`config`], [`attempts`]: configurations and host attempts for tests that build an engine by hand.
+//! - [`config`], [`attempts`]: configurations and host attempts for tests that build an engine by hand;
+//! - [`chunks`]: a source's backfill chunks read directly, as its tests do.
 
 pub mod attempts;
+pub mod chunks;
 pub mod config;
 pub mod demo;
 pub mod driver;

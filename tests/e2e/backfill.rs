@@ -1,12 +1,14 @@
 //! Backfill through the real binary under the host model (deferred delivery): `startFrom: snapshot` on the
-//! orders table, with writes while it runs (docs/operations.md, "Backfill").
+//! orders table, with writes while it runs (docs/operations.md, "Backfill"). Crashes during a backfill:
+//! backfill_crashes.rs.
 
 use crate::common::*;
 use serde_json::{json, Value};
+use sql_pseudo_trigger::engine::document::BackfillState;
 use std::collections::BTreeMap;
 
 /// The consumer's view after applying every message in order, idempotently (upsert by id, delete by id).
-fn view(messages: &[Value]) -> BTreeMap<i64, f64> {
+pub(crate) fn view(messages: &[Value]) -> BTreeMap<i64, f64> {
     let mut view = BTreeMap::new();
     for m in messages {
         let id = m["Item"]["id"].as_i64().expect("an id");
@@ -73,7 +75,84 @@ async fn start_from_snapshot_backfills_the_rows_that_exist_beside_live_changes_a
     // AND the backfill is done, at the last key it delivered
     let (doc, _) = load_state(&shared_blob_store(), &app_name).await.expect("a state document");
     let b = doc.backfill.expect("a backfill");
-    assert_eq!(b.state, sql_pseudo_trigger::engine::document::BackfillState::Done, "{b:?}");
+    assert_eq!(b.state, BackfillState::Done, "{b:?}");
     assert_eq!(b.after, json!([backfilled_ids.last().expect("one").to_string()]), "{b:?}");
     assert_eq!(b.rows, backfilled_ids.len() as u64, "{b:?}");
+}
+
+/// An operator's `--where` compares in the column's type family as written: `amount > 10.555` on a
+/// `numeric(12, 2)` column takes 10.56 (cast with the column's modifier, the literal would round to 10.56 and
+/// leave it out).
+#[tokio::test]
+async fn a_filtered_backfill_compares_a_decimal_literal_as_written_not_rounded_to_the_columns_scale() {
+    // GIVEN three orders of 10.55, 10.56 and 10.60 written before a function that starts from now
+    let orders = Orders::new("backfill_where").await;
+    orders.insert(1..=3).await;
+    for (id, amount) in [(1, "10.55"), (2, "10.56"), (3, "10.60")] {
+        orders.set_amount(id, amount).await;
+    }
+    let app_name = unique_app_name("backfill-where");
+    let app = orders_app(&orders, &app_name, json!({"startFrom": "now"}), &[]);
+    let host = start(&app).await;
+    drain(&host, 5).await;
+    assert!(host.delivered("changes").is_empty(), "startFrom now delivers no existing row");
+
+    // WHEN an operator backfills the orders above 10.555
+    let args = ["state", "backfill", FUNCTION, "--where", "amount > 10.555"].map(String::from);
+    let output = crate::operations::handler_cli(app.root(), &args).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    drain(&host, 10).await;
+
+    // THEN orders 2 and 3 are backfilled, and 1 is not
+    let messages = host.delivered("changes");
+    assert_eq!(ids_of(&messages), [2, 3], "{messages:#?}");
+    assert!(messages.iter().all(|m| m.pointer("/Metadata/Backfill").is_some()), "{messages:#?}");
+}
+
+/// Under `handler run` a running backfill is a backlog: after a tick that delivered a live batch smaller than
+/// `maxBatchSize`, the next tick comes at once instead of after the polling interval. Otherwise a trickle of
+/// writes (every tick finds a few live changes, and chunks get the ticks that find none, or one in five) holds
+/// the backfill to about one chunk per polling interval: with the default second, a million rows in chunks of
+/// 1000 would take most of an hour however few the writes. Here the polling interval is a minute, so a
+/// backfill of 30 chunks done within 30 s shows the loop did not wait it between them.
+#[tokio::test]
+async fn under_handler_run_a_trickle_of_live_changes_does_not_hold_a_backfill_to_the_polling_interval() {
+    // GIVEN 300 orders, `handler run` with `startFrom: snapshot` in chunks of 10 and a polling interval of a
+    // minute, and a writer inserting an order every 5 ms
+    let orders = Orders::new("backfill_pace").await;
+    orders.insert(1..=300).await;
+    let app_name = unique_app_name("backfill-pace");
+    let trigger = json!({"startFrom": "snapshot", "maxBatchSize": 10, "pollingIntervalMs": 60000});
+    let app = orders_app(&orders, &app_name, trigger, &[]);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn({
+        let url = orders.url.clone();
+        async move {
+            let db = testbed::embedded::connect(&url).await.expect("the writer connects");
+            let mut id = 1_000i64;
+            while !*stopped.borrow() {
+                db.execute("INSERT INTO orders (id, customer, amount) VALUES ($1, 'live', 1)", &[&id])
+                    .await
+                    .expect("insert");
+                id += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    });
+
+    // WHEN `handler run` runs
+    let runner = crate::runner::Runner::start(&app, &[]);
+
+    // THEN the backfill is done within 30 s, half one polling interval
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let b = load_state(&shared_blob_store(), &app_name).await.and_then(|(doc, _)| doc.backfill);
+        if b.as_ref().is_some_and(|b| b.state == BackfillState::Done) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the backfill is not done 30 s in: {b:?}\n{}", runner.stderr());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    stop.send(true).expect("the writer listens");
+    writer.await.expect("the writer");
 }

@@ -6,6 +6,7 @@
 mod support;
 
 mod backfill;
+mod backfill_crashes;
 mod balance;
 mod common;
 mod concurrency;

@@ -124,6 +124,11 @@ pub(crate) struct Runner {
 
 impl Runner {
     pub(crate) fn start(app: &AppFolder, args: &[&str]) -> Self {
+        Self::start_with(app, args, &[])
+    }
+
+    /// [`Runner::start`] with `env` added to the process's environment (failpoints).
+    pub(crate) fn start_with(app: &AppFolder, args: &[&str], env: &[(&str, &str)]) -> Self {
         let logs = ScratchDir::new("runner").expect("a scratch directory");
         let file = |name: &str| std::fs::File::create(logs.path().join(name)).expect("a log file");
         let mut command = Command::new(support::handler_exe());
@@ -133,6 +138,7 @@ impl Runner {
             .arg("run")
             .args(args)
             .env_remove("FUNCTIONS_APP_ROOT_PATH")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file("stdout"))
             .stderr(file("stderr"));

@@ -29,6 +29,9 @@ SUBSTITUTED = {
     # CHANGETABLE(CHANGES t, @v) is a rowset function whose CHANGES keyword sqlglot does not know; as a plain
     # function call the rest of the statement (joins, keyset, ORDER BY) is still parsed.
     "CHANGETABLE(CHANGES ": "CHANGETABLE(",
+    # CHANGETABLE(VERSION t, (k1, k2), (T.k1, T.k2)), the backfill's row-version lookup: the same rowset function
+    # with the VERSION keyword, parsed as a call over the table and the two lists.
+    "CHANGETABLE(VERSION ": "CHANGETABLE(",
 }
 
 UNPARSED = (

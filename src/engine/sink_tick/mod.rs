@@ -168,6 +168,11 @@ pub(super) async fn deliver(
     match delivered {
         Ok(()) => {
             failpoint::hit("after-sink");
+            if flight.range.backfill.is_some() {
+                // The same point for a backfill's chunk only, so a test can crash inside a backfill while live
+                // batches interleave with its chunks.
+                failpoint::hit("after-sink-chunk");
+            }
             ack.doc.acknowledge(&flight, ack.now);
             // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the
             // module docs), unless an operator queued quarantined batches, which go first.

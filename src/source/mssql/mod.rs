@@ -12,6 +12,7 @@
 //! `sp_getapplock`: the engine's state store holds the position and the lease, so the database only sees
 //! reads, and functions on one database never serialize each other.
 
+mod backfill;
 mod catalog;
 mod change_tracking;
 mod options;

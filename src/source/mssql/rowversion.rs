@@ -8,16 +8,17 @@
 //! the base rowversion stays fixed while a backlog is paged, as the change-tracking source's base does, and
 //! moves to the last delivered rowversion when a read drains the backlog.
 
+use super::backfill;
 use super::catalog::{big, int, one_row, required, text};
 use super::position::RvPosition;
 use super::read::Reads;
-use super::schema;
+use super::schema::{self, ColumnFacts};
 use super::sql::{After, Labels, PartitionFilter, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
 use crate::config::{RowversionOptions, SourceKind, SourceOptions, SourceSpec};
 use crate::db::mssql::{Param, Pool, Settings};
 use crate::ident::Ident;
-use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
+use crate::source::{BackfillPlan, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
 use tokio::sync::OnceCell;
 
 #[derive(Debug)]
@@ -25,7 +26,8 @@ pub struct MssqlRowversion {
     spec: SourceSpec,
     options: RowversionOptions,
     pool: Pool,
-    shape: OnceCell<RvShape>,
+    /// The table's shape, and every column of it with its type (what a backfill's filter is checked against).
+    shape: OnceCell<(RvShape, Vec<ColumnFacts>)>,
 }
 
 impl MssqlRowversion {
@@ -38,6 +40,10 @@ impl MssqlRowversion {
     }
 
     async fn shape(&self) -> Result<&RvShape, SourceError> {
+        Ok(&self.discovered().await?.0)
+    }
+
+    async fn discovered(&self) -> Result<&(RvShape, Vec<ColumnFacts>), SourceError> {
         self.shape
             .get_or_try_init(|| async {
                 let db = super::catalog::database(&self.pool).await?;
@@ -46,7 +52,7 @@ impl MssqlRowversion {
                 let columns = super::catalog::columns(&self.pool, &self.spec.table).await?;
                 let shape = schema::rowversion_shape(&self.spec, &self.options, &db, &facts, &columns)?;
                 self.check_partition(&shape).await?;
-                Ok(shape)
+                Ok((shape, columns))
             })
             .await
     }
@@ -109,9 +115,12 @@ impl MssqlRowversion {
                     Slot::PartitionCount => Param::Int(
                         self.spec.partition.map(|p| i64::from(p.count.get())).ok_or_else(|| missing("partitions"))?,
                     ),
-                    Slot::Table | Slot::Context | Slot::PartitionColumnName | Slot::VersionColumnName => {
-                        return Err(missing("of another statement"))
-                    }
+                    Slot::Table
+                    | Slot::Context
+                    | Slot::PartitionColumnName
+                    | Slot::VersionColumnName
+                    | Slot::Bound
+                    | Slot::Filter(_) => return Err(missing("of another statement")),
                 })
             })
             .collect()
@@ -193,9 +202,11 @@ impl Source for MssqlRowversion {
     async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
         self.shape().await?;
         match from {
-            // Every current row: a rowversion walk from the start is already a snapshot.
-            StartFrom::Earliest | StartFrom::Snapshot => Ok(Position::Null),
-            StartFrom::Now => {
+            // Every current row, in rowversion order, as changes.
+            StartFrom::Earliest => Ok(Position::Null),
+            // The newest position below the guard: the live path starts there, and the engine backfills the rows
+            // at or below it (`backfill_start` takes this position's rowversion as the bound).
+            StartFrom::Now | StartFrom::Snapshot => {
                 let ctx = "reading the newest rowversion";
                 let s = RvShape::newest();
                 let row = one_row(self.pool.query(&s.sql, &[], ctx).await?, ctx)?;
@@ -234,10 +245,63 @@ impl Source for MssqlRowversion {
         Ok(big(&row, 0, ctx)?.unwrap_or(0).max(0) as u64)
     }
 
+    /// The bound is the live checkpoint's rowversion (docs/architecture.md, "Backfill"); `Null` (nothing
+    /// delivered yet): the live path reads every row from the start, so there is nothing to backfill.
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        let (shape, columns) = self.discovered().await?;
+        let filter = backfill::check_filter(filter, &self.spec.table.to_string(), columns)?;
+        let Some(at) = self.parse(checkpoint, shape)? else {
+            return Ok(BackfillPlan { bound: Position::Null, estimate: Some(0) });
+        };
+        let chunk = backfill::Chunk { bound: at.rv, after: None, upto: None, limit: 0, filter: filter.as_ref() };
+        let s = shape.backfill_estimate(filter.as_ref());
+        let estimate = backfill::estimate(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?).await?;
+        Ok(BackfillPlan { bound: Position::from(at.rv), estimate: Some(estimate) })
+    }
+
+    /// Its rule needs no live position: the rowversion bound leaves every row written since the start to the
+    /// live path.
+    async fn backfill_chunk(
+        &self,
+        r: crate::source::ChunkRequest<'_>,
+    ) -> Result<crate::source::ChunkRead, SourceError> {
+        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(crate::source::ChunkRead::Rows)
+    }
+
     /// A rowversion is a counter, not a time, and SQL Server keeps no commit time for it: the lag is unknown.
     async fn oldest_pending_age(&self, _after: &Position) -> Result<Lag, SourceError> {
         Ok(Lag::Unknown(
             "a rowversion says in what order rows changed, not when, and SQL Server records no commit time for it; use the change-tracking source (mssql-change-tracking) for a lag".into(),
         ))
+    }
+}
+
+impl MssqlRowversion {
+    /// A chunk of the backfill bounded by `bound` (see docs/architecture.md, "Backfill").
+    async fn read_chunk(
+        &self,
+        bound: &Position,
+        after: &Position,
+        upto: Option<&Position>,
+        filter: Option<&Filter>,
+        limit: usize,
+    ) -> Result<Fetched, SourceError> {
+        let (shape, columns) = self.discovered().await?;
+        let table = self.spec.table.to_string();
+        let Some(bound) = backfill::bound(bound, &table)? else { return Ok(Fetched::default()) };
+        let filter = backfill::check_filter(filter, &table, columns)?;
+        let chunk = backfill::Chunk {
+            bound,
+            after: backfill::key_texts(after, shape.key.len(), &table)?,
+            upto: upto.map(|u| backfill::key_texts(u, shape.key.len(), &table)).transpose()?.flatten(),
+            limit: limit.max(1),
+            filter: filter.as_ref(),
+        };
+        let s = shape.backfill_chunk(chunk.range(), filter.as_ref());
+        backfill::read(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?, shape.key.len()).await
     }
 }

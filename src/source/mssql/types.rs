@@ -117,6 +117,37 @@ impl SqlType {
         }
     }
 
+    /// The type a backfill filter's `literal` for a column of this type is converted to before the comparison
+    /// (`--where`, `sql::MssqlFilter`): the column's own type, so `created >= '2026-01-01'` compares dates and
+    /// the column side needs no conversion (an index on it still seeks), except where that conversion would change
+    /// the literal: a sized character or binary type takes its `(MAX)` form (converted to the column's length, a
+    /// longer literal would be cut and equal a value it is not), and a `decimal` or `numeric` widens to the
+    /// literal's digits (converted to the column's scale, `price > 10.555` would round to `price > 10.56` and leave
+    /// out 10.56). `Err` names why a column of this type cannot be compared with a value.
+    pub fn literal_type(&self, literal: &str) -> Result<SqlType, String> {
+        let widened = match self.name.as_str() {
+            "char" | "varchar" => Some("varchar"),
+            "nchar" | "nvarchar" => Some("nvarchar"),
+            "binary" | "varbinary" => Some("varbinary"),
+            _ => None,
+        };
+        let mut ty = match widened {
+            Some(name) => SqlType { name: name.into(), max_length: Some(-1), ..self.clone() },
+            None => self.clone(),
+        };
+        if let ("decimal" | "numeric", Some(p), Some(s), Some((int, frac))) =
+            (ty.name.as_str(), ty.precision, ty.scale, decimal_digits(literal))
+        {
+            let int = (p - s).max(int);
+            let scale = s.max(frac).min(38 - int.min(38));
+            ty.precision = Some((int + scale).clamp(1, 38));
+            ty.scale = Some(scale);
+        }
+        ty.convert_target().map(|_| ty).map_err(|_| {
+            format!("a filter cannot compare a {} column with a value (only IS [NOT] NULL applies to it)", self.name)
+        })
+    }
+
     /// The expression `FOR JSON` serializes for a column of this type: the column itself, except where the
     /// official trigger's payload differs and matching it loses nothing. The official trigger reads rows into
     /// .NET values and writes them with Newtonsoft.Json: a `date` is a `DateTime` (`"2026-01-02T00:00:00"`,
@@ -157,6 +188,18 @@ impl SqlType {
             None => format!("CONVERT({target}, {param})"),
         }
     }
+}
+
+/// The digits before and after the point of a plain decimal number (`-012.50` is `(2, 2)`); `None` for anything
+/// else (an exponent, text), which is then converted to the column's own type.
+fn decimal_digits(text: &str) -> Option<(i32, i32)> {
+    let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    if int.is_empty() && frac.is_empty() || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let significant = int.trim_start_matches('0').len().max(1);
+    Some((i32::try_from(significant).ok()?, i32::try_from(frac.len()).ok()?))
 }
 
 impl std::fmt::Display for SqlType {
@@ -202,6 +245,31 @@ mod tests {
         assert_eq!(SqlType::new("uniqueidentifier").json_value("CT.[g]"), "LOWER(CONVERT(NCHAR(36), CT.[g]))");
         assert_eq!(SqlType::new("decimal").with_precision(18, 4).json_value("T.[p]"), "T.[p]", "exact decimals stay");
         assert_eq!(SqlType::new("datetime2").json_value("T.[t]"), "T.[t]");
+    }
+
+    #[test]
+    fn a_filter_literal_takes_the_columns_type_with_no_length_to_cut_it() {
+        let literal = |ty: SqlType| ty.literal_type("x").map(|t| t.parse_text("@P4"));
+        assert_eq!(literal(SqlType::new("nchar").with_length(3)), Ok("CONVERT(NVARCHAR(MAX), @P4)".into()));
+        assert_eq!(
+            literal(SqlType::new("char").with_length(3).with_collation("Greek_100_CI_AS")),
+            Ok("CONVERT(VARCHAR(MAX), @P4 COLLATE Greek_100_CI_AS)".into())
+        );
+        assert_eq!(literal(SqlType::new("binary").with_length(16)), Ok("CONVERT(VARBINARY(MAX), @P4, 1)".into()));
+        assert_eq!(literal(SqlType::new("bit")), Ok("CONVERT(BIT, @P4)".into()));
+        assert_eq!(literal(SqlType::new("decimal").with_precision(9, 2)), Ok("CONVERT(DECIMAL(9,2), @P4)".into()));
+        assert_eq!(literal(SqlType::new("date")), Ok("CONVERT(DATE, @P4, 121)".into()));
+        let decimal = |literal: &str| {
+            SqlType::new("decimal").with_precision(9, 2).literal_type(literal).map(|t| t.parse_text("@P4"))
+        };
+        assert_eq!(decimal("10.5"), Ok("CONVERT(DECIMAL(9,2), @P4)".into()), "fits the column: its own type");
+        assert_eq!(decimal("-10.555"), Ok("CONVERT(DECIMAL(10,3), @P4)".into()), "not rounded to the column's scale");
+        assert_eq!(decimal("123456789012.5"), Ok("CONVERT(DECIMAL(14,2), @P4)".into()), "nor cut to its precision");
+        assert_eq!(decimal("1e3"), Ok("CONVERT(DECIMAL(9,2), @P4)".into()), "an exponent is the server's to read");
+        let wide = SqlType::new("numeric").with_precision(38, 30).literal_type(&format!("1.{}", "1".repeat(40)));
+        assert_eq!(wide.map(|t| t.parse_text("@P4")), Ok("CONVERT(NUMERIC(38,30), @P4)".into()), "at most 38 digits");
+        let e = literal(SqlType::new("xml")).unwrap_err();
+        assert!(e.contains("xml column") && e.contains("IS [NOT] NULL"), "{e}");
     }
 
     #[test]

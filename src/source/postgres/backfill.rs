@@ -104,6 +104,18 @@ fn predicates(
     (preds.join(" AND "), params)
 }
 
+/// Every column of a table and the type a filter's literal for it is cast to: the column's type without its
+/// modifier, schema-qualified and quoted (`pg_catalog."numeric"`, `pg_catalog."bpchar"`), and a domain's base
+/// type. With the modifier the cast itself would change the literal: `'10.555'::numeric(12,2)` is 10.56, so
+/// `amount > 10.555` would leave 10.56 out, and `'abcd'::varchar(3)` is 'abc', so `name = 'abcd'` would match
+/// 'abc'. (`format_type(oid, NULL)` is no way out: it spells bpchar and bit as `character` and `bit`, which a
+/// cast reads as length 1.) The column is compared with the literal in the column's type family as written.
+const FILTER_COLUMNS: &str = "SELECT a.attname::text, format('%I.%I', n.nspname, b.typname) \
+     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+     JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END \
+     JOIN pg_namespace n ON n.oid = b.typnamespace \
+     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
+
 /// The newest position below the late-commit guard (for `startFrom: snapshot`): every transaction that wrote a
 /// cursor at or below it has ended, so no row the backfill must deliver can still appear behind it.
 pub(super) fn newest_guarded(shape: &Shape) -> String {
@@ -212,8 +224,8 @@ impl PostgresCursor {
         })
     }
 
-    /// Every column of the table with its type (`format_type`), read once: what a filter's columns are checked
-    /// against and its literals cast to.
+    /// Every column of the table with the type a filter's literal is cast to, read once: what a filter's
+    /// columns are checked against (see [`FILTER_COLUMNS`]).
     async fn column_types(&self) -> Result<&Vec<(String, String)>, SourceError> {
         self.column_types
             .get_or_try_init(|| async {
@@ -225,7 +237,7 @@ impl PostgresCursor {
                     .map_err(|e| db_error(e, table))?
                     .get(0);
                 let oid = oid.ok_or_else(|| SourceError::Invalid(format!("table {table} does not exist")))?;
-                let rows = client.query(super::sql::COLUMNS, &[&oid]).await.map_err(|e| db_error(e, table))?;
+                let rows = client.query(FILTER_COLUMNS, &[&oid]).await.map_err(|e| db_error(e, table))?;
                 Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
             })
             .await

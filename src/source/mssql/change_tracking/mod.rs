@@ -26,6 +26,8 @@
 //! last delivered version is still valid (the base moves up to just below it), and a table that was polled
 //! empty by this process since the base (the base moves to the version that poll proved empty).
 
+mod backfill;
+mod payload;
 mod snapshot;
 mod status;
 
@@ -33,13 +35,12 @@ use super::catalog::{big, int, one_row, required, text};
 use super::options::{OnPositionLost, Options};
 use super::position::{CtPosition, Last};
 use super::read::Reads;
-use super::schema::{self, DatabaseFacts};
+use super::schema::{self, ColumnFacts, DatabaseFacts};
 use super::sql::{self, After, CtShape, Slot, Statement, Upto};
-use crate::change::{Change, Operation};
+use crate::change::Change;
 use crate::config::SourceSpec;
 use crate::db::mssql::{Param, Pool, Settings};
-use crate::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
-use serde_json::value::RawValue;
+use crate::source::{BackfillPlan, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
 use std::sync::atomic::AtomicBool;
 use tokio::sync::OnceCell;
 
@@ -52,7 +53,9 @@ pub struct MssqlChangeTracking {
     spec: SourceSpec,
     options: Options,
     pool: Pool,
-    discovered: OnceCell<(CtShape, DatabaseFacts)>,
+    /// The table's shape, the database's facts, and every column of the table (a backfill's filter is checked
+    /// against them).
+    discovered: OnceCell<(CtShape, DatabaseFacts, Vec<ColumnFacts>)>,
     /// A position this process polled and found nothing after, with the version that poll was bounded by:
     /// everything up to that version is delivered, so the next read may start there.
     idle: std::sync::Mutex<Option<(Position, i64)>>,
@@ -113,10 +116,14 @@ impl MssqlChangeTracking {
     }
 
     async fn shape(&self) -> Result<&CtShape, SourceError> {
-        Ok(&self.discovered.get_or_try_init(|| self.discover()).await?.0)
+        Ok(&self.facts().await?.0)
     }
 
-    async fn discover(&self) -> Result<(CtShape, DatabaseFacts), SourceError> {
+    async fn facts(&self) -> Result<&(CtShape, DatabaseFacts, Vec<ColumnFacts>), SourceError> {
+        self.discovered.get_or_try_init(|| self.discover()).await
+    }
+
+    async fn discover(&self) -> Result<(CtShape, DatabaseFacts, Vec<ColumnFacts>), SourceError> {
         let db = super::catalog::database(&self.pool).await?;
         let table = &self.spec.table;
         // A database without change tracking fails here, before the table checks need it.
@@ -139,7 +146,7 @@ impl MssqlChangeTracking {
             partition = %self.spec.partition.map(|p| p.to_string()).unwrap_or_else(|| "all keys".into()),
             "sql server change tracking source ready"
         );
-        Ok((shape, db))
+        Ok((shape, db, columns))
     }
 
     fn table_text(&self) -> String {
@@ -177,7 +184,9 @@ impl MssqlChangeTracking {
                     Slot::PartitionCount => Param::Int(
                         self.spec.partition.map(|p| i64::from(p.count.get())).ok_or_else(|| missing("partitions"))?,
                     ),
-                    Slot::PartitionColumnName | Slot::VersionColumnName => return Err(missing("of another statement")),
+                    Slot::PartitionColumnName | Slot::VersionColumnName | Slot::Bound | Slot::Filter(_) => {
+                        return Err(missing("of another statement"))
+                    }
                 })
             })
             .collect()
@@ -248,11 +257,11 @@ impl MssqlChangeTracking {
     }
 
     fn db_name(&self) -> String {
-        self.discovered.get().map(|(_, db)| db.quoted_name()).unwrap_or_else(|| "[database]".into())
+        self.discovered.get().map(|(_, db, _)| db.quoted_name()).unwrap_or_else(|| "[database]".into())
     }
 
     fn lost(&self, base: i64, min_valid: Option<i64>) -> SourceError {
-        let retention = self.discovered.get().map(|(_, db)| db.retention_text()).unwrap_or_default();
+        let retention = self.discovered.get().map(|(_, db, _)| db.retention_text()).unwrap_or_default();
         SourceError::PositionLost(format!(
             "change tracking for {} no longer holds the changes after version {base} (the minimum valid version is {}; retention is {retention}): changes made before cleanup ran were never delivered and are lost. \
 To go on, either set \"onPositionLost\": \"resync\" in sqltrigger.json (re-sends every current row as an Insert; deletes in the gap are not reported) or reset the state with `handler state reset <function> --to now --confirm`; \
@@ -261,32 +270,6 @@ then make retention longer than the longest outage (ALTER DATABASE {} SET CHANGE
             min_valid.map(|v| v.to_string()).unwrap_or_else(|| "unknown".into()),
             self.db_name()
         ))
-    }
-
-    fn change(&self, row: &ChangeRow, shape: &CtShape) -> Result<Change, SourceError> {
-        let op = Operation::from_code(row.op.into())
-            .ok_or_else(|| SourceError::Invalid(format!("unexpected operation code {} from SQL Server", row.op)))?;
-        let mut change = Change::from_json(op, row.item.clone())
-            .map_err(|e| SourceError::Invalid(format!("SQL Server returned invalid row JSON: {e}")))?;
-        if self.options.include_metadata {
-            let mut meta = serde_json::Map::new();
-            meta.insert("Version".into(), row.version.into());
-            meta.insert("CreationVersion".into(), row.created.map(Into::into).unwrap_or(serde_json::Value::Null));
-            // A mask is present only for updates of a table tracking columns; NULL means "all columns".
-            if let (Some(mask), Operation::Update) = (&row.mask, op) {
-                let changed: Vec<serde_json::Value> = shape
-                    .item
-                    .iter()
-                    .zip(mask.chars())
-                    .filter(|(_, bit)| *bit == '1')
-                    .map(|(c, _)| c.name.as_str().into())
-                    .collect();
-                meta.insert("ChangedColumns".into(), changed.into());
-            }
-            let text = serde_json::Value::Object(meta).to_string();
-            change.metadata = RawValue::from_string(text).ok();
-        }
-        Ok(change)
     }
 
     async fn versions(&self) -> Result<(i64, i64), SourceError> {
@@ -410,15 +393,13 @@ impl Source for MssqlChangeTracking {
     async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
         self.shape().await?;
         let (min_valid, current) = self.versions().await?;
-        let pos = if self.options.snapshot_start {
-            // The version is read before the walk, so every change made during the walk comes after it.
-            CtPosition::Snapshot { base: current, key: None }
-        } else {
-            match from {
-                // What the official trigger does: replay everything retention still holds.
-                StartFrom::Earliest | StartFrom::Snapshot => CtPosition::Changes { base: min_valid, last: None },
-                StartFrom::Now => CtPosition::Changes { base: current, last: None },
-            }
+        let pos = match from {
+            // What the official trigger does: replay everything retention still holds.
+            StartFrom::Earliest => CtPosition::Changes { base: min_valid, last: None },
+            // `Snapshot`: the live path follows the changes after the current version, and the engine backfills
+            // the rows as they are at or below it (`backfill_start` takes it as the bound). Functions whose state
+            // was written in the walk phase before backfills existed go on walking (`fetch`, `snapshot`).
+            StartFrom::Now | StartFrom::Snapshot => CtPosition::Changes { base: current, last: None },
         };
         Ok(pos.to_json())
     }
@@ -494,5 +475,21 @@ impl Source for MssqlChangeTracking {
 
     async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
         self.date_oldest_pending(after).await
+    }
+
+    async fn backfill_start(
+        &self,
+        checkpoint: &Position,
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        self.start_backfill(checkpoint, filter).await
+    }
+
+    /// Its rule needs no live position: the version bound leaves every key the live path owes to it.
+    async fn backfill_chunk(
+        &self,
+        r: crate::source::ChunkRequest<'_>,
+    ) -> Result<crate::source::ChunkRead, SourceError> {
+        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(crate::source::ChunkRead::Rows)
     }
 }

@@ -66,14 +66,17 @@ impl MssqlChangeTracking {
                 if int(row, 2, ctx)? == Some(1) {
                     format!("the commit time of version {version} is no longer in sys.dm_tran_commit_table (change-tracking cleanup removed it); the lag is known again once that change is delivered")
                 } else {
-                    let user =
-                        self.discovered.get().map(|(_, db)| db.user.clone()).unwrap_or_else(|| "the login user".into());
+                    let user = self
+                        .discovered
+                        .get()
+                        .map(|(_, db, _)| db.user.clone())
+                        .unwrap_or_else(|| "the login user".into());
                     format!("the commit time of version {version} is not visible yet: without VIEW SERVER STATE, which login user {user} lacks, sys.dm_tran_commit_table shows a commit only after the next checkpoint; grant VIEW SERVER STATE (SQL Server, Managed Instance) or add the login to ##MS_ServerStateReader## (Azure SQL Database) for a lag that is always known")
                 }
             }
             Err((_, Some(code))) if PERMISSION_DENIED.contains(&code) => {
                 let user =
-                    self.discovered.get().map(|(_, db)| db.user.clone()).unwrap_or_else(|| "the login user".into());
+                    self.discovered.get().map(|(_, db, _)| db.user.clone()).unwrap_or_else(|| "the login user".into());
                 format!(
                     "reading commit times (sys.dm_tran_commit_table) needs VIEW DATABASE STATE, which login user {user} lacks (SQL Server error {code}); run GRANT VIEW DATABASE STATE TO [{}] for a lag",
                     user.replace(']', "]]")

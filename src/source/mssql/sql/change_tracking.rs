@@ -67,7 +67,7 @@ impl CtShape {
     }
 
     /// This source's partition, over the key columns of `alias`.
-    fn partition_filter(&self, p: &mut Params, alias: &str) -> Option<String> {
+    pub(super) fn partition_filter(&self, p: &mut Params, alias: &str) -> Option<String> {
         self.partitioned.then(|| PartitionFilter::Inline.predicate(p, alias, &self.key))
     }
 

@@ -10,6 +10,8 @@ use crate::ident::TableName;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+mod backfill;
+
 /// Names of a system view and its columns that statements binding values write in lower case, because a
 /// case-sensitive database knows them only so: the lag's `sys.dm_tran_commit_table`.
 const SYSTEM_NAMES: &[&str] = &["sys.dm_tran_commit_table", "commit_time", "commit_ts"];
@@ -157,7 +159,7 @@ fn all() -> BTreeMap<&'static str, Statement> {
     let rc = items_partition_column();
     let ri = items_partition_inline();
     let db = Statement { sql: DATABASE.to_string(), slots: vec![] };
-    BTreeMap::from([
+    let mut all = BTreeMap::from([
         ("catalog_database", db),
         ("catalog_table", table()),
         ("catalog_columns", columns()),
@@ -216,7 +218,9 @@ fn all() -> BTreeMap<&'static str, Statement> {
         ("rv_part_column_pending_after_key", rc.pending(After::Key)),
         ("rv_part_inline_fetch_start", ri.changes(After::Start, false, Labels::All)),
         ("rv_part_inline_pending_start", ri.pending(After::Start)),
-    ])
+    ]);
+    all.extend(backfill::statements());
+    all
 }
 
 fn dir() -> PathBuf {

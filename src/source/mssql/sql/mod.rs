@@ -17,11 +17,15 @@
 //!   (SQL Server restores the caller's level when `sp_executesql` returns), so a pooled connection never
 //!   carries it into another statement.
 
+mod backfill;
 mod change_tracking;
+mod filter;
 mod partition;
 mod rowversion;
 
+pub use backfill::KeyRange;
 pub use change_tracking::CtShape;
+pub use filter::MssqlFilter;
 pub use partition::partition_column;
 pub use rowversion::{Labels, RvShape};
 
@@ -54,6 +58,11 @@ pub enum Slot {
     PartitionColumnName,
     /// The name of the rowversion column (catalog read).
     VersionColumnName,
+    /// What a backfill's chunks are bounded by (rowversion: the checkpoint's rowversion; change tracking: the
+    /// checkpoint's version).
+    Bound,
+    /// The text of literal `i` of a backfill's filter, in the order the filter is written.
+    Filter(usize),
 }
 
 /// The mask that keeps `CHECKSUM`'s int non-negative before the modulo (T-SQL's `%` keeps the dividend's sign).

@@ -31,7 +31,7 @@ pub struct RvShape {
 }
 
 impl RvShape {
-    fn rv_param(p: &mut Params, slot: Slot) -> String {
+    pub(super) fn rv_param(p: &mut Params, slot: Slot) -> String {
         format!("CAST({} AS BINARY(8))", p.p(slot))
     }
 

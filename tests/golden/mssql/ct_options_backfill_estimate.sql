@@ -1,0 +1,2 @@
+-- no parameters
+SELECT COUNT_BIG(*) AS ESTIMATE FROM [Sales Ünïcode].[Order]] Lines] AS T

@@ -1,0 +1,2 @@
+-- @P1 = Limit, @P2 = Bound
+SELECT TOP (@P1) (SELECT T.[Order Id] AS [Order Id], T.[Line №] AS [Line №], T.[Qty] AS [Qty] FOR JSON PATH, INCLUDE_NULL_VALUES, WITHOUT_ARRAY_WRAPPER) AS ITEM, CONVERT(NVARCHAR(MAX), T.[Order Id]) AS K1, CONVERT(NVARCHAR(MAX), T.[Line №]) AS K2 FROM [Sales Ünïcode].[Order]] Lines] AS T OUTER APPLY CHANGETABLE(VERSION [Sales Ünïcode].[Order]] Lines], ([Order Id], [Line №]), (T.[Order Id], T.[Line №])) AS CT WHERE (CT.SYS_CHANGE_VERSION IS NULL OR CT.SYS_CHANGE_VERSION <= @P2) ORDER BY T.[Order Id], T.[Line №]

@@ -215,6 +215,31 @@ async fn an_operators_filtered_backfill_of_a_logical_function_delivers_the_match
     assert_eq!(ids.len(), 11);
 }
 
+/// A filter's decimal literal is compared as written: `price > 10.555` on a `numeric(12, 2)` column takes 10.56
+/// (cast with the column's modifier, the literal would round to 10.56 and leave it out).
+#[tokio::test]
+async fn a_filtered_logical_backfill_compares_a_decimal_literal_as_written_not_rounded_to_the_columns_scale() {
+    // GIVEN three prices written before the function's slot existed
+    let db = Db::shared(
+        "logical_backfill_decimal",
+        "CREATE TABLE public.prices (id bigint PRIMARY KEY, price numeric(12, 2) NOT NULL);",
+    )
+    .await;
+    db.db.execute("INSERT INTO prices VALUES (1, 10.55), (2, 10.56), (3, 10.60)", &[]).await.expect("rows");
+    let (app, app_name) = logical_app(&db, "public.prices", json!({}), &[]);
+    let host = start(&app).await;
+    first_firing(&host).await;
+
+    // WHEN an operator backfills the prices above 10.555
+    cli(&app, &["state", "backfill", FUNCTION, "--where", "price > 10.555"]).await.expect("backfill");
+    drain_backfill(&host, &app_name).await;
+
+    // THEN prices 2 and 3 arrive, backfilled, and 1 does not
+    let messages = host.delivered("changes");
+    assert!(messages.iter().all(backfilled), "{messages:#?}");
+    assert_eq!(messages.iter().map(id_of).collect::<Vec<_>>(), [2, 3], "{messages:#?}");
+}
+
 #[tokio::test]
 async fn a_chunk_waits_for_a_transaction_the_stream_delivered_before_it_became_visible() {
     // GIVEN a private server where a session that commits with synchronous_commit = on waits for a standby that

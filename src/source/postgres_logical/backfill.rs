@@ -139,7 +139,7 @@ pub(super) fn estimate_sql(shape: &Shape, table: &str, filter: Option<&Filter>) 
 
 /// A column's type as SQL spells it.
 fn type_of(shape: &Shape, column: &Ident) -> Option<String> {
-    shape.catalog.iter().find(|c| c.name == column.as_str()).map(|c| c.type_name.clone())
+    shape.catalog.iter().find(|c| c.name == column.as_str()).map(|c| c.filter_type.clone())
 }
 
 /// The keys the stream's changes after `D` touched: what step 4 leaves out of a chunk.
@@ -215,7 +215,8 @@ impl PostgresLogical {
     /// by the pooled sessions as their `DateStyle` says, and by the stream in ISO. Refused unless the two agree.
     async fn check_key_texts(&self, shape: &Shape, client: &deadpool_postgres::Client) -> Result<(), SourceError> {
         let dated = |t: &str| ["date", "time", "timestamp"].iter().any(|p| t.starts_with(p));
-        let Some(key) = shape.key.iter().find(|k| type_of(shape, k).is_some_and(|t| dated(&t))) else {
+        let spelled = |k: &Ident| shape.catalog.iter().find(|c| c.name == k.as_str()).map(|c| c.type_name.as_str());
+        let Some(key) = shape.key.iter().find(|k| spelled(k).is_some_and(dated)) else {
             return Ok(());
         };
         let style: String =

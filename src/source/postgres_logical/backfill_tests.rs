@@ -18,6 +18,7 @@ fn shape() -> Shape {
         oid: 0,
         typmod: -1,
         type_name: type_name.into(),
+        filter_type: type_name.into(),
     };
     Shape {
         oid: 1,

@@ -35,6 +35,9 @@ pub(super) struct CatalogColumn {
     pub typmod: i32,
     /// As SQL spells it (`format_type`).
     pub type_name: String,
+    /// What a backfill filter's literal for this column is cast to (`sql::COLUMNS`): the type without its
+    /// modifier, so the cast keeps the literal as written.
+    pub filter_type: String,
 }
 
 impl PostgresLogical {
@@ -80,7 +83,13 @@ impl PostgresLogical {
         let columns: Vec<(String, String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
         let catalog: Vec<CatalogColumn> = rows
             .iter()
-            .map(|r| CatalogColumn { name: r.get(0), type_name: r.get(1), oid: r.get(3), typmod: r.get(4) })
+            .map(|r| CatalogColumn {
+                name: r.get(0),
+                type_name: r.get(1),
+                oid: r.get(3),
+                typmod: r.get(4),
+                filter_type: r.get(5),
+            })
             .collect();
         let has = |c: &Ident| columns.iter().any(|(n, _, _)| n == c.as_str());
         let key: Vec<Ident> = match &self.spec.primary_key {

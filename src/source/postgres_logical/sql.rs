@@ -16,10 +16,14 @@ pub const TABLE: &str = "SELECT c.oid, c.relreplident::text, n.nspname::text, c.
 
 /// Columns in table order: name, type (as SQL spells it), and whether the type (or a domain's base type) is
 /// json or jsonb, whose text `jsonb_populate_record` would keep as a JSON string; then the type's OID and
-/// modifier, as a Relation message names them.
+/// modifier, as a Relation message names them; then the type a backfill filter's literal is cast to: the
+/// (base) type without its modifier, schema-qualified (`'10.555'::numeric(12,2)` would round the literal to
+/// 10.56 and `'abcd'::varchar(3)` cut it; `format_type(oid, NULL)` spells bpchar as `character`, length 1).
 pub const COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
-        coalesce(b.typname, t.typname) IN ('json', 'jsonb'), a.atttypid, a.atttypmod
+        coalesce(b.typname, t.typname) IN ('json', 'jsonb'), a.atttypid, a.atttypmod,
+        format('%I.%I', en.nspname, e.typname)
     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type b ON b.oid = nullif(t.typbasetype, 0)
+    JOIN pg_type e ON e.oid = coalesce(b.oid, t.oid) JOIN pg_namespace en ON en.oid = e.typnamespace
     WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
 /// The primary key's columns in key order.

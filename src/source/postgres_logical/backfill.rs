@@ -101,7 +101,7 @@ pub(super) fn chunk_sql(
         preds.push(filter.to_pg(&|c| type_of(shape, c), params.len(), &mut bound));
         params.extend(bound);
     }
-    let texts: Vec<String> = shape.key.iter().map(|k| format!("t.{}::text", k.pg())).collect();
+    let texts: Vec<String> = shape.key.iter().map(|k| key_text(k)).collect();
     let projected: Vec<String> = shape
         .item_renders
         .iter()
@@ -121,11 +121,34 @@ pub(super) fn chunk_sql(
     ChunkSql { sql, params, limited }
 }
 
+/// A key column as the replication stream writes it: the type's output function (`format('%s', ...)`), which
+/// a chunk's keys must equal to be matched with the stream's changes. A cast to text is not always that:
+/// `char(n)::text` trims the padding, `boolean::text` is `true` where the output is `t`, `inet::text` adds
+/// `/32`; a key read so would never match a change, and a chunk would keep a row a live change had touched.
+fn key_text(k: &Ident) -> String {
+    format!("format('%s', t.{})", k.pg())
+}
+
+/// A row's key texts (its first `arity` columns); a NULL in a key (a `primaryKey` named by hand over nullable
+/// columns) is refused with the fix: such a row cannot be walked or matched.
+fn key_of(row: &tokio_postgres::Row, arity: usize, table: &str) -> Result<Vec<String>, SourceError> {
+    (0..arity)
+        .map(|c| {
+            row.try_get::<_, Option<String>>(c).ok().flatten().ok_or_else(|| {
+                SourceError::Invalid(format!(
+                    "a row of {table} has a NULL in its key column {}, which a backfill cannot walk; name key columns that are NOT NULL in primaryKey (or give the table a primary key)",
+                    c + 1
+                ))
+            })
+        })
+        .collect()
+}
+
 /// The greatest key of the table: a backfill's walk ends there. A row with a greater key was written after the
 /// backfill started (or its key was), so the live path delivers it; without this end, a table whose keys grow
 /// under steady inserts would keep a backfill chasing its newest rows.
 pub(super) fn last_key_sql(shape: &Shape, table: &str) -> String {
-    let texts: Vec<String> = shape.key.iter().map(|k| format!("t.{}::text", k.pg())).collect();
+    let texts: Vec<String> = shape.key.iter().map(|k| key_text(k)).collect();
     let desc: Vec<String> = shape.key.iter().map(|k| format!("t.{} DESC", k.pg())).collect();
     format!("SELECT {} FROM {table} t ORDER BY {} LIMIT 1", texts.join(", "), desc.join(", "))
 }
@@ -206,7 +229,13 @@ impl PostgresLogical {
         let count: i64 = client.query_one(&sql, &refs).await.map_err(|e| self.error(e))?.get(0);
         let last =
             client.query_opt(&last_key_sql(&shape, &self.spec.table.pg()), &[]).await.map_err(|e| self.error(e))?;
-        let last = last.map(|row| (0..shape.key.len()).map(|c| Position::String(row.get(c))).collect::<Vec<_>>());
+        let table = self.spec.table.to_string();
+        let last = match last {
+            Some(row) => {
+                Some(key_of(&row, shape.key.len(), &table)?.into_iter().map(Position::String).collect::<Vec<_>>())
+            }
+            None => None,
+        };
         let bound = serde_json::json!({ "from": checkpoint, "last": last });
         Ok(BackfillPlan { bound, estimate: Some(count.max(0) as u64) })
     }
@@ -296,9 +325,10 @@ impl PostgresLogical {
             // 4. Leave out what changed after D.
             let arity = shape.key.len();
             let Some(last) = rows.last() else { return Ok(ChunkRead::Rows(out)) };
-            let last: Vec<String> = (0..arity).map(|c| last.get(c)).collect();
+            let table = self.spec.table.to_string();
+            let last = key_of(last, arity, &table)?;
             for row in &rows {
-                let key: Vec<String> = (0..arity).map(|c| row.get(c)).collect();
+                let key = key_of(row, arity, &table)?;
                 if touched.keeps(&key) {
                     let item: String = row.get(arity);
                     let change = Change::from_json(Operation::Insert, item)

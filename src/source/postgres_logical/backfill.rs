@@ -101,7 +101,7 @@ pub(super) fn chunk_sql(
         preds.push(filter.to_pg(&|c| type_of(shape, c), params.len(), &mut bound));
         params.extend(bound);
     }
-    let texts: Vec<String> = shape.key.iter().map(|k| key_text(k)).collect();
+    let texts: Vec<String> = shape.key.iter().map(key_text).collect();
     let projected: Vec<String> = shape
         .item_renders
         .iter()
@@ -148,7 +148,7 @@ fn key_of(row: &tokio_postgres::Row, arity: usize, table: &str) -> Result<Vec<St
 /// backfill started (or its key was), so the live path delivers it; without this end, a table whose keys grow
 /// under steady inserts would keep a backfill chasing its newest rows.
 pub(super) fn last_key_sql(shape: &Shape, table: &str) -> String {
-    let texts: Vec<String> = shape.key.iter().map(|k| key_text(k)).collect();
+    let texts: Vec<String> = shape.key.iter().map(key_text).collect();
     let desc: Vec<String> = shape.key.iter().map(|k| format!("t.{} DESC", k.pg())).collect();
     format!("SELECT {} FROM {table} t ORDER BY {} LIMIT 1", texts.join(", "), desc.join(", "))
 }

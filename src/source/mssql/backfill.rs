@@ -13,7 +13,7 @@ use super::types::SqlType;
 use crate::change::{Change, Operation};
 use crate::config::Partition;
 use crate::db::mssql::{Param, Pool};
-use crate::source::{Fetched, Filter, Position, SourceError};
+use crate::source::{ChunkRequest, Fetched, Filter, Position, SourceError};
 
 /// A chunk to read: after and up to which keys, under which bound, at most how many rows.
 #[derive(Debug)]
@@ -29,6 +29,25 @@ impl Chunk<'_> {
     pub fn range(&self) -> KeyRange {
         KeyRange { after: self.after.is_some(), upto: self.upto.is_some() }
     }
+}
+
+/// The chunk `r` asks for, over a key of `key_len` columns, under `filter` (the request's, checked by
+/// [`check_filter`]); `None` when the backfill has no bound (nothing to backfill). Both sources read a chunk so;
+/// only the statement differs.
+pub(super) fn requested<'a>(
+    r: &ChunkRequest<'_>,
+    key_len: usize,
+    table: &str,
+    filter: Option<&'a MssqlFilter>,
+) -> Result<Option<Chunk<'a>>, SourceError> {
+    let Some(bound) = bound(r.bound, table)? else { return Ok(None) };
+    Ok(Some(Chunk {
+        bound,
+        after: key_texts(r.after, key_len, table)?,
+        upto: r.upto.map(|u| key_texts(u, key_len, table)).transpose()?.flatten(),
+        limit: r.limit.max(1),
+        filter,
+    }))
 }
 
 /// The bound a backfill stored (`BackfillPlan::bound`): `None` for `Null`, nothing to backfill.

@@ -269,7 +269,7 @@ impl Source for MssqlRowversion {
         &self,
         r: crate::source::ChunkRequest<'_>,
     ) -> Result<crate::source::ChunkRead, SourceError> {
-        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(crate::source::ChunkRead::Rows)
+        self.read_chunk(&r).await.map(crate::source::ChunkRead::Rows)
     }
 
     /// A rowversion is a counter, not a time, and SQL Server keeps no commit time for it: the lag is unknown.
@@ -282,24 +282,12 @@ impl Source for MssqlRowversion {
 
 impl MssqlRowversion {
     /// A chunk of the backfill bounded by `bound` (see docs/architecture.md, "Backfill").
-    async fn read_chunk(
-        &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        filter: Option<&Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
+    async fn read_chunk(&self, r: &crate::source::ChunkRequest<'_>) -> Result<Fetched, SourceError> {
         let (shape, columns) = self.discovered().await?;
         let table = self.spec.table.to_string();
-        let Some(bound) = backfill::bound(bound, &table)? else { return Ok(Fetched::default()) };
-        let filter = backfill::check_filter(filter, &table, columns)?;
-        let chunk = backfill::Chunk {
-            bound,
-            after: backfill::key_texts(after, shape.key.len(), &table)?,
-            upto: upto.map(|u| backfill::key_texts(u, shape.key.len(), &table)).transpose()?.flatten(),
-            limit: limit.max(1),
-            filter: filter.as_ref(),
+        let filter = backfill::check_filter(r.filter, &table, columns)?;
+        let Some(chunk) = backfill::requested(r, shape.key.len(), &table, filter.as_ref())? else {
+            return Ok(Fetched::default());
         };
         let s = shape.backfill_chunk(chunk.range(), filter.as_ref());
         backfill::read(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?, shape.key.len()).await

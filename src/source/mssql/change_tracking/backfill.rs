@@ -14,7 +14,7 @@
 use super::MssqlChangeTracking;
 use crate::source::mssql::backfill::{self, Chunk};
 use crate::source::mssql::position::CtPosition;
-use crate::source::{BackfillPlan, Fetched, Filter, Position, SourceError};
+use crate::source::{BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError};
 
 impl MssqlChangeTracking {
     /// The version the checkpoint covers: its last delivered change's, or its base; before everything (nothing
@@ -45,24 +45,12 @@ impl MssqlChangeTracking {
         Ok(BackfillPlan { bound: Position::from(bound), estimate: Some(estimate) })
     }
 
-    pub(super) async fn read_chunk(
-        &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        filter: Option<&Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
+    pub(super) async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
         let (shape, _, columns) = self.facts().await?;
         let table = self.table_text();
-        let Some(bound) = backfill::bound(bound, &table)? else { return Ok(Fetched::default()) };
-        let filter = backfill::check_filter(filter, &table, columns)?;
-        let chunk = Chunk {
-            bound,
-            after: backfill::key_texts(after, shape.key.len(), &table)?,
-            upto: upto.map(|u| backfill::key_texts(u, shape.key.len(), &table)).transpose()?.flatten(),
-            limit: limit.max(1),
-            filter: filter.as_ref(),
+        let filter = backfill::check_filter(r.filter, &table, columns)?;
+        let Some(chunk) = backfill::requested(r, shape.key.len(), &table, filter.as_ref())? else {
+            return Ok(Fetched::default());
         };
         let s = shape.backfill_chunk(chunk.range(), filter.as_ref());
         backfill::read(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?, shape.key.len()).await

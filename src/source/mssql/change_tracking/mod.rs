@@ -490,6 +490,6 @@ impl Source for MssqlChangeTracking {
         &self,
         r: crate::source::ChunkRequest<'_>,
     ) -> Result<crate::source::ChunkRead, SourceError> {
-        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(crate::source::ChunkRead::Rows)
+        self.read_chunk(&r).await.map(crate::source::ChunkRead::Rows)
     }
 }

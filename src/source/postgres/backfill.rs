@@ -14,7 +14,7 @@ use super::sql::Shape;
 use super::{db_error, PostgresCursor};
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
-use crate::source::{BackfillPlan, Fetched, Filter, Position, SourceError};
+use crate::source::{BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError};
 use tokio_postgres::types::ToSql;
 
 /// The statement of one chunk, with its parameters in order (all text but the limit, which is last).
@@ -156,29 +156,24 @@ impl PostgresCursor {
         Ok(BackfillPlan { bound: Position::String(bound), estimate: Some(count.max(0) as u64) })
     }
 
-    pub(super) async fn read_chunk(
-        &self,
-        bound: &Position,
-        after: &Position,
-        upto: Option<&Position>,
-        filter: Option<&Filter>,
-        limit: usize,
-    ) -> Result<Fetched, SourceError> {
+    /// The chunk `r` asks for; its rule needs no live position (`r.live`): the bound excludes every row written
+    /// since the start.
+    pub(super) async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
         let shape = self.shape().await?;
-        let Some(bound) = bound.as_str() else { return Ok(Fetched::default()) };
+        let Some(bound) = r.bound.as_str() else { return Ok(Fetched::default()) };
         let keys = |p: &Position| self.key_texts(shape, p);
-        let after = if after.is_null() { None } else { Some(keys(after)?) };
-        let upto = upto.map(keys).transpose()?;
-        let columns = match filter {
-            Some(_) => self.column_types().await?.clone(),
-            None => Vec::new(),
+        let after = if r.after.is_null() { None } else { Some(keys(r.after)?) };
+        let upto = r.upto.map(keys).transpose()?;
+        let columns: &[(String, String)] = match r.filter {
+            Some(_) => self.column_types().await?,
+            None => &[],
         };
         let type_of = |c: &Ident| columns.iter().find(|(n, _)| n == c.as_str()).map(|(_, t)| t.clone());
         let Chunk { sql, params } =
-            chunk(shape, bound, after, upto, filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
+            chunk(shape, bound, after, upto, r.filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
         let client = self.client().await?;
         let stmt = client.prepare_cached(&sql).await.map_err(|e| db_error(e, &self.spec.table))?;
-        let limit = limit as i64;
+        let limit = r.limit as i64;
         let mut refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
         refs.push(&limit);
         let rows = client.query(&stmt, &refs).await.map_err(|e| db_error(e, &self.spec.table))?;

@@ -398,9 +398,8 @@ impl Source for PostgresCursor {
         self.start_backfill(checkpoint, filter).await
     }
 
-    /// The cursor source's rule needs no live position: its bound excludes every row written since the start.
     async fn backfill_chunk(&self, r: super::ChunkRequest<'_>) -> Result<super::ChunkRead, SourceError> {
-        self.read_chunk(r.bound, r.after, r.upto, r.filter, r.limit).await.map(super::ChunkRead::Rows)
+        self.read_chunk(&r).await.map(super::ChunkRead::Rows)
     }
 
     async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {

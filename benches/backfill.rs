@@ -25,11 +25,11 @@
 #[path = "shared/host_app.rs"]
 mod host_app;
 
-use host_app::{insert, Result, Servers};
+use host_app::{err, handler, insert, number, Result, Servers};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::engine::document::{Backfill, BackfillState, StateDoc};
 use sql_pseudo_trigger::state::{BlobStore, StateStore};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 use testbed::embedded::{self, ScratchDir};
@@ -53,32 +53,11 @@ fn main() -> ExitCode {
     host_app::bench_main("backfill", run)
 }
 
-fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
-}
-
 /// A database error naming what failed, with the server's message (its `Display` is only "db error").
 fn pg(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> String {
     move |e| match e.as_db_error() {
         Some(db) => format!("{what}: {}", db.message()),
         None => format!("{what}: {e}"),
-    }
-}
-
-fn number(name: &str, default: u64) -> Result<u64> {
-    match std::env::var(name) {
-        Ok(t) => t.trim().parse().map_err(|_| format!("{name}={t:?} is not a whole number")),
-        Err(_) => Ok(default),
-    }
-}
-
-fn handler() -> Result<PathBuf> {
-    let path = std::env::var_os("SQL_PSEUDO_TRIGGER_HANDLER")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler"), PathBuf::from);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{} is missing: cargo build --release --bin handler", path.display()))
     }
 }
 

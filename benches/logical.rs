@@ -35,7 +35,7 @@ mod host_app;
 #[path = "logical/latency.rs"]
 mod latency;
 
-use host_app::Result;
+use host_app::{err, Result};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -126,18 +126,8 @@ struct Knobs {
 
 impl Knobs {
     fn from_env() -> Result<Self> {
-        let number = |name: &str, default: usize| -> Result<usize> {
-            match std::env::var(name) {
-                Ok(t) => t.trim().parse().map_err(|_| format!("{name}={t:?} is not a whole number")),
-                Err(_) => Ok(default),
-            }
-        };
-        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let handler = std::env::var_os("SQL_PSEUDO_TRIGGER_HANDLER")
-            .map_or_else(|| manifest.join("target/release/handler"), PathBuf::from);
-        if !handler.is_file() {
-            return Err(format!("{} is missing: cargo build --release --bin handler", handler.display()));
-        }
+        let number = host_app::number::<usize>;
+        let handler = host_app::handler()?;
         // `cargo bench --bench logical latency` (or `drains`): the filter cargo passes, to run one part only.
         let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
         Ok(Self {
@@ -157,10 +147,6 @@ impl Knobs {
 
 fn main() -> ExitCode {
     host_app::bench_main("logical", run)
-}
-
-fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
 }
 
 /// One drain: changes delivered and the time from the first call to the answer that found nothing.

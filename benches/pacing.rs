@@ -10,6 +10,7 @@
 //! deliver, so every firing has a full batch to answer. `cargo test --all-targets` runs this binary without
 //! `--bench`; it then does nothing.
 
+#[allow(dead_code)]
 #[path = "shared/host_app.rs"]
 mod host_app;
 

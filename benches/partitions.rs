@@ -26,12 +26,12 @@
 #[path = "shared/host_app.rs"]
 mod host_app;
 
-use host_app::{insert, Result, Servers};
+use host_app::{err, handler, insert, number, Result, Servers};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::app::App;
 use sql_pseudo_trigger::config::{AppConfig, Env};
 use sql_pseudo_trigger::state::MemoryStore;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,27 +47,6 @@ const FETCH_SAMPLES_WITHOUT_INDEX: usize = 10;
 
 fn main() -> ExitCode {
     host_app::bench_main("partitions", run)
-}
-
-fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |e| format!("{what}: {e}")
-}
-
-fn number(name: &str, default: u64) -> Result<u64> {
-    match std::env::var(name) {
-        Ok(t) => t.trim().parse().map_err(|_| format!("{name}={t:?} is not a whole number")),
-        Err(_) => Ok(default),
-    }
-}
-
-fn handler() -> Result<PathBuf> {
-    let path = std::env::var_os("SQL_PSEUDO_TRIGGER_HANDLER")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler"), PathBuf::from);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{} is missing: cargo build --release --bin handler", path.display()))
-    }
 }
 
 /// The partition expression the cursor source filters on, as its start-up warning spells it, for the index.

@@ -9,6 +9,7 @@
 //! 100 ms so the run takes seconds; the window is this repository's host.json's (`functionTimeout` 30 s):
 //! 60.1 s. `cargo test --all-targets` runs this binary without `--bench`; it then does nothing.
 
+#[allow(dead_code)]
 #[path = "shared/host_app.rs"]
 mod host_app;
 

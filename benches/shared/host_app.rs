@@ -61,8 +61,7 @@ pub async fn start(
     db.batch_execute(testbed::demo::ORDERS_SCHEMA).await.map_err(|e| e.to_string())?;
     let dir = ScratchDir::new("host-bench").map_err(|e| e.to_string())?;
     app(&dir, retry_delay)?;
-    let handler = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler");
-    let mut options = DriverOptions::new(dir.path(), handler);
+    let mut options = DriverOptions::new(dir.path(), handler()?);
     options.env = vec![
         ("PostgresConnectionString".into(), url),
         ("AzureWebJobsStorage".into(), servers.azurite.connection_string()),
@@ -72,6 +71,30 @@ pub async fn start(
     options.env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let host = HostDriver::start(options).await.map_err(|e| e.to_string())?;
     Ok((host, db, dir))
+}
+
+/// An error mapper naming what failed: `.map_err(err("connecting"))`.
+pub fn err<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// A whole-number knob from the environment, `default` when unset.
+pub fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match std::env::var(name) {
+        Ok(t) => t.trim().parse().map_err(|_| format!("{name}={t:?} is not a whole number")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// The release `handler` (or `SQL_PSEUDO_TRIGGER_HANDLER`), which must exist.
+pub fn handler() -> Result<PathBuf> {
+    let path = std::env::var_os("SQL_PSEUDO_TRIGGER_HANDLER")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handler"), PathBuf::from);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is missing: cargo build --release --bin handler", path.display()))
+    }
 }
 
 /// Inserts orders `ids` in one statement.

@@ -106,6 +106,28 @@ pub enum ChunkRead {
     Later(String),
 }
 
+/// A backfill's key position as stored: the key's texts (`["7", "b"]`), `None` for `Null` (before the first key).
+/// A stored value that does not fit a key of `key_len` columns (a document edited by hand) is refused with the
+/// fix.
+pub fn backfill_key_texts(p: &Position, key_len: usize, table: &str) -> Result<Option<Vec<String>>, SourceError> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let texts: Option<Vec<String>> =
+        p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+    match texts {
+        Some(t) if t.len() == key_len => Ok(Some(t)),
+        _ => Err(backfill_key_misfit(p, key_len, table)),
+    }
+}
+
+/// The refusal of a stored backfill key position `p` that does not fit a key of `key_len` columns.
+pub fn backfill_key_misfit(p: &Position, key_len: usize, table: &str) -> SourceError {
+    SourceError::Invalid(format!(
+        "stored backfill position {p} does not fit the key of {table} (expected {key_len} text value(s)); cancel the backfill (handler state backfill <function> --cancel) and start it again"
+    ))
+}
+
 /// The error of a source that cannot backfill, naming the ones that can.
 pub fn cannot_backfill(name: &str) -> SourceError {
     SourceError::Invalid(format!(

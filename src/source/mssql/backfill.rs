@@ -13,7 +13,7 @@ use super::types::SqlType;
 use crate::change::{Change, Operation};
 use crate::config::Partition;
 use crate::db::mssql::{Param, Pool};
-use crate::source::{ChunkRequest, Fetched, Filter, Position, SourceError};
+use crate::source::{backfill_key_texts as key_texts, ChunkRequest, Fetched, Filter, Position, SourceError};
 
 /// A chunk to read: after and up to which keys, under which bound, at most how many rows.
 #[derive(Debug)]
@@ -59,21 +59,6 @@ pub(super) fn bound(b: &Position, table: &str) -> Result<Option<i64>, SourceErro
                 "the stored backfill bound {other} of {table} is not a version; cancel the backfill (handler state backfill <function> --cancel) and start it again"
             ))
         }),
-    }
-}
-
-/// A backfill position: the key's texts (`Null`: before the first key).
-pub(super) fn key_texts(p: &Position, key_len: usize, table: &str) -> Result<Option<Vec<String>>, SourceError> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    let texts: Option<Vec<String>> =
-        p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
-    match texts {
-        Some(t) if t.len() == key_len => Ok(Some(t)),
-        _ => Err(SourceError::Invalid(format!(
-            "stored backfill position {p} does not fit the key of {table} (expected {key_len} text value(s)); cancel the backfill (handler state backfill <function> --cancel) and start it again"
-        ))),
     }
 }
 

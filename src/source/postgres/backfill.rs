@@ -14,7 +14,9 @@ use super::sql::Shape;
 use super::{db_error, PostgresCursor};
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
-use crate::source::{BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError};
+use crate::source::{
+    backfill_key_misfit, backfill_key_texts, BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError,
+};
 use tokio_postgres::types::ToSql;
 
 /// The statement of one chunk, with its parameters in order (all text but the limit, which is last).
@@ -161,9 +163,15 @@ impl PostgresCursor {
     pub(super) async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
         let shape = self.shape().await?;
         let Some(bound) = r.bound.as_str() else { return Ok(Fetched::default()) };
-        let keys = |p: &Position| self.key_texts(shape, p);
-        let after = if r.after.is_null() { None } else { Some(keys(r.after)?) };
-        let upto = r.upto.map(keys).transpose()?;
+        let (arity, table) = (shape.key.len(), self.spec.table.to_string());
+        let after = backfill_key_texts(r.after, arity, &table)?;
+        // A chunk delivered before ends at its last row's key: a stored `Null` there is refused, not read unbounded.
+        let upto = match r.upto {
+            Some(u) => {
+                Some(backfill_key_texts(u, arity, &table)?.ok_or_else(|| backfill_key_misfit(u, arity, &table))?)
+            }
+            None => None,
+        };
         let columns: &[(String, String)] = match r.filter {
             Some(_) => self.column_types().await?,
             None => &[],
@@ -190,20 +198,6 @@ impl PostgresCursor {
             .last()
             .map(|row| Position::Array((0..arity).map(|c| Position::String(row.get::<_, String>(c))).collect()));
         Ok(Fetched { changes, last, advance: None })
-    }
-
-    /// A backfill position: the key's texts.
-    fn key_texts(&self, shape: &Shape, p: &Position) -> Result<Vec<String>, SourceError> {
-        let texts: Option<Vec<String>> =
-            p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
-        match texts {
-            Some(t) if t.len() == shape.key.len() => Ok(t),
-            _ => Err(SourceError::Invalid(format!(
-                "stored backfill position {p} does not fit the key of {} (expected {} values); cancel the backfill and start it again",
-                self.spec.table,
-                shape.key.len()
-            ))),
-        }
     }
 
     /// The guarded newest position (`startFrom: snapshot`).

@@ -35,7 +35,9 @@ use super::stream::Shared;
 use super::PostgresLogical;
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
-use crate::source::{BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError};
+use crate::source::{
+    backfill_key_texts, BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError,
+};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -275,12 +277,13 @@ impl PostgresLogical {
         self.backfill_reader()?;
         let shape = self.shape().await?;
         let live = self.position(r.live)?;
-        let mut after = self.key_texts(&shape, r.after)?;
-        let upto = r.upto.map(|u| self.key_texts(&shape, u)).transpose()?.flatten();
+        let (arity, table) = (shape.key.len(), self.spec.table.to_string());
+        let mut after = backfill_key_texts(r.after, arity, &table)?;
+        let upto = r.upto.map(|u| backfill_key_texts(u, arity, &table)).transpose()?.flatten();
         let last = match r.bound.get("last") {
             // The table was empty when the backfill started: every row is the live path's.
             Some(Position::Null) => return Ok(ChunkRead::Rows(Fetched::default())),
-            Some(last) => self.key_texts(&shape, last)?,
+            Some(last) => backfill_key_texts(last, arity, &table)?,
             None => {
                 return Err(SourceError::Invalid(format!(
                     "the stored backfill bound {} has no \"last\" key; cancel the backfill (handler state backfill <function> --cancel) and start it again",
@@ -294,7 +297,7 @@ impl PostgresLogical {
                 self.options.slot
             )));
         };
-        let table = self.spec.table.pg();
+        let quoted = self.spec.table.pg();
         let mut out = Fetched::default();
         let reads = if upto.is_some() { 1 } else { READS_PER_CHUNK };
         for _ in 0..reads {
@@ -304,7 +307,7 @@ impl PostgresLogical {
                 return Ok(ChunkRead::Later(why));
             }
             // 2. The chunk, in one statement.
-            let q = chunk_sql(&shape, &table, after.as_deref(), (upto.as_deref(), last.as_deref()), r.filter);
+            let q = chunk_sql(&shape, &quoted, after.as_deref(), (upto.as_deref(), last.as_deref()), r.filter);
             let limit = r.limit.max(1) as i64;
             let mut refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
                 q.params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
@@ -323,9 +326,7 @@ impl PostgresLogical {
                 Err(why) => return Ok(ChunkRead::Later(why)),
             };
             // 4. Leave out what changed after D.
-            let arity = shape.key.len();
             let Some(last) = rows.last() else { return Ok(ChunkRead::Rows(out)) };
-            let table = self.spec.table.to_string();
             let last = key_of(last, arity, &table)?;
             for row in &rows {
                 let key = key_of(row, arity, &table)?;
@@ -349,23 +350,6 @@ impl PostgresLogical {
         Ok(ChunkRead::Later(format!(
             "every row of {READS_PER_CHUNK} chunks in a row changed while it was read (its newer change is delivered live)"
         )))
-    }
-
-    /// A backfill position: the key's texts (`None` for `Null`, before the first key).
-    fn key_texts(&self, shape: &Shape, p: &Position) -> Result<Option<Vec<String>>, SourceError> {
-        if p.is_null() {
-            return Ok(None);
-        }
-        let texts: Option<Vec<String>> =
-            p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
-        match texts {
-            Some(t) if t.len() == shape.key.len() => Ok(Some(t)),
-            _ => Err(SourceError::Invalid(format!(
-                "stored backfill position {p} does not fit the key of {} (expected {} values); cancel the backfill (handler state backfill <function> --cancel) and start it again",
-                self.spec.table,
-                shape.key.len()
-            ))),
-        }
     }
 
     /// Step 1: takes an xid and waits, at most `streamPollMs`, until no older transaction is in progress.

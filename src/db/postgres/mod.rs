@@ -2,6 +2,7 @@
 //! strings, use TLS, explain a failed connection and classify a failed statement the same way.
 
 pub(crate) mod connection_string;
+pub mod session;
 mod tls;
 
 pub use tls::PostgresTls;
@@ -14,7 +15,8 @@ use tls::HandshakeError;
 
 /// A pool of at most `size` connections to the database in app setting `setting`, opening none until used.
 /// The connection string is read as libpq reads it (`connection_string`); every connection goes through `tls`,
-/// so its `sslmode` decides whether TLS is used (see the `tls` module for what each mode means here).
+/// so its `sslmode` decides whether TLS is used (see the `tls` module for what each mode means here), and every
+/// session carries the settings of the session contract ([`session`]).
 pub fn pool(setting: &str, connection: &Secret, size: usize, tls: &PostgresTls) -> Result<Pool, String> {
     let mut config = connection_string::parse(setting, connection.expose())?;
     if config.get_connect_timeout().is_none() {
@@ -23,6 +25,7 @@ pub fn pool(setting: &str, connection: &Secret, size: usize, tls: &PostgresTls) 
     if config.get_application_name().is_none() {
         config.application_name("sql-pseudo-trigger");
     }
+    session::pin(&mut config);
     let manager = Manager::from_config(config, tls.clone(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(size)
@@ -33,13 +36,14 @@ pub fn pool(setting: &str, connection: &Secret, size: usize, tls: &PostgresTls) 
         .map_err(|e| format!("cannot build the connection pool: {e}"))
 }
 
-/// The connection settings in app setting `setting`, read as [`pool`] reads them: for a client that opens its
-/// own connection (the logical source's replication stream).
+/// The connection settings in app setting `setting`, read as [`pool`] reads them, with the session contract
+/// in its options: for a client that opens its own connection (the logical source's replication stream).
 pub fn config(setting: &str, connection: &Secret) -> Result<tokio_postgres::Config, String> {
     let mut config = connection_string::parse(setting, connection.expose())?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
+    session::pin(&mut config);
     Ok(config)
 }
 

@@ -137,8 +137,9 @@ impl PostgresLogical {
         };
         let config = crate::db::postgres::config(&self.spec.connection_setting, &self.spec.connection)
             .map_err(SourceError::Invalid)?;
-        // Dates and times in ISO, in the time zone of the sessions that build Items (`item`).
-        let session = [("DateStyle", "ISO, MDY"), ("TimeZone", shape.time_zone.as_str())];
+        // Dates and times (ISO by the session contract in `config`'s options) in the time zone of the sessions that
+        // build Items (`item`).
+        let session = [("TimeZone", shape.time_zone.as_str())];
         let mut wire =
             Wire::connect(&config, &self.tls, &application_name(), &session).await.map_err(|e| self.wire_error(e))?;
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);

@@ -120,10 +120,7 @@ impl Wire {
         // The connection string's options with the session contract after them (`db::postgres::session`): the
         // walsender writes every value of the stream with its output functions, under these settings.
         let options = config.get_options().map(|o| ("options", o));
-        frontend::startup_message(
-            params.iter().copied().chain(options).chain(session.iter().copied()),
-            &mut self.out,
-        )?;
+        frontend::startup_message(params.iter().copied().chain(options).chain(session.iter().copied()), &mut self.out)?;
         self.flush().await?;
         let password = config.get_password();
         let need_password = || {

@@ -31,6 +31,9 @@ use backfill::{
     change_tracking_backfill_leaves_rows_changed_since_its_start_to_the_live_path,
     rowversion_backfill_leaves_rows_changed_since_its_start_to_the_live_path,
 };
+use session::a_pooled_connection_runs_under_the_pinned_session_whatever_the_logins_language;
+#[path = "mssql_real/session.rs"]
+mod session;
 #[path = "mssql_real/sink.rs"]
 mod sink;
 
@@ -128,6 +131,7 @@ async fn real_server_suite() {
             ran.push(stringify!($name));
         }};
     }
+    scenario!(a_pooled_connection_runs_under_the_pinned_session_whatever_the_logins_language);
     scenario!(single_operations_and_net_change);
     scenario!(batch_size_splits_one_transaction_safely);
     scenario!(every_column_type_serializes);

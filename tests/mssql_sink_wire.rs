@@ -31,6 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use testbed::MemorySource;
 
+#[path = "mssql_sink_wire/session.rs"]
+mod session;
 #[path = "mssql_sink_wire/tap.rs"]
 mod tap;
 mod tds_reader;

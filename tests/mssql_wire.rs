@@ -14,7 +14,8 @@
 //! does a registered statement that no request used (the test would not prove what it registers), and an RPC
 //! whose values do not match the golden file's parameter list. `every_golden_statement_is_registered_by_a_test`
 //! checks that each golden file is registered somewhere here; with the two checks above, every statement is
-//! sent by a source, over the wire, in some test.
+//! sent by a source, over the wire, in some test. The tap also refuses a connection whose first request is not
+//! the session batch (`tests/golden/mssql_session/session.sql`): every connection pins its session first.
 
 use mssql_mock_tds::{
     ColumnDefinition as Col, ColumnValue as V, MockTdsServer, QueryResponse, Row, SqlDataType as T, TerminalError,
@@ -38,6 +39,8 @@ use tokio::sync::oneshot;
 
 #[path = "mssql_wire/backfill.rs"]
 mod backfill;
+#[path = "mssql_wire/session.rs"]
+mod session;
 mod tds_reader;
 use tds_reader::{decode_rpc_after_headers, Reader, Wire};
 
@@ -103,24 +106,33 @@ struct Ledger {
     sent: Vec<Sent>,
     /// Statements nobody registered, and requests that did not fit their golden file.
     refused: Vec<String>,
+    /// Connections the tap accepted, and how many of them opened with the session batch.
+    connections: usize,
+    sessions: usize,
 }
 
 impl Ledger {
+    /// The batch the mock is handed for the first request of a connection: the session batch itself (the mock
+    /// answers a batch nobody registered with no result set, as SQL Server answers `SET`s), or a refusal.
+    fn open(&mut self, kind: u8, payload: &[u8]) -> String {
+        let session = tds_reader::session_batch();
+        match request(kind, payload) {
+            Ok((statement, _)) if kind == SQL_BATCH && statement == session => {
+                self.sessions += 1;
+                session
+            }
+            Ok((statement, _)) => {
+                self.refuse(format!("a connection whose first request was not the session batch: {statement}"))
+            }
+            Err(why) => self.refuse(why),
+        }
+    }
+
     /// The batch the mock is handed for one request (the request's ALL_HEADERS, then a one-line text).
     fn answer(&mut self, kind: u8, payload: &[u8]) -> String {
-        let (statement, values) = match kind {
-            SQL_BATCH => (utf16(&payload[all_headers_len(payload)..]), Vec::new()),
-            _ => match decode_rpc(payload) {
-                Ok((SP_EXECUTESQL, mut params)) if params.len() >= 2 => {
-                    let values = params.split_off(2);
-                    match &params[0] {
-                        Wire::Text(statement) => (statement.clone(), values),
-                        other => return self.refuse(format!("sp_executesql with a statement of {other:?}")),
-                    }
-                }
-                Ok((proc_id, _)) => return self.refuse(format!("an RPC to procedure {proc_id}, not sp_executesql")),
-                Err(why) => return self.refuse(format!("an RPC the tap cannot read: {why}")),
-            },
+        let (statement, values) = match request(kind, payload) {
+            Ok(request) => request,
+            Err(why) => return self.refuse(why),
         };
         let Some(name) = self.registered.get(&statement).cloned() else {
             return self.refuse(format!("a statement nobody registered: {statement}"));
@@ -141,6 +153,24 @@ impl Ledger {
     }
 }
 
+/// A request's statement and the values bound to `@P1`, `@P2`, ... (none for a plain batch).
+fn request(kind: u8, payload: &[u8]) -> Result<(String, Vec<Wire>), String> {
+    match kind {
+        SQL_BATCH => Ok((utf16(&payload[all_headers_len(payload)..]), Vec::new())),
+        _ => match decode_rpc(payload) {
+            Ok((SP_EXECUTESQL, mut params)) if params.len() >= 2 => {
+                let values = params.split_off(2);
+                match &params[0] {
+                    Wire::Text(statement) => Ok((statement.clone(), values)),
+                    other => Err(format!("sp_executesql with a statement of {other:?}")),
+                }
+            }
+            Ok((proc_id, _)) => Err(format!("an RPC to procedure {proc_id}, not sp_executesql")),
+            Err(why) => Err(format!("an RPC the tap cannot read: {why}")),
+        },
+    }
+}
+
 /// The text under which the mock holds a golden statement's answer.
 fn key(name: &str) -> String {
     format!("-- GOLDEN {name}")
@@ -155,6 +185,9 @@ async fn pipe(client: TcpStream, upstream: u16, ledger: Arc<Mutex<Ledger>>) {
     tokio::spawn(async move {
         let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
     });
+    ledger.lock().expect("tap ledger").connections += 1;
+    // Whether this connection sent its first request yet: that one must be the session batch.
+    let mut opened = false;
     let mut first: Option<[u8; 8]> = None;
     let mut message = Vec::new();
     loop {
@@ -174,7 +207,15 @@ async fn pipe(client: TcpStream, upstream: u16, ledger: Arc<Mutex<Ledger>>) {
         }
         let (kind, payload) = match head[0] {
             kind @ (SQL_BATCH | RPC) => {
-                let text = ledger.lock().expect("tap ledger").answer(kind, &message);
+                let text = {
+                    let mut ledger = ledger.lock().expect("tap ledger");
+                    if opened {
+                        ledger.answer(kind, &message)
+                    } else {
+                        ledger.open(kind, &message)
+                    }
+                };
+                opened = true;
                 let mut payload = message[..all_headers_len(&message)].to_vec();
                 payload.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
                 (SQL_BATCH, payload)

@@ -1,5 +1,6 @@
-"""Syntax tier: every reviewed SQL Server statement (tests/golden/mssql and tests/golden/mssql_sink) parsed by a
-real T-SQL parser, sqlglot's `tsql` dialect (pinned in scripts/test, installed into <target>/checks-venv).
+"""Syntax tier: every reviewed SQL Server statement (tests/golden/mssql, tests/golden/mssql_sink, and the session
+batch in tests/golden/mssql_session) parsed by a real T-SQL parser, sqlglot's `tsql` dialect (pinned in
+scripts/test, installed into <target>/checks-venv).
 
 What it proves: each statement is well-formed T-SQL as far as sqlglot knows the language (balanced parentheses,
 clauses in order, CASE/CONVERT/OPENJSON/MERGE shapes, quoting of [bracketed]] names, no truncated text). It does
@@ -21,7 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 ROOT = pathlib.Path(__file__).resolve().parent
-FOLDERS = ("mssql", "mssql_sink")
+FOLDERS = ("mssql", "mssql_sink", "mssql_session")
 
 SUBSTITUTED = {
     # sqlglot 30's tsql dialect has no SET TRANSACTION ISOLATION LEVEL statement (it errors on ISOLATION).

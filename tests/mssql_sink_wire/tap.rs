@@ -11,6 +11,9 @@
 //!   requests. The tap forwards the packets as tiberius sent them and passes back only the answer to the
 //!   first, the packet the mock matched a registration in (an RPC's statement begins there).
 //!
+//! A connection's first request must be the session batch (`src/db/mssql/session.rs`): the tap refuses any
+//! other, as it refuses an unregistered one.
+//!
 //! The mock picks its answer by finding a registered upper-case text inside an RPC's first packet, or as
 //! the whole text of a SQL batch; the tap applies the same rule to decide whether a request was registered.
 pub use crate::tds_reader::Wire;
@@ -38,6 +41,10 @@ const MOCK_DEFAULTS: [&str; 2] = ["SELECT 1", "SELECT CAST(1 AS BIGINT), 2, 3"];
 pub struct Sent {
     pub kind: u8,
     pub payload: Vec<u8>,
+    /// Which connection sent it (the tap numbers them as it accepts them, from 0).
+    pub connection: usize,
+    /// Whether it was its connection's first request (which must be the session batch).
+    pub opening: bool,
 }
 
 pub fn text(s: &str) -> Wire {
@@ -118,6 +125,19 @@ impl Registrations {
         }
     }
 
+    /// Why a connection's first request is refused, if it is: anything but the session batch
+    /// (`tests/golden/mssql_session/session.sql`), which the mock answers with no result set, as SQL Server
+    /// answers `SET`s.
+    fn refuses_opening(&self, kind: u8, payload: &[u8]) -> Option<String> {
+        let sql = match kind {
+            SQL_BATCH => decode_batch(payload),
+            RPC => decode_rpc(payload).statement().chars().take(200).collect(),
+            _ => return None,
+        };
+        let session = kind == SQL_BATCH && sql == crate::tds_reader::session_batch();
+        (!session).then(|| format!("a connection whose first request was not the session batch: {sql}"))
+    }
+
     /// Why the mock could not answer this request with exactly one registration, if it could not.
     /// `first` is the payload of the message's first packet, the only one the mock matches an RPC in.
     fn refuses(&self, kind: u8, packets: usize, payload: &[u8], first: &[u8]) -> Option<String> {
@@ -169,8 +189,10 @@ impl Tap {
         let registrations = Arc::new(Mutex::new(Registrations::default()));
         let (record, known) = (sent.clone(), registrations.clone());
         tokio::spawn(async move {
+            let mut connection = 0;
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(Self::pipe(client, upstream, record.clone(), known.clone()));
+                tokio::spawn(Self::pipe(client, connection, upstream, record.clone(), known.clone()));
+                connection += 1;
             }
         });
         Self { port, sent, registrations }
@@ -188,6 +210,7 @@ impl Tap {
 
     async fn pipe(
         client: TcpStream,
+        connection: usize,
         upstream: u16,
         sent: Arc<Mutex<Vec<Sent>>>,
         registrations: Arc<Mutex<Registrations>>,
@@ -199,6 +222,8 @@ impl Tap {
         // How many packets each forwarded message had, so as many answers come back for it.
         let (expect, answers) = mpsc::unbounded_channel::<usize>();
         tokio::spawn(Self::answers(from_server, to_client.clone(), answers));
+        // Whether this connection sent its first request yet: that one must be the session batch.
+        let mut opened = false;
         loop {
             let mut packets = Vec::new();
             let mut payload = Vec::new();
@@ -212,9 +237,17 @@ impl Tap {
                 }
             }
             let kind = packets[0].0[0];
-            sent.lock().expect("tap record").push(Sent { kind, payload: payload.clone() });
-            let refused =
-                registrations.lock().expect("registrations").refuses(kind, packets.len(), &payload, &packets[0].1);
+            let opening = !opened && matches!(kind, SQL_BATCH | RPC);
+            opened |= opening;
+            sent.lock().expect("tap record").push(Sent { kind, payload: payload.clone(), connection, opening });
+            let refused = {
+                let known = registrations.lock().expect("registrations");
+                if opening {
+                    known.refuses_opening(kind, &payload)
+                } else {
+                    known.refuses(kind, packets.len(), &payload, &packets[0].1)
+                }
+            };
             if let Some(why) = refused {
                 registrations.lock().expect("registrations").unanswered.push(why);
                 let error =
@@ -277,8 +310,33 @@ impl Tap {
         self.rpcs().into_iter().filter(|r| r.statement().contains(fragment)).collect()
     }
 
+    /// The SQL batches sent, but for each connection's opening session batch.
     pub fn batches(&self) -> Vec<String> {
-        self.sent().iter().filter(|s| s.kind == SQL_BATCH).map(|s| decode_batch(&s.payload)).collect()
+        let batches = self.sent().into_iter().filter(|s| s.kind == SQL_BATCH && !s.opening);
+        batches.map(|s| decode_batch(&s.payload)).collect()
+    }
+
+    /// Each connection's first request, in the order the connections opened: `(connection, statement)`.
+    pub fn openings(&self) -> Vec<(usize, String)> {
+        let mut openings: Vec<(usize, String)> = self
+            .sent()
+            .into_iter()
+            .filter(|s| s.opening)
+            .map(|s| {
+                let statement = match s.kind {
+                    SQL_BATCH => decode_batch(&s.payload),
+                    _ => decode_rpc(&s.payload).statement().to_string(),
+                };
+                (s.connection, statement)
+            })
+            .collect();
+        openings.sort();
+        openings
+    }
+
+    /// How many connections the tap accepted.
+    pub fn connections(&self) -> usize {
+        self.sent().iter().map(|s| s.connection + 1).max().unwrap_or(0)
     }
 }
 
@@ -326,6 +384,11 @@ impl Server {
     /// The requests nobody registered an answer for, so far.
     pub fn unanswered(&self) -> Vec<String> {
         self.tap.registrations.lock().expect("registrations").unanswered.clone()
+    }
+
+    /// The requests nobody registered an answer for, taken: a test that sent them on purpose says so.
+    pub fn take_unanswered(&self) -> Vec<String> {
+        std::mem::take(&mut self.tap.registrations.lock().expect("registrations").unanswered)
     }
 
     /// Every message sent so far was a login, a plain batch or an RPC in autocommit mode; none asked for a

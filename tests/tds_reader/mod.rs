@@ -1,6 +1,14 @@
 //! Reads TDS requests back from their bytes: the reader and the RPC parameter decoder both SQL Server wire taps
 //! (`tests/mssql_wire.rs`, `tests/mssql_sink_wire/tap.rs`) use. Field layouts from MS-TDS.
 
+/// The reviewed session batch (`tests/golden/mssql_session/session.sql`, its comment line dropped): both taps
+/// refuse a connection whose first request is anything else (`src/db/mssql/session.rs`).
+pub fn session_batch() -> String {
+    let path = format!("{}/tests/golden/mssql_session/session.sql", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines().filter(|l| !l.starts_with("--")).collect::<Vec<_>>().join("\n")
+}
+
 /// A value of an RPC parameter, as the taps read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wire {

@@ -1,5 +1,6 @@
 //! Connections to SQL Server / Azure SQL: Entra ID tokens for managed identity, a small pool, and the one
-//! table that decides which failures pass by waiting. The connection string is read in `connection_string`.
+//! table that decides which failures pass by waiting. The connection string is read in `connection_string`;
+//! every connection sends the session batch of `session` after login, before its first statement.
 //!
 //! Why an own pool: bb8-tiberius and deadpool-tiberius pin tiberius 0.12. This one is a semaphore (at most
 //! [`POOL_SIZE`] connections) over a stack of idle clients. A client that saw any error is dropped, never
@@ -17,6 +18,7 @@
 //! transaction under `XACT_ABORT`, fenced and optionally exactly once).
 
 pub(crate) mod connection_string;
+pub mod session;
 
 pub use connection_string::{Auth, Settings};
 
@@ -216,7 +218,7 @@ impl Pool {
             };
             let _ = tcp.set_nodelay(true);
             match Client::connect(config.clone(), tcp.compat_write()).await {
-                Ok(client) => return Ok(client),
+                Ok(client) => return pin_session(client).await,
                 Err(tiberius::error::Error::Routing { host, port }) if redirects < MAX_REDIRECTS => {
                     redirects += 1;
                     config.host(host);
@@ -289,6 +291,12 @@ impl Pool {
     pub async fn execute_batch(&self, sql: &str, context: &str) -> Result<Vec<Row>, Failed> {
         self.run(sql, None, context).await
     }
+}
+
+/// Sends the session batch ([`session::BATCH`]) on a connection that just logged in, before its first statement.
+async fn pin_session(mut client: Tds) -> Result<Tds, Failure> {
+    client.simple_query(session::BATCH).await.map_err(Failure::Tds)?.into_results().await.map_err(Failure::Tds)?;
+    Ok(client)
 }
 
 /// Sends one statement on `client` and reads its first result set.

@@ -81,6 +81,25 @@ async fn a_function_never_invoked_is_reported_counting_from_the_start() {
 }
 
 #[tokio::test]
+async fn a_first_firing_that_comes_seconds_after_ready_raises_no_alarm_and_one_that_never_comes_does() {
+    // GIVEN a function on an every-second timer, watched from the moment the handler was ready
+    let w = world(Some("* * * * * *"));
+
+    // WHEN the host starts its timer late, as a Flex instance does (up to 10 s), THEN nothing is reported
+    w.wait(10);
+    assert_eq!(look(&w.trigger, Face::Host, None), None, "a late first firing is a host starting, not a silence");
+    assert!(w.tick().await);
+    assert_eq!(look(&w.trigger, Face::Host, None), None);
+
+    // AND on another handler whose timer never fires, the silence is reported once the grace is spent
+    let never = world(Some("* * * * * *"));
+    never.wait(30);
+    assert_eq!(look(&never.trigger, Face::Host, None), None, "within 30 s of ready");
+    never.wait(1);
+    assert!(look(&never.trigger, Face::Host, None).is_some(), "30 s after ready with no firing");
+}
+
+#[tokio::test]
 async fn a_paused_function_is_not_reported_however_long_it_is_quiet() {
     // GIVEN a function an operator paused, whose last tick saw the pause
     let w = world(Some("*/10 * * * * *"));

@@ -9,6 +9,16 @@ use crate::config::ncrontab::Schedule;
 use std::time::Duration;
 use time::{OffsetDateTime, PrimitiveDateTime};
 
+/// How long after the handler is ready a function's first firing may come before its silence counts, when the
+/// schedule's own two periods are shorter. The host starts a function's timer only after the worker answered its
+/// readiness probe, once the function's listener has taken the timer's singleton lock in AzureWebJobsStorage;
+/// that takes seconds (a Flex Consumption instance starts functions 0.4 to 10 s after the worker is ready,
+/// azure-functions-host#11526), and the host itself gives a starting worker 30 s
+/// (../shared/reference/functions-custom-handler.md, "Process and readiness"). So the first firing of an
+/// every-second timer coming 3 s after readiness is a normal start, not a stopped timer; one that has not come
+/// 30 s after readiness is worth an alarm, whatever the schedule.
+pub const START_GRACE: Duration = Duration::from_secs(30);
+
 /// How often a function is expected to run.
 #[derive(Debug, Clone, Copy)]
 pub enum Cadence<'a> {
@@ -89,8 +99,9 @@ pub enum Verdict {
 }
 
 /// Whether a function is silent at `now`: no run came by the second one the cadence expected after the last
-/// (plus a little slack, so a firing that is a moment late is not an alert). `last_report` is when this silence
-/// was last reported; it is reported again once a period has passed since.
+/// (plus a little slack, so a firing that is a moment late is not an alert). Before the host's timer first fired,
+/// the silence counts only from [`START_GRACE`] after watching began (when that is later). `last_report` is when
+/// this silence was last reported; it is reported again once a period has passed since.
 pub fn check(cadence: Cadence<'_>, heard: &Heard, last_report: Option<OffsetDateTime>, now: OffsetDateTime) -> Verdict {
     if let Some(why) = heard.stopped {
         return Verdict::Stopped(why);
@@ -105,7 +116,12 @@ pub fn check(cadence: Cadence<'_>, heard: &Heard, last_report: Option<OffsetDate
     let period = Duration::try_from(second - first).unwrap_or(Duration::ZERO);
     // Half a period, at most a minute: a timer's firing lands a moment after its second, never half a period.
     let slack = (period / 2).min(Duration::from_secs(60));
-    if now <= second + slack {
+    let mut alarm_after = second + slack;
+    let never_fired = heard.last_invocation.is_none() && heard.last_end.is_none();
+    if never_fired && matches!(cadence, Cadence::Schedule(_)) {
+        alarm_after = alarm_after.max(heard.watched_since + START_GRACE);
+    }
+    if now <= alarm_after {
         return Verdict::Alive;
     }
     let report = last_report.is_none_or(|at| now - at >= period);
@@ -171,13 +187,46 @@ mod tests {
 
     #[test]
     fn a_function_never_invoked_counts_from_when_watching_began() {
-        let every_second = Schedule::parse("* * * * * *").expect("schedule");
-        let cadence = Cadence::Schedule(&every_second);
-        assert_eq!(check(cadence, &heard(None), None, T0 + secs(2)), Verdict::Alive);
-        let Verdict::Silent { silence, .. } = check(cadence, &heard(None), None, T0 + secs(3)) else {
-            panic!("never invoked for three seconds of an every-second schedule");
+        let every_ten_minutes = Schedule::parse("0 */10 * * * *").expect("schedule");
+        let cadence = Cadence::Schedule(&every_ten_minutes);
+        // Expected at 00:10 and 00:20, with a minute of slack
+        assert_eq!(check(cadence, &heard(None), None, T0 + secs(1260)), Verdict::Alive);
+        let Verdict::Silent { silence, .. } = check(cadence, &heard(None), None, T0 + secs(1261)) else {
+            panic!("never invoked for two periods of a ten-minute schedule");
         };
         assert_eq!(silence.last_invocation, None);
+        assert_eq!(silence.second_missed, T0 + secs(1200));
+    }
+
+    #[test]
+    fn a_first_firing_of_a_short_schedule_has_thirty_seconds_from_ready_before_its_silence_counts() {
+        let every_second = Schedule::parse("* * * * * *").expect("schedule");
+        let cadence = Cadence::Schedule(&every_second);
+        // Watching began at ready (T0): a first firing 3 s or 29 s late is a host starting its timer
+        assert_eq!(check(cadence, &heard(None), None, T0 + secs(3)), Verdict::Alive);
+        assert_eq!(check(cadence, &heard(None), None, T0 + START_GRACE), Verdict::Alive);
+        // Past the grace with still no firing: silent, counted from the two periods the schedule expected
+        let Verdict::Silent { silence, report } = check(cadence, &heard(None), None, T0 + START_GRACE + secs(1)) else {
+            panic!("silent once the start-up grace is spent");
+        };
+        assert!(report);
+        assert_eq!(silence.second_missed, T0 + secs(2));
+        assert_eq!(silence.last_invocation, None);
+        // Once it fired, the grace is over: two periods and a little slack, as always
+        assert!(matches!(check(cadence, &heard(Some(T0 + secs(5))), None, T0 + secs(8)), Verdict::Silent { .. }));
+    }
+
+    #[test]
+    fn a_schedule_longer_than_the_grace_keeps_its_own_two_periods_and_the_runner_has_no_grace() {
+        let every_minute = Schedule::parse("0 * * * * *").expect("schedule");
+        // Never fired, ready at T0: 00:01 and 00:02 expected, 30 s slack, longer than the grace
+        assert_eq!(check(Cadence::Schedule(&every_minute), &heard(None), None, T0 + secs(150)), Verdict::Alive);
+        assert!(matches!(
+            check(Cadence::Schedule(&every_minute), &heard(None), None, T0 + secs(151)),
+            Verdict::Silent { .. }
+        ));
+        // `handler run` ticks at once at start: no host start to wait for
+        assert!(matches!(check(Cadence::Every(secs(2)), &heard(None), None, T0 + secs(6)), Verdict::Silent { .. }));
     }
 
     #[test]

@@ -118,11 +118,12 @@ pub enum CliError {
     Repartition(#[from] RepartitionError),
 }
 
-/// Loads the app as the handler would, from `app_root` or FUNCTIONS_APP_ROOT_PATH or the working directory.
-pub fn load_app(app_root: Option<PathBuf>, env: Env) -> Result<App, CliError> {
+/// Loads the app as the handler would, from `app_root` or FUNCTIONS_APP_ROOT_PATH or the working directory:
+/// `Mode::Runner` for `handler run`, `Mode::Operator` for the state and partitions commands.
+pub fn load_app(app_root: Option<PathBuf>, env: Env, mode: Mode) -> Result<App, CliError> {
     let root = app_root.unwrap_or_else(|| AppConfig::app_root(&env));
     let env = env.with_local_settings(&root).map_err(|e| CliError::Config(ConfigErrors(vec![e])))?;
-    Ok(AppConfig::load_for(&root, env, Mode::Runner).and_then(App::build)?)
+    Ok(AppConfig::load_for(&root, env, mode).and_then(App::build)?)
 }
 
 fn who() -> String {

@@ -114,12 +114,17 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::State { command }) => {
-            let result = sql_pseudo_trigger::cli::load_app(cli.app_root, env).map(Arc::new).and_then(|app| {
-                let rt = tokio::runtime::Runtime::new().map_err(|e| {
-                    sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
-                })?;
-                rt.block_on(sql_pseudo_trigger::cli::run(app, command))
-            });
+            let result =
+                sql_pseudo_trigger::cli::load_app(cli.app_root, env, sql_pseudo_trigger::config::Mode::Operator)
+                    .map(Arc::new)
+                    .and_then(|app| {
+                        let rt = tokio::runtime::Runtime::new().map_err(|e| {
+                            sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(
+                                e.to_string(),
+                            ))
+                        })?;
+                        rt.block_on(sql_pseudo_trigger::cli::run(app, command))
+                    });
             match result {
                 Ok(value) => {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
@@ -132,12 +137,17 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Partitions { command: PartitionsCommand::Layout(command) }) => {
-            let result = sql_pseudo_trigger::cli::load_app(cli.app_root, env).map(Arc::new).and_then(|app| {
-                let rt = tokio::runtime::Runtime::new().map_err(|e| {
-                    sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
-                })?;
-                rt.block_on(sql_pseudo_trigger::cli::run_partitions(app, command))
-            });
+            let result =
+                sql_pseudo_trigger::cli::load_app(cli.app_root, env, sql_pseudo_trigger::config::Mode::Operator)
+                    .map(Arc::new)
+                    .and_then(|app| {
+                        let rt = tokio::runtime::Runtime::new().map_err(|e| {
+                            sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(
+                                e.to_string(),
+                            ))
+                        })?;
+                        rt.block_on(sql_pseudo_trigger::cli::run_partitions(app, command))
+                    });
             match result {
                 Ok(text) => {
                     println!("{}", text.trim_end());
@@ -302,7 +312,10 @@ async fn run(
     options: sql_pseudo_trigger::runner::RunOptions,
     admin: Option<(u16, Option<String>)>,
 ) -> Result<(), String> {
-    let app = Arc::new(sql_pseudo_trigger::cli::load_app(app_root, env).map_err(|e| e.to_string())?);
+    let app = Arc::new(
+        sql_pseudo_trigger::cli::load_app(app_root, env, sql_pseudo_trigger::config::Mode::Runner)
+            .map_err(|e| e.to_string())?,
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some((port, bind)) = admin {
         let ip = sql_pseudo_trigger::server::admin_bind_address(

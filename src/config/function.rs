@@ -76,8 +76,8 @@ pub struct FunctionConfig {
     /// The timer trigger binding's name: where the host puts the timer under `Data`.
     pub timer_binding: String,
     pub timer_schedule: Option<String>,
-    /// The schedule the host fires on (`%Name%` resolved), when the handler serves the host; `None` under
-    /// `handler run`, which has no timer.
+    /// The schedule the host fires on (`%Name%` resolved), when the handler serves the host or an operator's
+    /// command reads the app (when it resolves and parses); `None` under `handler run`, which has no timer.
     pub schedule: Option<Schedule>,
     pub outputs: Vec<OutputBinding>,
     pub retry: Option<RetryPolicy>,
@@ -388,6 +388,11 @@ pub(super) fn load(
                 "the timerTrigger binding has no \"schedule\" (an NCRONTAB expression such as \"*/5 * * * * *\")",
             ));
             None
+        }
+        // The state CLI reads a host app's folders to report what its timer allows (status's
+        // `ceiling_per_second`); a schedule it cannot read is the host's to refuse, not the operator's command.
+        (Some(text), false) if mode == super::Mode::Operator => {
+            resolve_text(text, env).ok().and_then(|resolved| Schedule::parse(&resolved).ok())
         }
         (_, false) => None,
     };

@@ -123,8 +123,12 @@ impl fmt::Display for ConfigErrors {
 pub enum Mode {
     /// The Functions host, through timer invocations and output bindings (`handler serve`).
     Host,
-    /// The handler's own loop and sinks (`handler run`, and the state CLI).
+    /// The handler's own loop and sinks (`handler run`).
     Runner,
+    /// An operator's command (`handler state`, `handler partitions`): the app read as `handler run` reads it,
+    /// and each function's timer schedule as the host would fire it (when it resolves), so that status reports
+    /// what the host's timer allows (`ceiling_per_second`) for an app the host runs.
+    Operator,
 }
 
 /// Where state documents live.
@@ -152,7 +156,8 @@ pub struct AppConfig {
     pub env: Env,
     /// Problems that do not stop the handler, logged at start-up (each says what to change).
     pub warnings: Vec<ConfigError>,
-    /// Who drives the ticks: the host (`handler serve`) or the handler's own loop (`handler run`, the CLI).
+    /// Who drives the ticks: the host (`handler serve`) or the handler's own loop (`handler run`); or who reads
+    /// the app: an operator's command (the state CLI).
     pub mode: Mode,
 }
 

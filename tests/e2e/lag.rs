@@ -166,3 +166,17 @@ async fn an_xid8_cursor_with_commit_timestamps_has_the_age_of_its_oldest_pending
     let s = drain_until_delivered(&app, 3).await;
     assert_eq!(s["lag_seconds"], json!(0.0), "{s}");
 }
+
+#[tokio::test]
+async fn the_state_cli_reports_the_ceiling_the_hosts_timer_allows() {
+    // GIVEN a host app whose function fires every five seconds (`*/5 * * * * *`) and delivers at most 40 changes
+    // per firing
+    let orders = Orders::new("ceiling").await;
+    let app = app(&orders.url, trigger_json(json!({ "maxBatchSize": 40 })));
+
+    // WHEN an operator reads its status with the CLI
+    let s = status(&app).await;
+
+    // THEN it reports what the timer allows: 40 changes per firing, one firing every five seconds
+    assert_eq!(s["ceiling_per_second"], json!(8.0), "{s}");
+}

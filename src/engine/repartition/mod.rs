@@ -315,7 +315,7 @@ impl Repartition {
                     starts.insert(j, (p.clone(), from));
                 }
                 Err((a, b)) => problems.push(format!(
-                    "new partition {j} of {m} may hold keys of old partitions {a} and {b}, whose checkpoints {} and {} {} cannot order without its database: the new one must start no later than either. Choose a count that is a multiple of {n} (each new partition then carries one old checkpoint over exactly), or stop the writers and let the function drain until its partitions stand at one position, then run this again",
+                    "new partition {j} of {m} may hold keys of old partitions {a} and {b}, whose checkpoints {} and {} {} cannot order without its database: the new one must start no later than either. Choose a count that is a multiple of {n} (each new partition then carries one old checkpoint over exactly), or let the old partitions run on until no two of them stopped inside one transaction (PostgreSQL) or change version (SQL Server), so the later of the two is known without the database (a change-tracking function with nothing left to deliver records the table's current version within five minutes, the same in every partition), then run this again",
                     positions.iter().find(|(i, _)| *i == a).map(|(_, p)| p.to_string()).unwrap_or_default(),
                     positions.iter().find(|(i, _)| *i == b).map(|(_, p)| p.to_string()).unwrap_or_default(),
                     self.source.name()

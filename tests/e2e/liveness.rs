@@ -156,6 +156,38 @@ async fn a_timer_the_host_stops_firing_is_reported_with_its_last_invocation_and_
     assert!(answer["seconds_since_last_invocation"].as_f64().expect("seconds") < silent, "{answer}");
 }
 
+#[tokio::test]
+async fn a_first_firing_seconds_after_ready_is_a_host_starting_not_a_silence() {
+    // GIVEN a function on a timer every second
+    let orders = Orders::new("liveness_late").await;
+    let mut function_json = support::timer_function_json(Some(3));
+    function_json["bindings"][0]["schedule"] = json!("* * * * * *");
+    let azurite = support::fixture().azurite_connection_string();
+    let app_name = unique_app_name("liveness-late");
+    let app = support::write_app(
+        FUNCTION,
+        function_json,
+        trigger_json(json!({})),
+        &[
+            ("PostgresConnectionString", orders.url.as_str()),
+            ("AzureWebJobsStorage", azurite.as_str()),
+            ("Sql_Trigger_StateStore", "blob"),
+            ("Sql_Trigger_AppName", app_name.as_str()),
+        ],
+    );
+    let host = app.start_handler(&[]).await;
+    let ready = Instant::now();
+
+    // WHEN the host fires it first 4 s after the handler is ready, as a Flex instance may (0.4 to 10 s): past
+    // the two periods and slack of a running every-second timer (2.5 s), and a watchdog look (every second)
+    // after them. The wait is the host's late start being modelled, not a timing the test hopes for.
+    tokio::time::sleep_until((ready + Duration::from_secs(4)).into()).await;
+    assert!(host.run_timer(FUNCTION).await.expect("fires").succeeded, "{}", host.output());
+
+    // THEN no silence was logged for the start
+    assert!(!host.output().contains(SILENCE), "a late first firing was reported as a silence:\n{}", host.output());
+}
+
 /// A webhook that answers 503 until told to accept; counts the requests it got.
 #[derive(Clone, Default)]
 struct Hook {

@@ -15,6 +15,7 @@ mod crashes;
 mod delivery;
 mod failure_matrix;
 mod host_behaviour;
+mod hostile_settings;
 mod lag;
 mod liveness;
 mod log_levels;

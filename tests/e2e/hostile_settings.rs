@@ -105,6 +105,17 @@ async fn cursor_host(url: &str, message_format: Option<&str>) -> (HostDriver, su
     (start(&app).await, app)
 }
 
+/// The text of each queue message the host wrote (messageFormat text: the handler's bytes), in order.
+fn messages(host: &HostDriver) -> Vec<String> {
+    host.received("changes")
+        .iter()
+        .map(|r| match r {
+            Received::Message(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            other => panic!("expected queue messages, got {other:?}"),
+        })
+        .collect()
+}
+
 /// Every `Item` as inserted, by id.
 fn inserted(items: Vec<String>) -> Vec<(i64, String)> {
     items.into_iter().map(|item| (0, item)).collect()
@@ -142,11 +153,8 @@ async fn with_message_format_text_the_cursor_source_delivers_a_canonical_session
     fire_until_delivered(&host, FUNCTION).await;
 
     // THEN the queue holds exactly the canonical bytes, one message per row
-    let want: Vec<Received> = expected
-        .iter()
-        .map(|item| Received::Message(format!(r#"{{"Operation":0,"Item":{item}}}"#).into_bytes()))
-        .collect();
-    assert_eq!(host.received("changes"), want, "{}", host.output());
+    let want: Vec<String> = expected.iter().map(|item| format!(r#"{{"Operation":0,"Item":{item}}}"#)).collect();
+    assert_eq!(messages(&host), want, "{}", host.output());
 }
 
 /// A logical function (`extra`: the reader) over the hostile table: the rows are written after its first
@@ -221,4 +229,29 @@ async fn an_update_whose_toasted_value_is_gone_with_its_row_is_row_to_jsons_byte
     assert_eq!(items.iter().map(|(op, _)| *op).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(items[1], (1, expected), "{}", host.output());
     assert_eq!(items[2], (2, r#"{"id":3}"#.to_string()));
+}
+
+#[tokio::test]
+async fn with_message_format_text_a_soft_deleted_rows_item_is_row_to_jsons_bytes_of_its_key() {
+    // GIVEN the cursor source over the demo orders table (soft delete), with messageFormat text
+    let orders = Orders::new("hostile_softdelete").await;
+    let app = orders_app(&orders, &unique_app_name("softdelete"), json!({ "messageFormat": "text" }), &[]);
+    let host = start(&app).await;
+    orders.insert([3]).await;
+    fire_until_delivered(&host, FUNCTION).await;
+
+    // WHEN the row is soft-deleted and the host writes the handler's answer
+    orders.soft_delete(3).await;
+    fire_until_delivered(&host, FUNCTION).await;
+
+    // THEN the delete's message is its key exactly as row_to_json writes it, like every other Item
+    let key: String = orders
+        .db
+        .query_one("SELECT row_to_json(k)::text FROM (SELECT id FROM orders WHERE id = 3) k", &[])
+        .await
+        .expect("the key's row_to_json")
+        .get(0);
+    let received = messages(&host);
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_eq!(received[1], format!(r#"{{"Operation":2,"Item":{key}}}"#));
 }

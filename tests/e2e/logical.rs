@@ -1204,7 +1204,7 @@ async fn write_tricky_values(db: &Db, table: &str) -> Vec<(i64, String)> {
 }
 
 /// Invokes until `n` changes were answered; their raw `Item`s.
-async fn answered_until(host: &HostDriver, n: usize) -> Vec<(i64, String)> {
+pub(crate) async fn answered_until(host: &HostDriver, n: usize) -> Vec<(i64, String)> {
     let mut items = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while items.len() < n {

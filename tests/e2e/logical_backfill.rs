@@ -378,21 +378,20 @@ async fn kill_9_during_a_logical_backfill_under_a_writer_redoes_at_most_a_chunk_
     assert!(b.redone <= kills.len() as u64, "{b:?} {notes:?}");
 }
 
+/// The same with a key led by a `timestamptz`, in a database whose sessions default to `DateStyle` `SQL, DMY` in
+/// a zone written `IST` (which reads back as Israel time): the session contract has the pooled sessions write
+/// the key as the stream does (ISO), so chunk rows match the stream's changes and a chunk's bounds read back
+/// as the instants they were.
 #[tokio::test]
-async fn a_backfill_of_a_table_keyed_by_a_time_refuses_sessions_that_do_not_write_dates_as_iso() {
-    // GIVEN a table keyed by a timestamp, in a database whose sessions write dates as SQL, not ISO (the
-    // replication stream writes ISO, and chunk rows are matched to its changes by the key's text)
-    let db = Db::shared("logical_backfill_datestyle", "CREATE TABLE public.items (at timestamptz PRIMARY KEY, v int);")
-        .await;
-    let name: String = db.db.query_one("SELECT current_database()::text", &[]).await.expect("name").get(0);
-    db.db.batch_execute(&format!("ALTER DATABASE \"{name}\" SET DateStyle = 'SQL, DMY'")).await.expect("datestyle");
-    let (app, _) = logical_app(&db, "public.items", json!({}), &[]);
-    let host = start(&app).await;
-    first_firing(&host).await;
-
-    // WHEN an operator starts a backfill, THEN it is refused with the fix
-    let refused = cli(&app, &["state", "backfill", FUNCTION]).await.expect_err("refused");
-    assert!(refused.contains("DateStyle") && refused.contains("ALTER ROLE"), "{refused}");
+async fn a_logical_backfill_keyed_by_a_timestamptz_works_in_a_database_whose_sessions_default_to_sql_dates() {
+    const TIME_KEY: &str = "CREATE SEQUENCE public.ver;
+CREATE TABLE public.items (id bigint NOT NULL, at timestamptz NOT NULL DEFAULT '2024-01-02 03:04:05+00',
+    v bigint NOT NULL DEFAULT nextval('public.ver'), PRIMARY KEY (at, id));
+DO $$ BEGIN
+    EXECUTE format('ALTER DATABASE %I SET DateStyle TO %L', current_database(), 'SQL, DMY');
+    EXECUTE format('ALTER DATABASE %I SET timezone TO %L', current_database(), 'Asia/Kolkata');
+END $$;";
+    backfill_under_a_writer("logical_backfill_sqldates", TIME_KEY).await;
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ mod delivery;
 mod docs_sql;
 mod failure_matrix;
 mod host_behaviour;
+mod hostile_settings;
 mod lag;
 mod liveness;
 mod log_levels;

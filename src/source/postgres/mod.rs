@@ -17,6 +17,7 @@
 //! of its fetch is checked for the index that keeps it a range scan (docs/postgres.md, "Partitions").
 
 mod backfill;
+mod position;
 mod sql;
 
 pub use sql::Guard;
@@ -309,7 +310,11 @@ impl PostgresCursor {
         let texts: Option<Vec<String>> =
             p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
         match texts {
-            Some(t) if t.len() == shape.position_arity() => Ok(t),
+            Some(t) if t.len() == shape.position_arity() => {
+                let types = std::iter::once(&shape.cursor_type).chain(shape.key.iter().map(|(_, ty)| ty));
+                position::check_iso(&self.spec.table.to_string(), types, &t).map_err(SourceError::Invalid)?;
+                Ok(t)
+            }
             _ => Err(SourceError::Invalid(format!(
                 "stored position {p} does not fit {} (expected {} values); reset the function's state",
                 self.spec.table,

@@ -74,8 +74,6 @@ pub(super) struct Decoder {
     relation: Option<Relation>,
     /// How the relation's `Item`s are built in the handler, when they can be.
     plan: Option<Plan>,
-    /// The text of dates and times is ISO in the pooled sessions' time zone (the stream's, see `item`).
-    pub iso_times: bool,
     /// The table's columns as the last Relation message described them, to notice a schema change.
     pub columns: Option<Vec<(String, u32)>>,
     /// A Relation message showed columns the shape does not have: the catalog must be read again.
@@ -100,7 +98,6 @@ impl Decoder {
             txn: None,
             relation: None,
             plan: None,
-            iso_times: false,
             columns,
             shape_changed: false,
             last_end: Lsn(0),
@@ -198,7 +195,7 @@ impl Decoder {
 
     /// The relation's plan, saying (once per process and path) how its `Item`s are built.
     fn plan_for(&self, r: &Relation) -> Option<Plan> {
-        let plan = item::plan(r, &self.shape, self.iso_times);
+        let plan = item::plan(r, &self.shape);
         let path = plan.as_ref().map(|_| ()).map_err(Clone::clone);
         let mut logged = self.shape.items_path.lock().unwrap_or_else(|e| e.into_inner());
         if logged.as_ref() != Some(&path) {

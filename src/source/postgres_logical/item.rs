@@ -12,9 +12,12 @@
 //! | bool (16)                                        | `t`, `f`                  | `true`, `false`                  |
 //! | text, varchar, bpchar, name, uuid (25, 1043, 1042, 19, 2950) | the text      | a JSON string (`escape_json`)    |
 //! | json, jsonb (114, 3802)                          | the text                  | the text (json keeps its text; jsonb's output is canonical) |
+//! | date, timestamp, timestamptz (1082, 1114, 1184)  | ISO (`DateStyle` pinned)  | ISO 8601 with `T`, quoted        |
 //!
-//! A relation with a column of any other type (timestamps and dates follow `DateStyle` and `TimeZone`, floats
-//! `extra_float_digits`, bytea `bytea_output` and is sent as base64; arrays, domains, enums, ranges…), a
+//! The session contract (`db::postgres::session`) pins `DateStyle`, so the WAL's text of a date or time is ISO
+//! whichever reader decoded it, in the pooled sessions' time zone, which is the zone `row_to_json` writes in.
+//! A relation with a column of any other type (bytea is sent as base64; floats, arrays, domains, enums,
+//! ranges…), a
 //! relation whose columns differ from the catalog read at start (the statement casts to the table's types), a
 //! json or jsonb key column (the statement renders a key as a plain column), and a value this module does
 //! not recognise (a text an integer type would never write; an unchanged TOAST value left out of the WAL) all
@@ -62,9 +65,11 @@ pub(super) struct Plan {
     key: Vec<(String, String, Render)>,
 }
 
-/// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement. `iso_times`:
-/// the WAL's dates and times are ISO, in the time zone of the sessions that build Items (the stream's are).
-pub(super) fn plan(r: &Relation, shape: &Shape, iso_times: bool) -> Result<Plan, String> {
+/// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement. The WAL's
+/// dates and times are ISO in the pooled sessions' time zone whichever reader decoded them: the stream logs in
+/// with that zone, the SQL reader decodes in a pooled session, and both carry the session contract's
+/// `DateStyle` (`db::postgres::session`).
+pub(super) fn plan(r: &Relation, shape: &Shape) -> Result<Plan, String> {
     let same = r.columns.len() == shape.catalog.len()
         && r.columns
             .iter()
@@ -82,12 +87,6 @@ pub(super) fn plan(r: &Relation, shape: &Shape, iso_times: bool) -> Result<Plan,
         let render = render_of(k.oid).ok_or_else(|| {
             format!("column {name:?} is {} (type OID {}), whose JSON the handler does not build", k.type_name, k.oid)
         })?;
-        if !iso_times && matches!(render, Render::Date | Render::Timestamp | Render::TimestampTz) {
-            return Err(format!(
-                "column {name:?} is {}, and the SQL reader's text of it follows the session's DateStyle",
-                k.type_name
-            ));
-        }
         Ok((name.to_string(), escape_json(name), render))
     };
     let row = shape.item_columns.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;

@@ -116,25 +116,31 @@ pub enum Render {
 /// row with the left-out columns read from the table by key. `jsonb_populate_record` runs each text through the column type's input function, and the
 /// projection is the cursor source's (`row_to_json`, bytea as base64), so a value reaches the consumer as the
 /// cursor source would send it. When the row is gone by the time it is read back (a delete follows in the
-/// stream), the left-out columns are left out of `Item` rather than sent as a null the row never held.
+/// stream), the left-out columns are left out of `Item` rather than sent as a null the row never held; that
+/// object is written member by member as `row_to_json` writes one (`"name":` then `to_json` of the value, which
+/// is the same `datum_to_json`, joined by commas without spaces), so it has `row_to_json`'s bytes.
 pub fn items(table: &str, key: &[Ident], columns: &[(Ident, Render)]) -> String {
-    let projected: Vec<String> = columns
+    let value = |c: &Ident, render: &Render| match render {
+        Render::Plain => format!("q.{}", c.pg()),
+        Render::Base64 => format!("translate(encode(q.{}, 'base64'), E'\\n', '')", c.pg()),
+        Render::Json(ty) => {
+            let name = literal(c.as_str());
+            format!("CASE WHEN x.j ? {name} THEN (x.j->>{name})::{ty} ELSE q.{} END", c.pg())
+        }
+    };
+    let projected: Vec<String> = columns.iter().map(|(c, r)| format!("{} AS {}", value(c, r), c.pg())).collect();
+    let members: Vec<String> = columns
         .iter()
-        .map(|(c, render)| match render {
-            Render::Plain => format!("q.{} AS {}", c.pg(), c.pg()),
-            Render::Base64 => format!("translate(encode(q.{}, 'base64'), E'\\n', '') AS {}", c.pg(), c.pg()),
-            Render::Json(ty) => {
-                let name = literal(c.as_str());
-                format!("CASE WHEN x.j ? {name} THEN (x.j->>{name})::{ty} ELSE q.{} END AS {}", c.pg(), c.pg())
-            }
+        .map(|(c, r)| {
+            let (name, member) = (literal(c.as_str()), literal(&format!("{}:", super::item::escape_json(c.as_str()))));
+            format!("CASE WHEN x.j ? {name} THEN {member} || coalesce(to_json({})::text, 'null') END", value(c, r))
         })
         .collect();
     let key_projection: Vec<String> = key.iter().map(|k| format!("q.{} AS {}", k.pg(), k.pg())).collect();
     let key_match: Vec<String> = key.iter().map(|k| format!("c.{} = p.{}", k.pg(), k.pg())).collect();
     format!(
         "SELECT CASE WHEN o.kind = 1 THEN (SELECT row_to_json(k)::text FROM (SELECT {keys}) k)
-            WHEN o.kind = 2 AND cur.row IS NULL THEN (SELECT json_object_agg(e.key, e.value)::text
-                FROM json_each((SELECT row_to_json(r) FROM (SELECT {cols}) r)) e WHERE x.j ? e.key)
+            WHEN o.kind = 2 AND cur.row IS NULL THEN '{{' || array_to_string(ARRAY[{members}], ',') || '}}'
             ELSE (SELECT row_to_json(r)::text FROM (SELECT {cols}) r) END
         FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS o(t, kind, n)
         CROSS JOIN LATERAL (SELECT o.t::jsonb AS j) AS x
@@ -144,6 +150,7 @@ pub fn items(table: &str, key: &[Ident], columns: &[(Ident, Render)]) -> String 
         ORDER BY o.n",
         keys = key_projection.join(", "),
         cols = projected.join(", "),
+        members = members.join(", "),
         matched = key_match.join(" AND "),
     )
 }
@@ -170,6 +177,13 @@ mod tests {
         assert!(s.contains("c.\"Order \"\"Id\"\"\" = p.\"Order \"\"Id\"\"\""), "{s}");
         assert!(s.contains("translate(encode(q.\"blob\", 'base64'), E'\\n', '') AS \"blob\""), "{s}");
         assert!(s.contains("NULL::\"s\".\"t\""), "{s}");
+        // the object of a row gone since is written as row_to_json writes one: JSON-escaped names, no spaces
+        assert!(
+            s.contains("CASE WHEN x.j ? 'Order \"Id\"' THEN '\"Order \\\"Id\\\"\":' || coalesce(to_json(q.\"Order \"\"Id\"\"\")::text, 'null') END"),
+            "{s}"
+        );
+        assert!(s.contains("THEN '\"it''s\":' || coalesce(to_json(CASE WHEN x.j ? 'it''s'"), "{s}");
+        assert!(s.contains("'{' || array_to_string(ARRAY[CASE"), "{s}");
         assert!(
             s.contains("CASE WHEN x.j ? 'it''s' THEN (x.j->>'it''s')::jsonb ELSE q.\"it's\" END AS \"it's\""),
             "{s}"

@@ -171,8 +171,7 @@ impl PostgresLogical {
         let flush = lock(&self.streams.acked).map_or(confirmed, |a| a.max(confirmed));
         let buffer = Buffer::new(confirmed, flush, self.options.buffer_bytes, self.options.buffer_changes);
         let shared = Arc::new(Shared { buffer: Mutex::new(buffer), changed: Notify::new(), wake: Notify::new() });
-        let mut decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
-        decoder.iso_times = true;
+        let decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
         tracing::info!(slot = %slot, at = %confirmed, pid = wire.pid, "streaming replication slot {slot} from {confirmed} (server process {})", wire.pid);
         let idle = Duration::from_millis(self.options.idle_release_ms);
         let pid = wire.pid;

@@ -46,6 +46,15 @@ pub struct Column {
     /// the dialect's statement would read it as NULL (SQL Server reads one only into a character column),
     /// so `plan` refuses it, naming the column, instead of a NULL being stored silently.
     pub holds_json: bool,
+    /// Takes the value's own JSON text, cast to the column by the statement (PostgreSQL's `json`), instead of
+    /// a conversion that de-escapes it: `json_to_recordset` de-escapes every string of its input and cannot
+    /// represent `\u0000` in text, so one such string anywhere failed the whole statement (SQLSTATE 22P05).
+    /// [`plan`] leaves these values out of the row text and hands them over apart ([`RowGroup::raw`]).
+    pub raw_json: bool,
+    /// The column can hold a string with the character U+0000 (`\u0000`): every SQL Server column that takes
+    /// a string; in PostgreSQL only `json` (text and jsonb cannot store it). Elsewhere [`plan`] refuses the
+    /// value, naming the property, the column and its type, before any statement runs.
+    pub holds_nul: bool,
     /// The column's collation, where the dialect names it in statements (SQL Server's character columns:
     /// a key is compared under its own collation); `None` elsewhere.
     pub collation: Option<String>,
@@ -74,14 +83,17 @@ pub struct RowGroup<'a> {
     /// True: every key column is present, so rows are upserted on the primary key. False: an identity or
     /// default-valued key column is absent, so rows are inserted and the database assigns the key.
     pub keyed: bool,
-    /// The items' JSON texts, in batch order.
+    /// The items' JSON texts, in batch order, without the group's raw-JSON columns (see `raw`).
     pub rows: Vec<Cow<'a, str>>,
+    /// The group's raw-JSON columns ([`Column::raw_json`]), each with its values' own JSON text per row, in the
+    /// order of `rows` (`None` for a JSON null). Empty when the group has none (always, for SQL Server).
+    pub raw: Vec<(usize, Vec<Option<&'a str>>)>,
 }
 
 /// What one batch does to the table, after the rules above.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WritePlan<'a> {
-    /// Items of deletes (only their key columns are read), in batch order.
+    /// Items of deletes cut to their key columns (all a delete reads), in batch order.
     pub deletes: Vec<Cow<'a, str>>,
     pub groups: Vec<RowGroup<'a>>,
     /// Changes dropped because a later change of the same key in the batch supersedes them.
@@ -108,7 +120,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
 
     enum Entry<'a> {
         Delete(Cow<'a, str>),
-        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str> },
+        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str>, raw: Vec<Option<&'a str>> },
     }
     let mut entries: Vec<Option<Entry<'a>>> = Vec::with_capacity(changes.len());
     let mut last_of_key: HashMap<String, usize> = HashMap::with_capacity(changes.len());
@@ -145,12 +157,21 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                     shape.columns[i].sql_type
                 ));
             }
+            let read = change.operation != Operation::Delete || shape.key.contains(&i);
+            if read && !shape.columns[i].holds_nul && holds_nul(value.get()) {
+                return Err(format!(
+                    "property {:?} of change {n} holds a JSON string with the character U+0000 (\\u0000), which column {:?} of {} ({}) cannot store; write it to a json column, or remove the character at the source",
+                    name.as_ref(),
+                    shape.columns[i].name.as_str(),
+                    shape.table,
+                    shape.columns[i].sql_type
+                ));
+            }
             columns.push(i);
             values[i] = Some(value);
         }
         columns.sort_unstable();
         columns.dedup();
-        let text = plain_names(text, &props);
         let missing_key: Vec<usize> = shape.key.iter().copied().filter(|&k| values[k].is_none()).collect();
 
         let entry = match change.operation {
@@ -162,7 +183,12 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                Entry::Delete(text)
+                let key: Vec<(Cow<'a, str>, &'a RawValue)> = props
+                    .iter()
+                    .filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|i| shape.key.contains(i)))
+                    .cloned()
+                    .collect();
+                Entry::Delete(if key.len() == props.len() { plain_names(text, &props) } else { rebuild(&key) })
             }
             Operation::Insert | Operation::Update => {
                 for &k in &missing_key {
@@ -182,7 +208,22 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                Entry::Write { columns, keyed: missing_key.is_empty(), text }
+                let raw: Vec<Option<&'a str>> = columns
+                    .iter()
+                    .filter(|&&i| shape.columns[i].raw_json)
+                    .map(|&i| values[i].map(RawValue::get).filter(|v| *v != "null"))
+                    .collect();
+                let text = if raw.is_empty() {
+                    plain_names(text, &props)
+                } else {
+                    let kept: Vec<(Cow<'a, str>, &'a RawValue)> = props
+                        .iter()
+                        .filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|&i| !shape.columns[i].raw_json))
+                        .cloned()
+                        .collect();
+                    rebuild(&kept)
+                };
+                Entry::Write { columns, keyed: missing_key.is_empty(), text, raw }
             }
         };
         let keyed = matches!(entry, Entry::Delete(_) | Entry::Write { keyed: true, .. });
@@ -201,13 +242,19 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
     for entry in entries.into_iter().flatten() {
         match entry {
             Entry::Delete(text) => plan.deletes.push(text),
-            Entry::Write { columns, keyed, text } => {
+            Entry::Write { columns, keyed, text, raw } => {
                 let next = plan.groups.len();
                 let g = *group_of.entry((columns.clone(), keyed)).or_insert(next);
                 if g == next {
-                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new() });
+                    let raw_columns = columns.iter().copied().filter(|&i| shape.columns[i].raw_json);
+                    let raw = raw_columns.map(|i| (i, Vec::new())).collect();
+                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new(), raw });
                 }
-                plan.groups[g].rows.push(text);
+                let group = &mut plan.groups[g];
+                group.rows.push(text);
+                for ((_, values), value) in group.raw.iter_mut().zip(raw) {
+                    values.push(value);
+                }
             }
         }
     }
@@ -227,7 +274,13 @@ fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow
     if props.iter().all(|(name, _)| matches!(name, Cow::Borrowed(_))) {
         return Cow::Borrowed(text);
     }
-    let mut plain = String::with_capacity(text.len());
+    rebuild(props)
+}
+
+/// An object of `props`, names spelled plainly and values as their own text (a delete's key, or a row
+/// without its raw-JSON columns).
+fn rebuild<'a>(props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow<'a, str> {
+    let mut plain = String::with_capacity(props.iter().map(|(n, v)| n.len() + v.get().len() + 4).sum::<usize>() + 2);
     plain.push('{');
     for (i, (name, value)) in props.iter().enumerate() {
         if i > 0 {
@@ -239,6 +292,24 @@ fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow
     }
     plain.push('}');
     Cow::Owned(plain)
+}
+
+/// True when the JSON text holds the escape `\u0000` in a string (a valid JSON text holds a backslash only in a
+/// string, each one starting an escape). Escapes are case-insensitive in hex: `\u0000` has no letter.
+fn holds_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].iter().position(|&b| b == b'\\') {
+        let escape = i + at;
+        if bytes.get(escape + 1..escape + 6) == Some(b"u0000".as_slice()) {
+            return true;
+        }
+        i = escape + 2;
+        if i >= bytes.len() {
+            return false;
+        }
+    }
+    false
 }
 
 /// The key's values as one string: the raw JSON of each key column, separated by a byte JSON never holds.
@@ -303,6 +374,8 @@ impl Column {
             generated: false,
             binary: false,
             holds_json: true,
+            raw_json: false,
+            holds_nul: true,
             collation: None,
         }
     }
@@ -457,6 +530,36 @@ mod tests {
         let changes = [change(Operation::Delete, r#"{"\u0069d":3}"#)];
         let deleted = plan(&s, &changes).expect("valid");
         assert_eq!(deleted.deletes, vec![r#"{"id":3}"#]);
+    }
+
+    #[test]
+    fn json_values_travel_apart_as_their_own_text_and_u0000_is_refused_where_it_cannot_be_stored() {
+        // GIVEN "note" is a json column (PostgreSQL's: it takes the value's own text) and "name" a text one
+        let mut s = shape();
+        s.columns[3].raw_json = true;
+        s.columns[1].holds_nul = false;
+        // WHEN rows carry json values, one holding \u0000, and one leaves it out as JSON null
+        let changes = [
+            change(Operation::Insert, r#"{"id":1,"name":"a","note":{"x":"\u0000", "n": 1.50}}"#),
+            change(Operation::Insert, r#"{"note":null,"id":2,"name":"b"}"#),
+        ];
+        let p = plan(&s, &changes).expect("valid");
+        // THEN the rows' text leaves the json column out, and its values follow apart, exactly as written
+        assert_eq!(p.groups[0].rows, vec![r#"{"id":1,"name":"a"}"#, r#"{"id":2,"name":"b"}"#]);
+        assert_eq!(p.groups[0].raw, vec![(3, vec![Some(r#"{"x":"\u0000", "n": 1.50}"#), None])]);
+        // AND \u0000 for a column that cannot store it is refused naming property, column and type, but an
+        // escaped backslash before "u0000" is not the character
+        let e = plan(&s, &[change(Operation::Insert, r#"{"id":1,"name":"x\u0000"}"#)]).unwrap_err();
+        assert!(e.contains(r#"property "name" of change 0 holds a JSON string with the character U+0000 (\u0000), which column "name" of public.orders (text) cannot store"#), "{e}");
+        assert!(plan(&s, &[change(Operation::Insert, r#"{"id":1,"name":"x\\u0000"}"#)]).is_ok());
+    }
+
+    #[test]
+    fn a_delete_is_sent_cut_to_its_key_whatever_else_its_item_holds() {
+        // GIVEN a delete whose item carries the whole row, one value holding \u0000
+        let changes = [change(Operation::Delete, r#"{"name":"\u0000","id":3,"order":{"a":1}}"#)];
+        // WHEN planned, THEN the delete's item holds the key alone
+        assert_eq!(plan(&shape(), &changes).expect("valid").deletes, vec![r#"{"id":3}"#]);
     }
 
     #[test]

@@ -93,8 +93,8 @@ impl Postgres {
 
     /// The first column of `group` whose values in `array` (a failed statement's rows) PostgreSQL cannot
     /// convert to the column's type, found by converting each column alone on the pool's other connection
-    /// (nothing is written): a data error does not say which column it came from. `None` when each converts
-    /// alone or the probe cannot run; the refusal then names the table only.
+    /// (nothing is written): a data error does not say which column it came from. `None` when the rows cannot
+    /// be read at all, each column converts alone, or the probe cannot run; the refusal then names the table.
     async fn refused_column(
         &self,
         target: &Target,
@@ -103,6 +103,7 @@ impl Postgres {
         array: &str,
     ) -> Option<usize> {
         let client = self.client(target).await.ok()?;
+        client.query_one(sql::PROBE_ROWS, &[&array]).await.ok()?;
         for &column in group.columns.iter().filter(|&&i| !shape.columns[i].raw_json) {
             if let Err(e) = client.query_one(&sql::probe(shape, column), &[&array]).await {
                 if bad_value(&e) {

@@ -115,6 +115,10 @@ pub fn probe(shape: &TableShape, column: usize) -> String {
     )
 }
 
+/// Reads a statement's rows converting no column: fails only when the JSON array itself cannot be read (a
+/// `\u0000` in any string, which the plan keeps out), which no column is to blame for. `$1` = the array.
+pub const PROBE_ROWS: &str = "SELECT count(*) FROM json_to_recordset($1::text::json) AS r(probe text)";
+
 /// Deletes the rows whose primary key is in the items. `$1` = the JSON array of delete items.
 pub fn delete(shape: &TableShape) -> String {
     let matches: Vec<String> =

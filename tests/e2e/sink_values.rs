@@ -47,24 +47,27 @@ const VALUE_COLUMNS: &[(&str, &str)] = &[
     ("tz", "timetz"),
     ("u", "uuid"),
     ("txt", "text"),
+    ("m", "money"),
+    ("tm", "time"),
+    ("re", "real"),
 ];
 
 /// Rows holding the edge of each type, in `VALUE_COLUMNS` order after `id`. Row 1 is what a json column
 /// can hold with its own whitespace, row 2 a json string with `\u0000`, row 3 all NULL.
 const VALUE_ROWS: &str = r#"
-    INSERT INTO public.vals (id, j, jb, n, big, d, ts, tstz, rng, mr, arr, tarr, dom, e, c, carr, b, f, iv, tz, u, txt)
+    INSERT INTO public.vals (id, j, jb, n, big, d, ts, tstz, rng, mr, arr, tarr, dom, e, c, carr, b, f, iv, tz, u, txt, m, tm, re)
     VALUES
     (1, E'{"tab":\t"x",\n"nl" : [1, 2.50]}', '{"a": [1, 2.50], "s": "é\n"}', 'NaN',
      1234567890123456789012345678901234567890.0123456789, '0044-03-15 BC', 'infinity', '-infinity',
      '[1,5)', '{[1,3),[7,9)}', '{1,NULL,3}', '{{a,"b c"},{"d\"e",f}}', 5, 'happy', ROW(1, 'x y'),
      ARRAY[ROW(2, 'z')::pair, ROW(NULL, NULL)::pair], '\x00ff10', 'NaN', '1 day 02:03:04.5', '12:00+02',
-     'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', E'tab\there "quoted" \\ back'),
+     'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', E'tab\there "quoted" \\ back', 1234567.89, '23:59:59.999999', 1.1),
     (2, '{"nul": "\u0000 end", "n": 1.10}', '"just a string"', 'Infinity',
      -0.000000000000000000000000000000000000001, '2024-02-29', '2024-01-02 03:04:05.123456',
      '2024-07-02 03:04:05.12+02', 'empty', '{}', '{}', '{}', 1, 'sad', ROW(NULL, NULL), '{}', '\x', '-Infinity',
-     '-3 years 1 mon', '00:00:00-11:30', '00000000-0000-0000-0000-000000000000', ''),
+     '-3 years 1 mon', '00:00:00-11:30', '00000000-0000-0000-0000-000000000000', '', -0.01, '00:00', 'Infinity'),
     (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-     NULL, NULL, NULL, NULL);"#;
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL);"#;
 
 /// `name type, ...` of `columns`, for a CREATE TABLE.
 fn column_list(columns: &[(&str, &str)]) -> String {

@@ -183,12 +183,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                let key: Vec<(Cow<'a, str>, &'a RawValue)> = props
-                    .iter()
-                    .filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|i| shape.key.contains(i)))
-                    .cloned()
-                    .collect();
-                Entry::Delete(if key.len() == props.len() { plain_names(text, &props) } else { rebuild(&key) })
+                Entry::Delete(keeping(text, &props, &by_name, |i| shape.key.contains(&i)))
             }
             Operation::Insert | Operation::Update => {
                 for &k in &missing_key {
@@ -213,16 +208,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                     .filter(|&&i| shape.columns[i].raw_json)
                     .map(|&i| values[i].map(RawValue::get).filter(|v| *v != "null"))
                     .collect();
-                let text = if raw.is_empty() {
-                    plain_names(text, &props)
-                } else {
-                    let kept: Vec<(Cow<'a, str>, &'a RawValue)> = props
-                        .iter()
-                        .filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|&i| !shape.columns[i].raw_json))
-                        .cloned()
-                        .collect();
-                    rebuild(&kept)
-                };
+                let text = keeping(text, &props, &by_name, |i| !shape.columns[i].raw_json);
                 Entry::Write { columns, keyed: missing_key.is_empty(), text, raw }
             }
         };
@@ -275,6 +261,23 @@ fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow
         return Cow::Borrowed(text);
     }
     rebuild(props)
+}
+
+/// The item with only the properties whose column (index into the table's, by `by_name`) `keep` accepts: a
+/// delete's key, a row without its raw-JSON columns. [`plain_names`] of the item when it keeps them all.
+fn keeping<'a>(
+    text: &'a str,
+    props: &[(Cow<'a, str>, &'a RawValue)],
+    by_name: &HashMap<&str, usize>,
+    keep: impl Fn(usize) -> bool,
+) -> Cow<'a, str> {
+    let kept: Vec<(Cow<'a, str>, &'a RawValue)> =
+        props.iter().filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|&i| keep(i))).cloned().collect();
+    if kept.len() == props.len() {
+        plain_names(text, props)
+    } else {
+        rebuild(&kept)
+    }
 }
 
 /// An object of `props`, names spelled plainly and values as their own text (a delete's key, or a row

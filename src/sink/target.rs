@@ -3,6 +3,7 @@
 
 use crate::config::{Secret, TableTarget};
 use crate::ident::TableName;
+use std::ops::Range;
 
 /// Where a SQL sink writes, and how.
 #[derive(Debug, Clone)]
@@ -33,27 +34,42 @@ impl Target {
 /// Splits rows into statements of at most `max_rows` rows and about `max_bytes` bytes of JSON each, and
 /// renders each as one JSON array.
 pub fn chunks<S: AsRef<str>>(rows: &[S], max_rows: usize, max_bytes: usize) -> Vec<String> {
+    let sizes = rows.iter().map(|r| r.as_ref().len());
+    chunk_ranges(sizes, max_rows, max_bytes).into_iter().map(|range| json_array(&rows[range])).collect()
+}
+
+/// The rows of each statement, as ranges of row indexes: at most `max_rows` rows and about `max_bytes` bytes
+/// (the sum of `sizes`, each row's bytes) each; a row larger than `max_bytes` is a statement of its own.
+pub fn chunk_ranges(sizes: impl IntoIterator<Item = usize>, max_rows: usize, max_bytes: usize) -> Vec<Range<usize>> {
     let mut out = Vec::new();
-    let mut current = String::from("[");
-    let mut n = 0;
-    for row in rows {
-        let row = row.as_ref();
-        if n > 0 && (n >= max_rows || current.len() + row.len() > max_bytes) {
-            current.push(']');
-            out.push(std::mem::replace(&mut current, String::from("[")));
-            n = 0;
+    let (mut start, mut n, mut bytes) = (0, 0, 0);
+    for (i, size) in sizes.into_iter().enumerate() {
+        // Each row costs a separator too, as the rendered array does.
+        if n > 0 && (n >= max_rows || bytes + size + 1 > max_bytes) {
+            out.push(start..i);
+            (start, n, bytes) = (i, 0, 0);
         }
-        if n > 0 {
-            current.push(',');
-        }
-        current.push_str(row);
         n += 1;
+        bytes += size + 1;
     }
     if n > 0 {
-        current.push(']');
-        out.push(current);
+        out.push(start..start + n);
     }
     out
+}
+
+/// `rows` as one JSON array, each row's text as it is.
+pub fn json_array<S: AsRef<str>>(rows: &[S]) -> String {
+    let mut array = String::with_capacity(rows.iter().map(|r| r.as_ref().len() + 1).sum::<usize>() + 2);
+    array.push('[');
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            array.push(',');
+        }
+        array.push_str(row.as_ref());
+    }
+    array.push(']');
+    array
 }
 
 #[cfg(test)]

@@ -46,6 +46,15 @@ pub struct Column {
     /// the dialect's statement would read it as NULL (SQL Server reads one only into a character column),
     /// so `plan` refuses it, naming the column, instead of a NULL being stored silently.
     pub holds_json: bool,
+    /// Takes the value's own JSON text, cast to the column by the statement (PostgreSQL's `json`), instead of
+    /// a conversion that de-escapes it: `json_to_recordset` de-escapes every string of its input and cannot
+    /// represent `\u0000` in text, so one such string anywhere failed the whole statement (SQLSTATE 22P05).
+    /// [`plan`] leaves these values out of the row text and hands them over apart ([`RowGroup::raw`]).
+    pub raw_json: bool,
+    /// The column can hold a string with the character U+0000 (`\u0000`): every SQL Server column that takes
+    /// a string; in PostgreSQL only `json` (text and jsonb cannot store it). Elsewhere [`plan`] refuses the
+    /// value, naming the property, the column and its type, before any statement runs.
+    pub holds_nul: bool,
     /// The column's collation, where the dialect names it in statements (SQL Server's character columns:
     /// a key is compared under its own collation); `None` elsewhere.
     pub collation: Option<String>,
@@ -74,14 +83,17 @@ pub struct RowGroup<'a> {
     /// True: every key column is present, so rows are upserted on the primary key. False: an identity or
     /// default-valued key column is absent, so rows are inserted and the database assigns the key.
     pub keyed: bool,
-    /// The items' JSON texts, in batch order.
+    /// The items' JSON texts, in batch order, without the group's raw-JSON columns (see `raw`).
     pub rows: Vec<Cow<'a, str>>,
+    /// The group's raw-JSON columns ([`Column::raw_json`]), each with its values' own JSON text per row, in the
+    /// order of `rows` (`None` for a JSON null). Empty when the group has none (always, for SQL Server).
+    pub raw: Vec<(usize, Vec<Option<&'a str>>)>,
 }
 
 /// What one batch does to the table, after the rules above.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WritePlan<'a> {
-    /// Items of deletes (only their key columns are read), in batch order.
+    /// Items of deletes cut to their key columns (all a delete reads), in batch order.
     pub deletes: Vec<Cow<'a, str>>,
     pub groups: Vec<RowGroup<'a>>,
     /// Changes dropped because a later change of the same key in the batch supersedes them.
@@ -108,7 +120,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
 
     enum Entry<'a> {
         Delete(Cow<'a, str>),
-        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str> },
+        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str>, raw: Vec<Option<&'a str>> },
     }
     let mut entries: Vec<Option<Entry<'a>>> = Vec::with_capacity(changes.len());
     let mut last_of_key: HashMap<String, usize> = HashMap::with_capacity(changes.len());
@@ -145,12 +157,21 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                     shape.columns[i].sql_type
                 ));
             }
+            let read = change.operation != Operation::Delete || shape.key.contains(&i);
+            if read && !shape.columns[i].holds_nul && holds_nul(value.get()) {
+                return Err(format!(
+                    "property {:?} of change {n} holds a JSON string with the character U+0000 (\\u0000), which column {:?} of {} ({}) cannot store; write it to a json column, or remove the character at the source",
+                    name.as_ref(),
+                    shape.columns[i].name.as_str(),
+                    shape.table,
+                    shape.columns[i].sql_type
+                ));
+            }
             columns.push(i);
             values[i] = Some(value);
         }
         columns.sort_unstable();
         columns.dedup();
-        let text = plain_names(text, &props);
         let missing_key: Vec<usize> = shape.key.iter().copied().filter(|&k| values[k].is_none()).collect();
 
         let entry = match change.operation {
@@ -162,7 +183,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                Entry::Delete(text)
+                Entry::Delete(keeping(text, &props, &by_name, |i| shape.key.contains(&i)))
             }
             Operation::Insert | Operation::Update => {
                 for &k in &missing_key {
@@ -182,7 +203,13 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                Entry::Write { columns, keyed: missing_key.is_empty(), text }
+                let raw: Vec<Option<&'a str>> = columns
+                    .iter()
+                    .filter(|&&i| shape.columns[i].raw_json)
+                    .map(|&i| values[i].map(RawValue::get).filter(|v| *v != "null"))
+                    .collect();
+                let text = keeping(text, &props, &by_name, |i| !shape.columns[i].raw_json);
+                Entry::Write { columns, keyed: missing_key.is_empty(), text, raw }
             }
         };
         let keyed = matches!(entry, Entry::Delete(_) | Entry::Write { keyed: true, .. });
@@ -201,13 +228,19 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
     for entry in entries.into_iter().flatten() {
         match entry {
             Entry::Delete(text) => plan.deletes.push(text),
-            Entry::Write { columns, keyed, text } => {
+            Entry::Write { columns, keyed, text, raw } => {
                 let next = plan.groups.len();
                 let g = *group_of.entry((columns.clone(), keyed)).or_insert(next);
                 if g == next {
-                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new() });
+                    let raw_columns = columns.iter().copied().filter(|&i| shape.columns[i].raw_json);
+                    let raw = raw_columns.map(|i| (i, Vec::new())).collect();
+                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new(), raw });
                 }
-                plan.groups[g].rows.push(text);
+                let group = &mut plan.groups[g];
+                group.rows.push(text);
+                for ((_, values), value) in group.raw.iter_mut().zip(raw) {
+                    values.push(value);
+                }
             }
         }
     }
@@ -227,7 +260,30 @@ fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow
     if props.iter().all(|(name, _)| matches!(name, Cow::Borrowed(_))) {
         return Cow::Borrowed(text);
     }
-    let mut plain = String::with_capacity(text.len());
+    rebuild(props)
+}
+
+/// The item with only the properties whose column (index into the table's, by `by_name`) `keep` accepts: a
+/// delete's key, a row without its raw-JSON columns. [`plain_names`] of the item when it keeps them all.
+fn keeping<'a>(
+    text: &'a str,
+    props: &[(Cow<'a, str>, &'a RawValue)],
+    by_name: &HashMap<&str, usize>,
+    keep: impl Fn(usize) -> bool,
+) -> Cow<'a, str> {
+    let kept: Vec<(Cow<'a, str>, &'a RawValue)> =
+        props.iter().filter(|(name, _)| by_name.get(name.as_ref()).is_some_and(|&i| keep(i))).cloned().collect();
+    if kept.len() == props.len() {
+        plain_names(text, props)
+    } else {
+        rebuild(&kept)
+    }
+}
+
+/// An object of `props`, names spelled plainly and values as their own text (a delete's key, or a row
+/// without its raw-JSON columns).
+fn rebuild<'a>(props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow<'a, str> {
+    let mut plain = String::with_capacity(props.iter().map(|(n, v)| n.len() + v.get().len() + 4).sum::<usize>() + 2);
     plain.push('{');
     for (i, (name, value)) in props.iter().enumerate() {
         if i > 0 {
@@ -239,6 +295,24 @@ fn plain_names<'a>(text: &'a str, props: &[(Cow<'a, str>, &'a RawValue)]) -> Cow
     }
     plain.push('}');
     Cow::Owned(plain)
+}
+
+/// True when the JSON text holds the escape `\u0000` in a string (a valid JSON text holds a backslash only in a
+/// string, each one starting an escape). Escapes are case-insensitive in hex: `\u0000` has no letter.
+fn holds_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].iter().position(|&b| b == b'\\') {
+        let escape = i + at;
+        if bytes.get(escape + 1..escape + 6) == Some(b"u0000".as_slice()) {
+            return true;
+        }
+        i = escape + 2;
+        if i >= bytes.len() {
+            return false;
+        }
+    }
+    false
 }
 
 /// The key's values as one string: the raw JSON of each key column, separated by a byte JSON never holds.
@@ -303,174 +377,12 @@ impl Column {
             generated: false,
             binary: false,
             holds_json: true,
+            raw_json: false,
+            holds_nul: true,
             collation: None,
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `orders(id bigint PK, name text NOT NULL, "order" int NULL, note text NULL DEFAULT 'x')`.
-    fn shape() -> TableShape {
-        let mut id = Column::plain("id", "bigint");
-        id.nullable = false;
-        let mut name = Column::plain("name", "text");
-        name.nullable = false;
-        let mut note = Column::plain("note", "text");
-        note.has_default = true;
-        TableShape {
-            table: TableName::parse("public.orders").expect("valid"),
-            columns: vec![id, name, Column::plain("order", "integer"), note],
-            key: vec![0],
-        }
-    }
-
-    fn change(op: Operation, item: &str) -> Change {
-        Change::from_json(op, item.to_string()).expect("json")
-    }
-
-    #[test]
-    fn the_last_change_of_a_key_wins_and_deletes_are_kept_apart() {
-        // GIVEN an insert, an update of the same key, a delete of another, and a delete then re-insert
-        let changes = vec![
-            change(Operation::Insert, r#"{"id":1,"name":"a"}"#),
-            change(Operation::Delete, r#"{"id":2}"#),
-            change(Operation::Update, r#"{"id":1,"name":"b"}"#),
-            change(Operation::Delete, r#"{"id":3}"#),
-            change(Operation::Insert, r#"{"id":3,"name":"c"}"#),
-        ];
-        // WHEN planned
-        let p = plan(&shape(), &changes).expect("valid batch");
-        // THEN one row per key survives, the last of each
-        assert_eq!(p.deletes, vec![r#"{"id":2}"#]);
-        assert_eq!(p.groups.len(), 1);
-        assert_eq!(p.groups[0].rows, vec![r#"{"id":1,"name":"b"}"#, r#"{"id":3,"name":"c"}"#]);
-        assert_eq!(p.superseded, 2);
-        assert_eq!(p.rows(), 3);
-    }
-
-    #[test]
-    fn rows_carrying_different_columns_go_to_different_statements() {
-        let changes = vec![
-            change(Operation::Insert, r#"{"id":1,"name":"a"}"#),
-            change(Operation::Insert, r#"{"name":"b","id":2,"order":7}"#),
-            change(Operation::Insert, r#"{"id":3,"name":"c"}"#),
-        ];
-        let p = plan(&shape(), &changes).expect("valid batch");
-        let groups: Vec<(Vec<usize>, usize)> = p.groups.iter().map(|g| (g.columns.clone(), g.rows.len())).collect();
-        assert_eq!(groups, vec![(vec![0, 1], 2), (vec![0, 1, 2], 1)]);
-    }
-
-    #[test]
-    fn an_extra_property_is_an_error_naming_it_with_a_case_hint() {
-        let changes = vec![change(Operation::Insert, r#"{"id":1,"Name":"secret value"}"#)];
-        let e = plan(&shape(), &changes).unwrap_err();
-        assert!(e.contains("property \"Name\" of change 0 is not a column of public.orders"), "{e}");
-        assert!(e.contains("did you mean \"name\""), "{e}");
-        assert!(!e.contains("secret value"), "errors never quote values: {e}");
-    }
-
-    #[test]
-    fn a_missing_not_null_column_without_default_is_an_error_and_nullable_or_default_ones_are_not() {
-        let e = plan(&shape(), &[change(Operation::Insert, r#"{"id":1}"#)]).unwrap_err();
-        assert!(e.contains("lacks column \"name\""), "{e}");
-        assert!(plan(&shape(), &[change(Operation::Insert, r#"{"id":1,"name":"a"}"#)]).is_ok());
-    }
-
-    #[test]
-    fn a_missing_plain_key_is_an_error_but_a_missing_identity_or_default_key_is_a_plain_insert() {
-        let e = plan(&shape(), &[change(Operation::Insert, r#"{"name":"a"}"#)]).unwrap_err();
-        assert!(e.contains("lacks primary key column \"id\""), "{e}");
-        for (identity, has_default) in [(true, false), (false, true)] {
-            let mut s = shape();
-            s.columns[0].identity = identity;
-            s.columns[0].has_default = has_default;
-            let changes =
-                vec![change(Operation::Insert, r#"{"name":"a"}"#), change(Operation::Insert, r#"{"name":"a"}"#)];
-            let p = plan(&s, &changes).expect("plain inserts");
-            assert_eq!(p.groups.len(), 1);
-            assert!(!p.groups[0].keyed);
-            // Without a key nothing can be de-duplicated: both rows are inserted.
-            assert_eq!(p.groups[0].rows.len(), 2);
-            // And with the key present the same table upserts.
-            let keyed = [change(Operation::Insert, r#"{"id":5,"name":"a"}"#)];
-            assert!(plan(&s, &keyed).expect("upsert").groups[0].keyed);
-        }
-    }
-
-    #[test]
-    fn a_delete_must_carry_the_whole_key() {
-        let e = plan(&shape(), &[change(Operation::Delete, r#"{"name":"a"}"#)]).unwrap_err();
-        assert!(e.contains("delete in change 0 lacks primary key column \"id\""), "{e}");
-    }
-
-    #[test]
-    fn reserved_and_unicode_column_names_match_exactly_and_escaped_names_are_read() {
-        let mut s = shape();
-        s.columns.push(Column::plain("Ünïcode Col", "text"));
-        let changes = vec![change(Operation::Insert, r#"{"id":1,"name":"a","order":2,"\u00dcn\u00efcode Col":"x"}"#)];
-        let p = plan(&s, &changes).expect("valid");
-        assert_eq!(p.groups[0].columns, vec![0, 1, 2, 4]);
-    }
-
-    #[test]
-    fn nested_json_is_refused_for_a_column_that_cannot_hold_it_and_kept_for_one_that_can() {
-        // GIVEN "order" cannot hold nested JSON (SQL Server would read it as NULL), "note" can
-        let mut s = shape();
-        s.columns[2].holds_json = false;
-        // WHEN an object or an array arrives for each
-        for nested in [r#"{"a":1}"#, "[1,2]"] {
-            let e = plan(&s, &[change(Operation::Insert, &format!(r#"{{"id":1,"name":"a","order":{nested}}}"#))])
-                .unwrap_err();
-            // THEN it is refused naming the column and its type, without quoting the value
-            assert!(e.contains(r#"property "order" of change 0 holds a JSON object or array, which column "order" of public.orders (integer) cannot hold"#), "{e}");
-            assert!(!e.contains(nested), "{e}");
-            let kept = format!(r#"{{"id":1,"name":"a","order":null,"note":{nested}}}"#);
-            assert_eq!(
-                plan(&s, &[change(Operation::Insert, &kept)]).expect("valid").groups[0].rows,
-                vec![kept.as_str()]
-            );
-        }
-        // AND a delete, which reads only the key, ignores what else its item carries
-        assert!(plan(&s, &[change(Operation::Delete, r#"{"id":1,"order":{"a":1}}"#)]).is_ok());
-    }
-
-    #[test]
-    fn escaped_property_names_are_spelled_plainly_and_values_are_left_as_written() {
-        // GIVEN a column named with a slash, as FOR JSON writes it (`\/`), and a value with escapes and digits
-        let mut s = shape();
-        s.columns.push(Column::plain("a/b", "text"));
-        let item = r#"{"id":1,"name":"x\/y \u00e9","a\/b":1.50000000000000000001}"#;
-        // WHEN planned
-        let changes = [change(Operation::Insert, item)];
-        let p = plan(&s, &changes).expect("valid");
-        // THEN the name is spelled plainly, the values exactly as they came
-        assert_eq!(p.groups[0].rows, vec![r#"{"id":1,"name":"x\/y \u00e9","a/b":1.50000000000000000001}"#]);
-        assert_eq!(p.groups[0].columns, vec![0, 1, 4]);
-        // AND an item whose names carry no escape is passed on as the very same text, as is a delete's
-        let plain = r#"{"id":2, "name" : "q\/r"}"#;
-        let changes = [change(Operation::Insert, plain)];
-        let p = plan(&s, &changes).expect("valid");
-        assert!(matches!(&p.groups[0].rows[0], Cow::Borrowed(t) if *t == plain), "{:?}", p.groups[0].rows[0]);
-        let changes = [change(Operation::Delete, r#"{"\u0069d":3}"#)];
-        let deleted = plan(&s, &changes).expect("valid");
-        assert_eq!(deleted.deletes, vec![r#"{"id":3}"#]);
-    }
-
-    #[test]
-    fn a_generated_column_cannot_be_written_and_non_objects_are_refused() {
-        let mut s = shape();
-        s.columns[2].generated = true;
-        let e = plan(&s, &[change(Operation::Insert, r#"{"id":1,"name":"a","order":2}"#)]).unwrap_err();
-        assert!(
-            e.contains(
-                "property \"order\" of change 0 is column \"order\" of public.orders, which is computed or generated"
-            ),
-            "{e}"
-        );
-        let e = plan(&s, &[change(Operation::Insert, "[1,2]")]).unwrap_err();
-        assert!(e.contains("not a JSON object"), "{e}");
-    }
-}
+mod tests;

@@ -31,5 +31,6 @@ mod repartition;
 mod runner;
 mod scale;
 mod secrets;
+mod sink_values;
 mod sinks;
 mod values;

@@ -185,6 +185,9 @@ impl Dialect for Mssql {
                 generated: flag(8)? || !writable,
                 binary: matches!(type_name.to_ascii_lowercase().as_str(), "binary" | "varbinary"),
                 holds_json: false,
+                // OPENJSON reads every column from the batch's JSON itself, `\u0000` included.
+                raw_json: false,
+                holds_nul: true,
                 collation: Some(collation).filter(|c| !c.is_empty()),
             };
             // Only a character column is read `AS JSON` too (`sql::character`); OPENJSON reads an object or

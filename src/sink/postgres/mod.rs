@@ -16,15 +16,18 @@
 mod sql;
 
 use super::table::{Dialect, TableSink};
-use super::target::{chunks, Target};
-use super::upsert::{self, Column, TableShape};
+use super::target::{chunk_ranges, chunks, json_array, Target};
+use super::upsert::{self, Column, RowGroup, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
 use crate::config::TableTarget;
 use crate::db::postgres::{classify, connect_failure, pool, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::time::Instant;
+use tokio_postgres::types::ToSql;
 
 /// Rows per statement unless `maxRowsPerStatement` says otherwise: large enough that the per-statement
 /// round trip disappears, small enough that one parameter stays a few megabytes.
@@ -87,6 +90,29 @@ impl Postgres {
             ))),
         }
     }
+
+    /// The first column of `group` whose values in `array` (a failed statement's rows) PostgreSQL cannot
+    /// convert to the column's type, found by converting each column alone on the pool's other connection
+    /// (nothing is written): a data error does not say which column it came from. `None` when the rows cannot
+    /// be read at all, each column converts alone, or the probe cannot run; the refusal then names the table.
+    async fn refused_column(
+        &self,
+        target: &Target,
+        shape: &TableShape,
+        group: &RowGroup<'_>,
+        array: &str,
+    ) -> Option<usize> {
+        let client = self.client(target).await.ok()?;
+        client.query_one(sql::PROBE_ROWS, &[&array]).await.ok()?;
+        for &column in group.columns.iter().filter(|&&i| !shape.columns[i].raw_json) {
+            if let Err(e) = client.query_one(&sql::probe(shape, column), &[&array]).await {
+                if bad_value(&e) {
+                    return Some(column);
+                }
+            }
+        }
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -122,6 +148,10 @@ impl Dialect for Postgres {
                 // PostgreSQL converts nested JSON into json, jsonb, arrays and text, and refuses it loudly
                 // elsewhere: nothing becomes NULL.
                 holds_json: true,
+                // json takes its value's own text (`\u0000` included); text, jsonb and the rest cannot store
+                // U+0000, so the plan refuses such a value for them, naming the column.
+                raw_json: typname == "json",
+                holds_nul: typname == "json",
                 collation: None,
             });
             if let Some(position) = r.get::<_, Option<i32>>(7) {
@@ -184,8 +214,31 @@ impl Dialect for Postgres {
         }
         for group in &plan.groups {
             let statement = tx.prepare_cached(&sql::write(shape, group)).await.map_err(err)?;
-            for rows in chunks(&group.rows, target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
-                tx.execute(&statement, &[&rows]).await.map_err(err)?;
+            let recordset = sql::reads_recordset(shape, group);
+            let sizes = (0..group.rows.len()).map(|r| {
+                let raw: usize = group.raw.iter().map(|(_, values)| values[r].map_or(0, str::len)).sum();
+                if recordset {
+                    group.rows[r].len() + raw
+                } else {
+                    raw
+                }
+            });
+            for rows in chunk_ranges(sizes, target.max_rows_per_statement, MAX_STATEMENT_BYTES) {
+                let array = json_array(&group.rows[rows.clone()]);
+                let raw: Vec<&[Option<&str>]> = group.raw.iter().map(|(_, values)| &values[rows.clone()]).collect();
+                let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(raw.len() + 1);
+                if recordset {
+                    params.push(&array);
+                }
+                params.extend(raw.iter().map(|values| values as &(dyn ToSql + Sync)));
+                if let Err(e) = tx.execute(&statement, &params).await {
+                    let column =
+                        if bad_value(&e) { self.refused_column(target, shape, group, &array).await } else { None };
+                    return Err(match column {
+                        Some(column) => refused_value(target, shape, column, &e, &array),
+                        None => err(e),
+                    });
+                }
             }
         }
         if let Some((table, (from, to))) = exactly_once {
@@ -227,6 +280,49 @@ impl Dialect for Postgres {
         };
         Ok(Resume { fence, applied })
     }
+}
+
+/// True for a data error (class 22): a value the target cannot take.
+fn bad_value(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|d| classify(Some(d.code().code())) == Verdict::BadValue)
+}
+
+/// A data error PostgreSQL raised for `column`, in words naming the column, its type and the kinds of JSON
+/// value the failed statement carried for it (`array`), never a value: the server's message quotes it.
+fn refused_value(
+    target: &Target,
+    shape: &TableShape,
+    column: usize,
+    e: &tokio_postgres::Error,
+    array: &str,
+) -> SinkError {
+    let c = &shape.columns[column];
+    let code = e.as_db_error().map_or("22000", |d| d.code().code());
+    let rows: Vec<HashMap<&str, &RawValue>> = serde_json::from_str(array).unwrap_or_default();
+    let mut kinds: Vec<&str> = rows
+        .iter()
+        .filter_map(|row| row.get(c.name.as_str()))
+        .filter_map(|v| match v.get().as_bytes().first() {
+            Some(b'"') => Some("a JSON string"),
+            Some(b'{') => Some("a JSON object"),
+            Some(b'[') => Some("a JSON array"),
+            Some(b't' | b'f') => Some("a JSON boolean"),
+            Some(b'n') | None => None,
+            Some(_) => Some("a JSON number"),
+        })
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    if kinds.is_empty() {
+        kinds.push("a value");
+    }
+    SinkError::Rejected(format!(
+        "PostgreSQL refused a value for column {:?} of {} ({}) (SQLSTATE {code}): the batch holds {} for it that the column's type cannot take; change the column's type, or the value at the source (the server's message is not logged because it quotes the value)",
+        c.name.as_str(),
+        target.table,
+        c.sql_type,
+        kinds.join(" or ")
+    ))
 }
 
 /// A failed statement in the sink's words: what waiting fixes is transient; the rest says what to change.

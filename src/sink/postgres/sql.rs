@@ -5,6 +5,11 @@
 //! item text is parsed once by the server, and numerics keep every digit. `json` rather than `jsonb`: the
 //! array is read once, so converting it to `jsonb` first would only cost time. Binary columns arrive as
 //! base64 text (as every source here sends them) and are decoded in the select list.
+//!
+//! `json` columns are the exception: `json_to_recordset` de-escapes every string of its input, and a `\u0000`
+//! cannot become text (SQLSTATE 22P05), so one such value failed the whole batch. Their values travel apart,
+//! one `text[]` parameter per column holding each row's JSON text, zipped with the recordset by `ROWS FROM`
+//! and cast to `json`, which keeps the text as it is.
 
 use crate::ident::TableName;
 use crate::sink::upsert::{RowGroup, TableShape};
@@ -22,29 +27,61 @@ fn recordset_columns(shape: &TableShape, columns: &[usize]) -> String {
         .join(", ")
 }
 
-/// `alias."col"`, decoded from base64 for binary columns.
+/// `alias."col"`, decoded from base64 for binary columns and cast from its own text for raw-JSON ones.
 fn value(shape: &TableShape, alias: &str, column: usize) -> String {
     let c = &shape.columns[column];
     if c.binary {
         format!("decode({alias}.{}, 'base64')", c.name.pg())
+    } else if c.raw_json {
+        format!("{alias}.{}::{}", c.name.pg(), c.sql_type)
     } else {
         format!("{alias}.{}", c.name.pg())
     }
 }
 
-/// Inserts a group's rows; upserts them on the primary key when the group carries it. `$1` = the JSON array.
+/// True when the group's statement reads a JSON array of rows (`$1`): it has a column outside the raw-JSON
+/// ones. The raw-JSON columns' `text[]` parameters follow, in the order of `group.raw`.
+pub fn reads_recordset(shape: &TableShape, group: &RowGroup<'_>) -> bool {
+    group.columns.iter().any(|&i| !shape.columns[i].raw_json)
+}
+
+/// The rows a group's statement reads, as `r`: the recordset of `$1` alone, or zipped with one `unnest` per
+/// raw-JSON column.
+fn rows_of(shape: &TableShape, group: &RowGroup<'_>) -> String {
+    let recordset: Vec<usize> = group.columns.iter().copied().filter(|&i| !shape.columns[i].raw_json).collect();
+    if group.raw.is_empty() {
+        return format!("json_to_recordset($1::text::json) AS r({})", recordset_columns(shape, &recordset));
+    }
+    let mut functions = Vec::new();
+    let mut names: Vec<String> = recordset.iter().map(|&i| shape.columns[i].name.pg()).collect();
+    let first = if recordset.is_empty() {
+        1
+    } else {
+        functions.push(format!("json_to_recordset($1::text::json) AS ({})", recordset_columns(shape, &recordset)));
+        2
+    };
+    for (n, (i, _)) in group.raw.iter().enumerate() {
+        functions.push(format!("unnest(${}::text[])", first + n));
+        names.push(shape.columns[*i].name.pg());
+    }
+    format!("ROWS FROM ({}) AS r({})", functions.join(", "), names.join(", "))
+}
+
+/// Inserts a group's rows; upserts them on the primary key when the group carries it. `$1` = the JSON array
+/// (see [`reads_recordset`] for the raw-JSON columns' parameters).
 pub fn write(shape: &TableShape, group: &RowGroup<'_>) -> String {
+    // `r`'s columns are the recordset's then the raw ones; the insert names them in table order.
     let names: Vec<String> = group.columns.iter().map(|&i| shape.columns[i].name.pg()).collect();
     let values: Vec<String> = group.columns.iter().map(|&i| value(shape, "r", i)).collect();
     // An identity column given a value: GENERATED ALWAYS refuses it without this clause; BY DEFAULT ignores it.
     let overriding =
         if group.columns.iter().any(|&i| shape.columns[i].identity) { " OVERRIDING SYSTEM VALUE" } else { "" };
     let mut sql = format!(
-        "INSERT INTO {} ({}){overriding} SELECT {} FROM json_to_recordset($1::text::json) AS r({})",
+        "INSERT INTO {} ({}){overriding} SELECT {} FROM {}",
         shape.table.pg(),
         names.join(", "),
         values.join(", "),
-        recordset_columns(shape, &group.columns)
+        rows_of(shape, group)
     );
     if group.keyed {
         let key: Vec<String> = shape.key_columns().map(|c| c.name.pg()).collect();
@@ -66,6 +103,21 @@ pub fn write(shape: &TableShape, group: &RowGroup<'_>) -> String {
     }
     sql
 }
+
+/// Converts one column of a statement's rows alone, to find which column a data error (class 22) came from:
+/// PostgreSQL does not say. Reads no table. `$1` = the statement's JSON array. (Raw-JSON columns, which take
+/// any JSON text, are never asked.)
+pub fn probe(shape: &TableShape, column: usize) -> String {
+    format!(
+        "SELECT count({}) FROM json_to_recordset($1::text::json) AS r({})",
+        value(shape, "r", column),
+        recordset_columns(shape, &[column])
+    )
+}
+
+/// Reads a statement's rows converting no column: fails only when the JSON array itself cannot be read (a
+/// `\u0000` in any string, which the plan keeps out), which no column is to blame for. `$1` = the array.
+pub const PROBE_ROWS: &str = "SELECT count(*) FROM json_to_recordset($1::text::json) AS r(probe text)";
 
 /// Deletes the rows whose primary key is in the items. `$1` = the JSON array of delete items.
 pub fn delete(shape: &TableShape) -> String {
@@ -172,7 +224,7 @@ mod tests {
 
     #[test]
     fn an_upsert_reads_one_json_array_with_the_catalog_types_and_updates_the_non_key_columns() {
-        let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![] };
+        let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![], raw: vec![] };
         assert_eq!(
             write(&shape(), &group),
             "INSERT INTO \"public\".\"Target Table\" (\"id\", \"order\", \"Ünïcode Col\", \"blob\") \
@@ -185,9 +237,9 @@ ON CONFLICT (\"id\") DO UPDATE SET \"order\" = EXCLUDED.\"order\", \"Ünïcode C
     #[test]
     fn a_key_only_row_does_nothing_on_conflict_and_a_keyless_group_is_a_plain_insert() {
         let s = shape();
-        let key_only = RowGroup { columns: vec![0], keyed: true, rows: vec![] };
+        let key_only = RowGroup { columns: vec![0], keyed: true, rows: vec![], raw: vec![] };
         assert!(write(&s, &key_only).ends_with("ON CONFLICT (\"id\") DO NOTHING"));
-        let keyless = RowGroup { columns: vec![1], keyed: false, rows: vec![] };
+        let keyless = RowGroup { columns: vec![1], keyed: false, rows: vec![], raw: vec![] };
         assert_eq!(
             write(&s, &keyless),
             "INSERT INTO \"public\".\"Target Table\" (\"order\") SELECT r.\"order\" FROM json_to_recordset($1::text::json) AS r(\"order\" integer)"
@@ -195,10 +247,41 @@ ON CONFLICT (\"id\") DO UPDATE SET \"order\" = EXCLUDED.\"order\", \"Ünïcode C
     }
 
     #[test]
+    fn json_columns_are_zipped_in_as_text_arrays_and_cast_from_their_own_text() {
+        // GIVEN "doc" of json type beside the table's columns
+        let mut s = shape();
+        let mut doc = Column::plain("doc", "json");
+        doc.raw_json = true;
+        s.columns.push(doc);
+        let group = RowGroup { columns: vec![0, 4], keyed: true, rows: vec![], raw: vec![(4, vec![])] };
+        // THEN it is read from its own text[] parameter, zipped with the recordset, and cast to json
+        assert!(reads_recordset(&s, &group));
+        assert_eq!(
+            write(&s, &group),
+            "INSERT INTO \"public\".\"Target Table\" (\"id\", \"doc\") SELECT r.\"id\", r.\"doc\"::json \
+FROM ROWS FROM (json_to_recordset($1::text::json) AS (\"id\" bigint), unnest($2::text[])) AS r(\"id\", \"doc\") \
+ON CONFLICT (\"id\") DO UPDATE SET \"doc\" = EXCLUDED.\"doc\""
+        );
+        // AND a group of json columns alone reads no recordset: its first text[] is $1
+        let alone = RowGroup { columns: vec![4], keyed: false, rows: vec![], raw: vec![(4, vec![])] };
+        assert!(!reads_recordset(&s, &alone));
+        assert!(
+            write(&s, &alone).ends_with("FROM ROWS FROM (unnest($1::text[])) AS r(\"doc\")"),
+            "{}",
+            write(&s, &alone)
+        );
+        // AND a probe converts one column alone
+        assert_eq!(
+            probe(&s, 1),
+            "SELECT count(r.\"order\") FROM json_to_recordset($1::text::json) AS r(\"order\" integer)"
+        );
+    }
+
+    #[test]
     fn an_identity_column_given_a_value_overrides_the_system_value() {
         let mut s = shape();
         s.columns[0].identity = true;
-        let group = RowGroup { columns: vec![0, 1], keyed: true, rows: vec![] };
+        let group = RowGroup { columns: vec![0, 1], keyed: true, rows: vec![], raw: vec![] };
         assert!(write(&s, &group).contains("(\"id\", \"order\") OVERRIDING SYSTEM VALUE SELECT"));
     }
 

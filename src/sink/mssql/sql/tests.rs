@@ -141,8 +141,8 @@ fn p_of<'a>(p: &WritePlan<'a>, rows: usize) -> WritePlan<'a> {
 fn golden_plain_insert_of_an_identity_table_and_a_merge_with_identity_insert() {
     let mut s = shape();
     s.columns[0].identity = true;
-    let keyless = RowGroup { columns: vec![1, 2], keyed: false, rows: vec![] };
-    let keyed = RowGroup { columns: vec![0, 1, 2], keyed: true, rows: vec![] };
+    let keyless = RowGroup { columns: vec![1, 2], keyed: false, rows: vec![], raw: vec![] };
+    let keyed = RowGroup { columns: vec![0, 1, 2], keyed: true, rows: vec![], raw: vec![] };
     golden("insert_identity_absent.sql", &write(&s, &keyless, Rows::param(7)));
     golden("merge_identity_present.sql", &write(&s, &keyed, Rows::param(8)));
     let fence = beside(&s.table, "sql_pseudo_trigger_fence");
@@ -173,7 +173,7 @@ fn coded() -> TableShape {
 #[test]
 fn golden_character_columns_are_read_as_unicode_and_keys_compared_under_their_collation() {
     let s = coded();
-    let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![] };
+    let group = RowGroup { columns: vec![0, 1, 2, 3], keyed: true, rows: vec![], raw: vec![] };
     golden("merge_character_keys.sql", &write(&s, &group, Rows::param(8)));
     golden("delete_character_keys.sql", &delete(&s, Rows::param(7)));
 }

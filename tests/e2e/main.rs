@@ -8,6 +8,7 @@ mod support;
 mod backfill;
 mod backfill_crashes;
 mod balance;
+mod column_names;
 mod common;
 mod concurrency;
 mod config_errors;

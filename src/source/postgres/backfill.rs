@@ -54,7 +54,7 @@ pub(super) fn chunk(
     let keys = key_columns(shape);
     let texts: Vec<String> = shape.key.iter().map(|(k, _)| format!("t.{}::text", k.pg())).collect();
     let sql = format!(
-        "SELECT {}, row_to_json(r)::text FROM {} WHERE {preds} ORDER BY {keys} LIMIT ${}",
+        "SELECT {}, row_to_json(r.*)::text FROM {} WHERE {preds} ORDER BY {keys} LIMIT ${}",
         texts.join(", "),
         shape.row_source(),
         params.len() + 1
@@ -259,7 +259,7 @@ mod tests {
         let c = chunk(&shape(), "900", Some(vec!["1".into(), "7".into()]), None, None);
         assert_eq!(
             c.sql,
-            "SELECT t.\"tenant\"::text, t.\"id\"::text, row_to_json(r)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\") r \
+            "SELECT t.\"tenant\"::text, t.\"id\"::text, row_to_json(r.*)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\") r \
 WHERE t.\"version\" <= ($1::text)::xid8 AND (t.\"tenant\", t.\"id\") > (($2::text)::integer, ($3::text)::bigint) \
 AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS NOT TRUE ORDER BY t.\"tenant\", t.\"id\" LIMIT $4"
         );

@@ -155,13 +155,13 @@ impl Shape {
             None => format!("CASE WHEN {inserted} THEN 0 ELSE 1 END"),
         };
         cols.push(format!("({op})::int4"));
-        let row = "row_to_json(r)::text".to_string();
+        let row = "row_to_json(r.*)::text".to_string();
         let item = match &deleted {
             Some(d) => {
                 // row_to_json of the key, so a delete's Item has the bytes every other Item has (no spaces)
                 let pk: Vec<String> = self.key.iter().map(|(k, _)| format!("t.{} AS {}", k.pg(), k.pg())).collect();
                 format!(
-                    "CASE WHEN {d} THEN (SELECT row_to_json(k)::text FROM (SELECT {}) k) ELSE {row} END",
+                    "CASE WHEN {d} THEN (SELECT row_to_json(k.*)::text FROM (SELECT {}) k) ELSE {row} END",
                     pk.join(", ")
                 )
             }
@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(
             shape(Guard::Xid8).fetch_after(),
             "SELECT t.\"version\"::text, t.\"id\"::text, (CASE WHEN t.\"deleted\" IS TRUE THEN 2 WHEN (t.\"created\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) THEN 0 ELSE 1 END)::int4, \
-CASE WHEN t.\"deleted\" IS TRUE THEN (SELECT row_to_json(k)::text FROM (SELECT t.\"id\" AS \"id\") k) ELSE row_to_json(r)::text END \
+CASE WHEN t.\"deleted\" IS TRUE THEN (SELECT row_to_json(k.*)::text FROM (SELECT t.\"id\" AS \"id\") k) ELSE row_to_json(r.*)::text END \
 FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\", translate(encode(t.\"blob\", 'base64'), E'\\n', '') AS \"blob\") r \
 WHERE (t.\"version\", t.\"id\") > (($1::text)::xid8, ($2::text)::bigint) AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) \
 ORDER BY t.\"version\", t.\"id\" LIMIT $3"

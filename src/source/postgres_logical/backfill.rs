@@ -116,7 +116,7 @@ pub(super) fn chunk_sql(
     let limited = upto.is_none();
     let limit = if limited { format!(" LIMIT ${}", params.len() + 1) } else { String::new() };
     let sql = format!(
-        "SELECT {}, row_to_json(r)::text FROM {table} t CROSS JOIN LATERAL (SELECT {}) r WHERE {preds} ORDER BY {keys}{limit}",
+        "SELECT {}, row_to_json(r.*)::text FROM {table} t CROSS JOIN LATERAL (SELECT {}) r WHERE {preds} ORDER BY {keys}{limit}",
         texts.join(", "),
         projected.join(", ")
     );

@@ -51,7 +51,7 @@ fn a_chunk_walks_the_key_after_the_last_one_projects_items_as_the_live_path_and_
     let q = chunk_sql(&shape(), "\"public\".\"orders\"", Some(&after), (None, Some(&last)), Some(&filter));
     assert_eq!(
         q.sql,
-        "SELECT format('%s', t.\"tenant\"), format('%s', t.\"Id\"), row_to_json(r)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL \
+        "SELECT format('%s', t.\"tenant\"), format('%s', t.\"Id\"), row_to_json(r.*)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL \
 (SELECT t.\"tenant\" AS \"tenant\", t.\"Id\" AS \"Id\", translate(encode(t.\"blob\", 'base64'), E'\\n', '') AS \"blob\", t.\"doc\" AS \"doc\") r \
 WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\", t.\"Id\") <= (($3::text)::integer, ($4::text)::bigint) \
 AND (t.\"tenant\" = ($5::text)::integer AND t.\"doc\" IS NOT NULL) ORDER BY t.\"tenant\", t.\"Id\" LIMIT $6"

@@ -139,9 +139,9 @@ pub fn items(table: &str, key: &[Ident], columns: &[(Ident, Render)]) -> String 
     let key_projection: Vec<String> = key.iter().map(|k| format!("q.{} AS {}", k.pg(), k.pg())).collect();
     let key_match: Vec<String> = key.iter().map(|k| format!("c.{} = p.{}", k.pg(), k.pg())).collect();
     format!(
-        "SELECT CASE WHEN o.kind = 1 THEN (SELECT row_to_json(k)::text FROM (SELECT {keys}) k)
+        "SELECT CASE WHEN o.kind = 1 THEN (SELECT row_to_json(k.*)::text FROM (SELECT {keys}) k)
             WHEN o.kind = 2 AND cur.row IS NULL THEN '{{' || array_to_string(ARRAY[{members}], ',') || '}}'
-            ELSE (SELECT row_to_json(r)::text FROM (SELECT {cols}) r) END
+            ELSE (SELECT row_to_json(r.*)::text FROM (SELECT {cols}) r) END
         FROM unnest($1::text[], $2::int4[]) WITH ORDINALITY AS o(t, kind, n)
         CROSS JOIN LATERAL (SELECT o.t::jsonb AS j) AS x
         CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, x.j) AS p

@@ -11,6 +11,7 @@ mod balance;
 mod common;
 mod concurrency;
 mod config_errors;
+mod conformance;
 mod crashes;
 mod delivery;
 mod failure_matrix;

@@ -1,0 +1,264 @@
+//! The conformance suite (issue 31): every built-in type of PostgreSQL 15 a user might put in a table, with its
+//! edge values ([`schema`]), through every path (cursor answer, host json, host text, logical stream, logical
+//! SQL reader, PostgreSQL sink, stdout sink, webhook sink), in a database with PostgreSQL's defaults and in one
+//! with hostile ones (`Asia/Kolkata`, `SQL, DMY`, `postgres_verbose`, `extra_float_digits 0`, `bytea_output
+//! escape`). The oracle is PostgreSQL's own output ([`oracle`]): `row_to_json` in a canonical session, and the
+//! sink's target read back. Paths the docs promise bytes for are compared byte for byte; host json and the
+//! sink by value, where every difference must be one of the named, documented rules ([`differences`]), and
+//! every rule must apply somewhere. docs/values.md is the table these tests prove.
+
+mod differences;
+mod oracle;
+mod run;
+mod schema;
+
+use differences::*;
+use run::Defaults;
+use std::collections::BTreeMap;
+
+/// Compares a byte path's `(Operation, Item)`s with the oracle's Items by id: every row exactly once, every
+/// Item byte for byte (a differing Item is reported cell by cell).
+fn compare_items(findings: &mut Findings, path: &str, oracle: &BTreeMap<i64, String>, got: &[(i64, String)]) {
+    let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
+    for (op, item) in got {
+        let id = oracle::id_of(item);
+        *seen.entry(id).or_default() += 1;
+        if *op != 0 {
+            findings.unexplained(format!("{path}: row {id} came as Operation {op}, not 0 (an insert)"));
+        }
+        compare_item(findings, path, id, oracle.get(&id).map(String::as_str), item);
+    }
+    let expected: BTreeMap<i64, usize> = oracle.keys().map(|id| (*id, 1)).collect();
+    if seen != expected {
+        findings.unexplained(format!("{path}: rows delivered {seen:?}, expected each of {:?} once", oracle.keys()));
+    }
+}
+
+/// One Item against the oracle's, byte for byte; cell by cell when they differ.
+fn compare_item(findings: &mut Findings, path: &str, id: i64, oracle: Option<&str>, got: &str) {
+    let Some(oracle) = oracle else {
+        return findings.unexplained(format!("{path}: row {id} is not in the table"));
+    };
+    if oracle == got {
+        return;
+    }
+    let (want, have) = (oracle::cells(oracle), oracle::cells(got));
+    let columns: std::collections::BTreeSet<&String> = want.keys().chain(have.keys()).collect();
+    let before = findings.count();
+    for column in columns {
+        findings.bytes(path, id, column, want.get(column).map(String::as_str), have.get(column).map(String::as_str));
+    }
+    if findings.count() == before {
+        findings.unexplained(format!("{path}: row {id}: the same values, but not the oracle's bytes (order, spacing)"));
+    }
+}
+
+/// The two losses of every JSON path, seen in the oracle's own Items (every byte path equals them): a json
+/// `null` and SQL NULL are the same `null`, and an array's lower bound is gone.
+async fn every_json_path_loses(findings: &mut Findings, url: &str, label: &str) {
+    let canonical = oracle::canonical_session(url).await;
+    let (items, texts) = (oracle::items(&canonical, "conf").await, oracle::texts(&canonical, "conf").await);
+    let column = |name: &str| schema::names().iter().position(|n| *n == name).expect("a column of the schema");
+    let (jsonb, array) = (column("jsonb"), column("int_array"));
+    let cell = |id: &i64, name: &str| oracle::cells(&items[id]).remove(name).unwrap_or_default();
+    let json_null = texts.iter().find(|(_, t)| t[jsonb].as_deref() == Some("null")).map(|(id, _)| *id);
+    let sql_null = texts.iter().find(|(_, t)| t[jsonb].is_none()).map(|(id, _)| *id);
+    match (json_null, sql_null) {
+        (Some(a), Some(b)) if cell(&a, "jsonb") == "null" && cell(&b, "jsonb") == "null" => {
+            findings.fired(JSON_NULL_IS_SQL_NULL)
+        }
+        other => findings.unexplained(format!("{label}: json null and SQL NULL of jsonb: rows {other:?} differ")),
+    }
+    for (id, t) in &texts {
+        let Some((_, elements)) =
+            t[array].as_deref().and_then(|a| a.strip_prefix('[')).and_then(|a| a.split_once("]={"))
+        else {
+            continue;
+        };
+        let unbounded = format!("[{}", elements.replace('}', "]"));
+        if cell(id, "int_array") == unbounded {
+            findings.fired(ARRAY_LOWER_BOUNDS_ARE_LOST);
+        } else {
+            findings.unexplained(format!("{label}: row {id} int_array {:?} is {}", t[array], cell(id, "int_array")));
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_cursor_answers_every_type_byte_for_byte_and_the_host_changes_only_what_the_docs_say() {
+    let mut findings = Findings::default();
+    for defaults in Defaults::BOTH {
+        // GIVEN every type with its edge values, in a database with `defaults`
+        let url = run::cursor_database(defaults).await;
+        let oracle = run::oracle_items(&url).await;
+        every_json_path_loses(&mut findings, &url, defaults.label()).await;
+
+        // WHEN the cursor source answers the host with messageFormat json, then with text
+        let json = run::cursor_through_the_host(&url, "json").await;
+        let text = run::cursor_through_the_host(&url, "text").await;
+
+        // THEN the answer's Items are the oracle's bytes
+        let answered: Vec<(i64, String)> = json.answered.iter().map(|item| (0, item.clone())).collect();
+        compare_items(&mut findings, &format!("cursor answer, {}", defaults.label()), &oracle, &answered);
+        // AND with text each message is the change's JSON exactly
+        let path = format!("host text, {}", defaults.label());
+        let messages: Vec<(i64, String)> = text.received.iter().map(|m| oracle::item_of(m)).collect();
+        compare_items(&mut findings, &path, &oracle, &messages);
+        for (message, (_, item)) in text.received.iter().zip(&messages) {
+            if *message != format!("{{\"Operation\":0,\"Item\":{item}}}") {
+                findings.unexplained(format!(
+                    "{path}: a message is not the change's compact JSON: {}",
+                    oracle::preview(message)
+                ));
+            }
+        }
+        // AND with json the consumer reads each value as the oracle's, or changed by a documented rule
+        let path = format!("host json, {}", defaults.label());
+        let messages: Vec<(i64, String)> = json.received.iter().map(|m| oracle::item_of(m)).collect();
+        for (_, item) in &messages {
+            let id = oracle::id_of(item);
+            let (want, got) = (oracle::cells(&oracle[&id]), oracle::cells(item));
+            for (column, value) in &want {
+                match got.get(column).map(|g| host_json_cell(value, g)) {
+                    Some(Ok(Some(rule))) => findings.fired(rule),
+                    Some(Ok(None)) => {}
+                    Some(Err(e)) => findings.unexplained(format!("{path}: row {id} column {column}: {e}")),
+                    None => findings.unexplained(format!("{path}: row {id} has no column {column}")),
+                }
+            }
+        }
+        if messages.len() != oracle.len() {
+            findings.unexplained(format!("{path}: {} messages for {} rows", messages.len(), oracle.len()));
+        }
+    }
+    findings.require(
+        "cursor and host",
+        &[
+            DECIMALS_BECOME_DOUBLES,
+            OFFSETS_MOVE_TO_THE_HOSTS_ZONE,
+            NESTED_JSON_IS_REWRITTEN,
+            NEGATIVE_ZERO_LOSES_ITS_SIGN,
+            STRINGS_ARE_ESCAPED_ANEW,
+            JSON_NULL_IS_SQL_NULL,
+            ARRAY_LOWER_BOUNDS_ARE_LOST,
+        ],
+    );
+}
+
+/// The logical source with `reader` over both databases: every change's Item, in commit order, is the oracle's.
+async fn logical_case(reader: &str) {
+    let mut findings = Findings::default();
+    for defaults in Defaults::BOTH {
+        // GIVEN a slot on a database with `defaults`, WHEN every row is inserted and one updated (its 1 MB
+        // values left alone), THEN each change is the oracle's Item of the row as written, byte for byte
+        let (got, expected) = run::logical(defaults, reader).await;
+        let path = format!("logical {reader}, {}", defaults.label());
+        if got.len() != expected.len() {
+            findings.unexplained(format!("{path}: {} changes, expected {}", got.len(), expected.len()));
+        }
+        for ((op, item), (want_op, want)) in got.iter().zip(&expected) {
+            let id = oracle::id_of(want);
+            if op != want_op {
+                findings.unexplained(format!("{path}: row {id}: Operation {op}, expected {want_op}"));
+            }
+            compare_item(&mut findings, &path, id, Some(want), item);
+        }
+    }
+    findings.require(&format!("logical {reader}"), &[]);
+}
+
+#[tokio::test]
+async fn the_logical_stream_sends_every_type_as_the_oracle_byte_for_byte() {
+    logical_case("stream").await;
+}
+
+#[tokio::test]
+async fn the_logical_sql_reader_sends_every_type_as_the_oracle_byte_for_byte() {
+    logical_case("sql").await;
+}
+
+#[tokio::test]
+async fn the_postgres_sink_writes_every_type_back_as_the_source_holds_it_but_the_documented_losses() {
+    let mut findings = Findings::default();
+    for defaults in Defaults::BOTH {
+        // GIVEN every type in a database with `defaults`, and an empty copy of the table
+        let url = run::cursor_database(defaults).await;
+        let canonical = oracle::canonical_session(&url).await;
+
+        // WHEN the PostgreSQL sink mirrors it, one row per batch
+        let (missing, log) = run::postgres_sink(&url, &canonical).await;
+
+        // THEN every row reached the target
+        let path = format!("postgres sink, {}", defaults.label());
+        if !missing.is_empty() {
+            findings.unexplained(format!("{path}: rows {missing:?} never reached the target; the log ends:\n{log}"));
+        }
+        // AND read back, each Item and each value's text is the source's, or differs by a documented rule
+        let (source, target) = (oracle::items(&canonical, "conf").await, oracle::items(&canonical, "conf_copy").await);
+        let (source_texts, target_texts) =
+            (oracle::texts(&canonical, "conf").await, oracle::texts(&canonical, "conf_copy").await);
+        for (id, item) in &target {
+            let (want, got) = (oracle::cells(&source[id]), oracle::cells(item));
+            for (column, value) in &want {
+                match sink_item_cell(value, got.get(column).map_or("", String::as_str)) {
+                    Ok(Some(rule)) => findings.fired(rule),
+                    Ok(None) => {}
+                    Err(e) => findings.unexplained(format!("{path}: row {id} column {column} (Item): {e}")),
+                }
+            }
+            for (i, column) in schema::COLUMNS.iter().enumerate() {
+                let (s, t) = (source_texts[id][i].as_deref(), target_texts[id][i].as_deref());
+                match sink_text_cell(column.ty, s, t) {
+                    Ok(Some(rule)) => findings.fired(rule),
+                    Ok(None) => {}
+                    Err(e) => findings.unexplained(format!("{path}: row {id} column {} (text): {e}", column.name)),
+                }
+            }
+        }
+    }
+    findings
+        .require("postgres sink", &[JSON_OUTER_SPACES_ARE_TRIMMED, JSON_NULL_IS_SQL_NULL, ARRAY_LOWER_BOUNDS_ARE_LOST]);
+}
+
+#[tokio::test]
+async fn the_stdout_and_webhook_sinks_send_every_type_as_the_oracle_byte_for_byte() {
+    let mut findings = Findings::default();
+    for defaults in Defaults::BOTH {
+        // GIVEN every type in a database with `defaults`
+        let url = run::cursor_database(defaults).await;
+        let oracle = run::oracle_items(&url).await;
+
+        // WHEN `handler run` drains it to stdout
+        let stdout = run::stdout_sink(&url).await;
+
+        // THEN stdout is one compact JSON line per change, whose Item is the oracle's bytes
+        let path = format!("stdout, {}", defaults.label());
+        let mut items = Vec::new();
+        for (n, line) in stdout.lines().enumerate() {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+                findings.unexplained(format!("{path}: line {} is not a JSON change: {}", n + 1, oracle::preview(line)));
+                continue;
+            };
+            let (op, item) = oracle::item_of(line);
+            let expected = format!(
+                "{{\"function\":\"{}\",\"batch_id\":{},\"Operation\":{op},\"Item\":{item}}}",
+                crate::common::FUNCTION,
+                value["batch_id"]
+            );
+            if line != expected {
+                findings.unexplained(format!(
+                    "{path}: line {} is not the documented shape: {}",
+                    n + 1,
+                    oracle::preview(line)
+                ));
+            }
+            items.push((op, item));
+        }
+        compare_items(&mut findings, &path, &oracle, &items);
+
+        // AND the webhook's bodies carry the same bytes
+        let bodies = run::webhook_sink(&url).await;
+        compare_items(&mut findings, &format!("webhook, {}", defaults.label()), &oracle, &run::webhook_items(&bodies));
+    }
+    findings.require("stdout and webhook", &[]);
+}

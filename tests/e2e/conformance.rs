@@ -57,7 +57,8 @@ fn compare_item(findings: &mut Findings, path: &str, id: i64, oracle: Option<&st
 /// `null` and SQL NULL are the same `null`, and an array's lower bound is gone.
 async fn every_json_path_loses(findings: &mut Findings, url: &str, label: &str) {
     let canonical = oracle::canonical_session(url).await;
-    let (items, texts) = (oracle::items(&canonical, "conf").await, oracle::texts(&canonical, "conf").await);
+    let (items, texts) =
+        (oracle::items(&canonical, "conf", &schema::columns(false)).await, oracle::texts(&canonical, "conf").await);
     let column = |name: &str| schema::names().iter().position(|n| *n == name).expect("a column of the schema");
     let (jsonb, array) = (column("jsonb"), column("int_array"));
     let cell = |id: &i64, name: &str| oracle::cells(&items[id]).remove(name).unwrap_or_default();
@@ -87,6 +88,7 @@ async fn every_json_path_loses(findings: &mut Findings, url: &str, label: &str) 
 #[tokio::test]
 async fn the_cursor_answers_every_type_byte_for_byte_and_the_host_changes_only_what_the_docs_say() {
     let mut findings = Findings::default();
+    let mut answers: Vec<BTreeMap<i64, String>> = Vec::new();
     for defaults in Defaults::BOTH {
         // GIVEN every type with its edge values, in a database with `defaults`
         let url = run::cursor_database(defaults).await;
@@ -100,6 +102,7 @@ async fn the_cursor_answers_every_type_byte_for_byte_and_the_host_changes_only_w
         // THEN the answer's Items are the oracle's bytes
         let answered: Vec<(i64, String)> = json.answered.iter().map(|item| (0, item.clone())).collect();
         compare_items(&mut findings, &format!("cursor answer, {}", defaults.label()), &oracle, &answered);
+        answers.push(answered.iter().map(|(_, item)| (oracle::id_of(item), item.clone())).collect());
         // AND with text each message is the change's JSON exactly
         let path = format!("host text, {}", defaults.label());
         let messages: Vec<(i64, String)> = text.received.iter().map(|m| oracle::item_of(m)).collect();
@@ -131,9 +134,27 @@ async fn the_cursor_answers_every_type_byte_for_byte_and_the_host_changes_only_w
             findings.unexplained(format!("{path}: {} messages for {} rows", messages.len(), oracle.len()));
         }
     }
+    // AND of all the hostile database's settings only its TimeZone shows, in the values that carry an offset
+    if let [default, hostile] = answers.as_slice() {
+        for (id, item) in default {
+            let (d, h) = (oracle::cells(item), oracle::cells(hostile.get(id).map_or("{}", String::as_str)));
+            for (column, value) in &d {
+                match h.get(column) {
+                    Some(other) if other == value => {}
+                    Some(_) if OFFSET_COLUMNS.contains(&column.as_str()) => findings.fired(ONLY_THE_TIME_ZONE_SHOWS),
+                    other => findings.unexplained(format!(
+                        "hostile database: row {id} column {column} is {:?}, {} in the default database",
+                        other.map(|o| oracle::preview(o)),
+                        oracle::preview(value)
+                    )),
+                }
+            }
+        }
+    }
     findings.require(
         "cursor and host",
         &[
+            ONLY_THE_TIME_ZONE_SHOWS,
             DECIMALS_BECOME_DOUBLES,
             OFFSETS_MOVE_TO_THE_HOSTS_ZONE,
             NESTED_JSON_IS_REWRITTEN,
@@ -145,14 +166,23 @@ async fn the_cursor_answers_every_type_byte_for_byte_and_the_host_changes_only_w
     );
 }
 
-/// The logical source with `reader` over both databases: every change's Item, in commit order, is the oracle's.
+/// The logical source with `reader` over both databases, for a table of every type (Items built by PostgreSQL)
+/// and one of the types the handler renders itself: every change's Item, in commit order, is the oracle's.
 async fn logical_case(reader: &str) {
     let mut findings = Findings::default();
-    for defaults in Defaults::BOTH {
+    for (defaults, handler_built) in Defaults::BOTH.into_iter().flat_map(|d| [(d, false), (d, true)]) {
         // GIVEN a slot on a database with `defaults`, WHEN every row is inserted and one updated (its 1 MB
         // values left alone), THEN each change is the oracle's Item of the row as written, byte for byte
-        let (got, expected) = run::logical(defaults, reader).await;
-        let path = format!("logical {reader}, {}", defaults.label());
+        let run::LogicalRun { got, expected, log } = run::logical(defaults, reader, handler_built).await;
+        let built = if handler_built { "handler-built types" } else { "every type" };
+        let path = format!("logical {reader}, {built}, {}", defaults.label());
+        // AND the stream built the handler-built table's Items itself, and every other table's by statement; the
+        // SQL reader builds none itself, since that table has date and time columns (docs/postgres.md, "Values")
+        let here = log.contains("the Items of public.conf are built in the handler from the WAL's values");
+        let expected_here = handler_built && reader == "stream";
+        if here != expected_here {
+            findings.unexplained(format!("{path}: Items built in the handler: {here}, expected {expected_here}"));
+        }
         if got.len() != expected.len() {
             findings.unexplained(format!("{path}: {} changes, expected {}", got.len(), expected.len()));
         }
@@ -194,7 +224,9 @@ async fn the_postgres_sink_writes_every_type_back_as_the_source_holds_it_but_the
             findings.unexplained(format!("{path}: rows {missing:?} never reached the target; the log ends:\n{log}"));
         }
         // AND read back, each Item and each value's text is the source's, or differs by a documented rule
-        let (source, target) = (oracle::items(&canonical, "conf").await, oracle::items(&canonical, "conf_copy").await);
+        let all = schema::columns(false);
+        let (source, target) =
+            (oracle::items(&canonical, "conf", &all).await, oracle::items(&canonical, "conf_copy", &all).await);
         let (source_texts, target_texts) =
             (oracle::texts(&canonical, "conf").await, oracle::texts(&canonical, "conf_copy").await);
         for (id, item) in &target {

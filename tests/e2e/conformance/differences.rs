@@ -10,6 +10,11 @@ use std::collections::BTreeSet;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+/// Every path: of a database's own settings only `TimeZone` shows, in the values that carry an offset
+/// ([`OFFSET_COLUMNS`]); `DateStyle`, `IntervalStyle`, `extra_float_digits` and `bytea_output` change nothing.
+pub const ONLY_THE_TIME_ZONE_SHOWS: &str = "every path: only the database's TimeZone shows";
+/// The columns whose text carries a UTC offset (timestamptz, alone or inside a range, an array, a composite).
+pub const OFFSET_COLUMNS: &[&str] = &["tstz", "tstzrange", "tstzmultirange", "tstz_array", "composite"];
 /// Host json: a number with a fraction or an exponent is a .NET double to the host, written back in .NET's
 /// form (`120.00` → `120.0`, `1e+15` → `1000000000000000.0`, 40 digits → 17): the same double, not the same text.
 pub const DECIMALS_BECOME_DOUBLES: &str = "host json: decimals become doubles";

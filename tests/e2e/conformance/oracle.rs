@@ -3,7 +3,7 @@
 //! code under test; `TimeZone` stays the database's, as the contract says), with a top-level bytea column as
 //! base64 (what every path promises). And each column's canonical text, to read a sink's target back.
 
-use super::schema::{self, COLUMNS};
+use super::schema::{self, Column, COLUMNS};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use testbed::embedded;
@@ -27,10 +27,10 @@ pub async fn canonical_session(url: &str) -> tokio_postgres::Client {
     db
 }
 
-/// The `Item` JSON of every row, by id: `row_to_json` of the columns, bytea as base64.
-pub async fn items(db: &tokio_postgres::Client, table: &str) -> BTreeMap<i64, String> {
+/// The `Item` JSON of every row, by id: `row_to_json` of `columns`, bytea as base64.
+pub async fn items(db: &tokio_postgres::Client, table: &str, columns: &[&Column]) -> BTreeMap<i64, String> {
     let projection: Vec<String> = std::iter::once("t.id AS id".to_string())
-        .chain(COLUMNS.iter().map(|c| {
+        .chain(columns.iter().map(|c| {
             let name = schema::quoted(c.name);
             if c.ty == "bytea" {
                 format!("translate(encode(t.{name}, 'base64'), E'\\n', '') AS {name}")

@@ -3,7 +3,7 @@
 //! webhook sinks. Each function returns what the path delivered, as raw text, for the test to compare.
 
 use super::oracle;
-use super::schema::{self, ROWS, TOAST_ROW};
+use super::schema::{self, Column, ROWS, TOAST_ROW};
 use crate::common::*;
 use crate::logical::{answered_items, answered_until, first_firing, logical_app, Db};
 use crate::runner::Runner;
@@ -48,9 +48,10 @@ impl Defaults {
     }
 }
 
-/// The schema of a database of the suite: the types, `conf` (with `extra` columns), and the database settings.
-fn ddl(defaults: Defaults, extra: &str) -> String {
-    format!("{}{}\n{}", schema::TYPES, schema::create_table("conf", extra), defaults.sql())
+/// The schema of a database of the suite: the types, `conf` of `columns` (and `extra` column definitions), and
+/// the database settings.
+fn ddl(defaults: Defaults, columns: &[&Column], extra: &str) -> String {
+    format!("{}{}\n{}", schema::TYPES, schema::create_table("conf", columns, extra), defaults.sql())
 }
 
 /// A fresh database for the cursor source and the sinks: `conf` with an xid8 cursor and its rows, and an empty
@@ -60,9 +61,12 @@ pub async fn cursor_database(defaults: Defaults) -> String {
     let db = testbed::embedded::connect(&url).await.expect("connect");
     let cursor = ", created_version xid8 NOT NULL DEFAULT pg_current_xact_id(), \
                   version xid8 NOT NULL DEFAULT pg_current_xact_id()";
-    let copy = schema::create_table("conf_copy", "");
-    db.batch_execute(&format!("{}\n{copy}", ddl(defaults, cursor))).await.unwrap_or_else(|e| panic!("schema: {e}"));
-    db.batch_execute(&schema::insert_rows("conf")).await.unwrap_or_else(|e| panic!("rows: {e}"));
+    let all = schema::columns(false);
+    let copy = schema::create_table("conf_copy", &all, "");
+    db.batch_execute(&format!("{}\n{copy}", ddl(defaults, &all, cursor)))
+        .await
+        .unwrap_or_else(|e| panic!("schema: {e}"));
+    db.batch_execute(&schema::insert_rows("conf", &all)).await.unwrap_or_else(|e| panic!("rows: {e}"));
     url
 }
 
@@ -140,23 +144,32 @@ pub async fn cursor_through_the_host(url: &str, format: &str) -> HostRun {
     HostRun { answered, received }
 }
 
-/// A logical source over a fresh `conf` (`reader` `stream` or `sql`): the changes it answered for the inserts of
-/// every row and an update of [`TOAST_ROW`] leaving its 1 MB values alone, and the oracle's Items for them (the
-/// inserts as inserted, the update as updated), both as `(Operation, Item)` in commit order.
-pub async fn logical(defaults: Defaults, reader: &str) -> (Vec<(i64, String)>, Vec<(i64, String)>) {
-    let db = Db::shared("conformance_logical", &ddl(defaults, "")).await;
+/// What a logical source answered, what the oracle says it should have, and the handler's log.
+pub struct LogicalRun {
+    pub got: Vec<(i64, String)>,
+    pub expected: Vec<(i64, String)>,
+    pub log: String,
+}
+
+/// A logical source over a fresh `conf` of every column, or of the [`schema::HANDLER_BUILT`] ones (`reader`
+/// `stream` or `sql`): the changes it answered for the inserts of every row and an update of [`TOAST_ROW`]
+/// leaving its 1 MB values alone, and the oracle's Items for them (the inserts as inserted, the update as
+/// updated), both as `(Operation, Item)` in commit order.
+pub async fn logical(defaults: Defaults, reader: &str, handler_built: bool) -> LogicalRun {
+    let columns = schema::columns(handler_built);
+    let db = Db::shared("conformance_logical", &ddl(defaults, &columns, "")).await;
     let (app, _) = logical_app(&db, "public.conf", json!({ "reader": reader }), &[]);
     let host = start(&app).await;
     first_firing(&host).await;
     let canonical = oracle::canonical_session(&db.url).await;
-    db.db.batch_execute(&schema::insert_rows("conf")).await.unwrap_or_else(|e| panic!("rows: {e}"));
-    let inserted = oracle::items(&canonical, "conf").await;
+    db.db.batch_execute(&schema::insert_rows("conf", &columns)).await.unwrap_or_else(|e| panic!("rows: {e}"));
+    let inserted = oracle::items(&canonical, "conf", &columns).await;
     db.db.batch_execute(&schema::update_leaving_toast("conf")).await.expect("update");
-    let updated = oracle::items(&canonical, "conf").await;
+    let updated = oracle::items(&canonical, "conf", &columns).await;
     let mut expected: Vec<(i64, String)> = inserted.into_values().map(|item| (0, item)).collect();
     expected.push((1, updated[&TOAST_ROW].clone()));
     let got = answered_until(&host, expected.len()).await;
-    (got, expected)
+    LogicalRun { got, expected, log: host.output() }
 }
 
 /// The PostgreSQL sink in sink mode, one row per batch, from `conf` into `conf_copy` of the database at `url`:
@@ -259,5 +272,5 @@ fn tail(log: &str) -> String {
 
 /// The oracle's Items of `conf` in the database at `url`, by id.
 pub async fn oracle_items(url: &str) -> BTreeMap<i64, String> {
-    oracle::items(&oracle::canonical_session(url).await, "conf").await
+    oracle::items(&oracle::canonical_session(url).await, "conf", &schema::columns(false)).await
 }

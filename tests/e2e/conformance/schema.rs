@@ -205,23 +205,52 @@ pub const COLUMNS: &[Column] = &[
     Column { name: "toast_bytea", ty: "bytea", values: &[MB_BYTES] },
 ];
 
+/// The columns whose types the logical source renders itself, from the WAL's text, with no statement
+/// (src/source/postgres_logical/item.rs): a table of only these takes that path; any other column sends the
+/// whole table's Items through PostgreSQL.
+pub const HANDLER_BUILT: &[&str] = &[
+    "bool",
+    "i2",
+    "i4",
+    "i8",
+    "num",
+    "num_scaled",
+    "text",
+    "varchar",
+    "bpchar",
+    "name",
+    "uuid",
+    "json",
+    "jsonb",
+    "date",
+    "ts",
+    "tstz",
+    "xid8",
+    "toast_text",
+];
+
+/// Every column of the table, or only those of [`HANDLER_BUILT`].
+pub fn columns(handler_built_only: bool) -> Vec<&'static Column> {
+    COLUMNS.iter().filter(|c| !handler_built_only || HANDLER_BUILT.contains(&c.name)).collect()
+}
+
 /// `"name"`: every column name here is a plain identifier, quoted anyway.
 pub fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// `CREATE TABLE public.<table>` with every column, and `extra` column definitions after them.
-pub fn create_table(table: &str, extra: &str) -> String {
-    let columns: Vec<String> = COLUMNS.iter().map(|c| format!("{} {}", quoted(c.name), c.ty)).collect();
+/// `CREATE TABLE public.<table>` with `columns`, and `extra` column definitions after them.
+pub fn create_table(table: &str, columns: &[&Column], extra: &str) -> String {
+    let columns: Vec<String> = columns.iter().map(|c| format!("{} {}", quoted(c.name), c.ty)).collect();
     format!("CREATE TABLE public.{table} (id bigint PRIMARY KEY, {}{extra});", columns.join(", "))
 }
 
-/// The INSERT of every row, one statement (one transaction).
-pub fn insert_rows(table: &str) -> String {
-    let names: Vec<String> = COLUMNS.iter().map(|c| quoted(c.name)).collect();
+/// The INSERT of every row into `columns`, one statement (one transaction).
+pub fn insert_rows(table: &str, columns: &[&Column]) -> String {
+    let names: Vec<String> = columns.iter().map(|c| quoted(c.name)).collect();
     let rows: Vec<String> = (0..ROWS)
         .map(|n| {
-            let values: Vec<&str> = COLUMNS.iter().map(|c| c.values.get(n).copied().unwrap_or("NULL")).collect();
+            let values: Vec<&str> = columns.iter().map(|c| c.values.get(n).copied().unwrap_or("NULL")).collect();
             format!("({}, {})", n + 1, values.join(", "))
         })
         .collect();

@@ -315,7 +315,7 @@ async fn drain_all(host: &HostDriver) -> Vec<Value> {
 
 /// The raw text of each `Item` an invocation answered, before the host re-reads it: the exact JSON the
 /// handler built.
-fn answered_items(invocation: &testbed::driver::Invocation) -> Vec<(i64, String)> {
+pub(crate) fn answered_items(invocation: &testbed::driver::Invocation) -> Vec<(i64, String)> {
     let body: HashMap<String, Box<RawValue>> = serde_json::from_str(&invocation.body).expect("the answer is JSON");
     let outputs: HashMap<String, Box<RawValue>> =
         serde_json::from_str(body["Outputs"].get()).expect("Outputs is an object");

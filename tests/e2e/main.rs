@@ -12,6 +12,7 @@ mod column_names;
 mod common;
 mod concurrency;
 mod config_errors;
+mod conformance;
 mod crashes;
 mod delivery;
 mod docs_sql;

@@ -17,6 +17,7 @@
 //! of its fetch is checked for the index that keeps it a range scan (docs/postgres.md, "Partitions").
 
 mod backfill;
+mod position_order;
 mod sql;
 
 pub use sql::Guard;
@@ -355,6 +356,11 @@ impl Source for PostgresCursor {
     /// (xid8, bigint), the cursor types whose text order is not the database's.
     fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
         super::order_by_leading_integer(a, b, |p| p.as_array()?.first()?.as_str()?.parse().ok())
+    }
+
+    /// Ordered by the database (`position_order.rs`): checkpoints of one transaction step back one cursor unit.
+    async fn no_later_than(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        self.no_later_than_all(positions).await
     }
 
     fn name(&self) -> String {

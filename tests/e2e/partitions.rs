@@ -340,3 +340,30 @@ async fn a_partition_index_without_statistics_is_named_with_analyze_and_after_an
     assert!(range_scan(&after), "after ANALYZE: {after:#}");
     assert!(!output.contains(advice) && !output.contains("no index serves"), "{output}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_partition_index_is_named_with_the_statements_that_rebuild_it() {
+    // GIVEN the partition index, left invalid as a cancelled CREATE INDEX CONCURRENTLY leaves it
+    let orders = Orders::new("partition-invalid").await;
+    orders.insert(1..=50).await;
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    orders
+        .db
+        .batch_execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'orders_expr_version_id_idx'::regclass",
+        )
+        .await
+        .expect("mark the index invalid");
+    let app = orders_app(&orders, &unique_app_name("partition-invalid"), json!({}), &[]);
+    generate(&app, COUNT);
+
+    // WHEN the handler starts
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+    host.terminate().await.expect("stops");
+
+    // THEN one warning names the index as invalid and the statements that drop it and create it again
+    assert_eq!(output.matches("is invalid").count(), 1, "{output}");
+    assert!(output.contains(&format!("DROP INDEX CONCURRENTLY orders_expr_version_id_idx; {INDEX_DDL}")), "{output}");
+    assert!(!output.contains("no index serves") && !output.contains("Run ANALYZE"), "{output}");
+}

@@ -44,7 +44,7 @@ mod tick;
 pub use error::{ErrorKind, RetryDirective, TickError};
 pub use ledger::{Ledger, Saved};
 pub use observe::{TickObserver, TickRecord, TickStats};
-pub use outcome::{Answer, OutcomeKind, TickOutcome};
+pub use outcome::{Answer, OutcomeKind, Released, TickOutcome};
 pub use outputs::MappedOutputs;
 use parts::Memory;
 pub use parts::{Delivery, Trigger};
@@ -222,6 +222,17 @@ impl Trigger {
     pub async fn withdraw_chained(&self) -> Result<bool, TickError> {
         let mut memory = self.memory.lock().await;
         sink_tick::withdraw_chained(self, &mut memory).await
+    }
+
+    /// On a clean stop of `handler run`, after the last tick: withdraws a chained batch never delivered, then lets
+    /// this process's lease on the state document lapse, so the next process, or `handler partitions change`,
+    /// need not wait it out. A batch delivered and not acknowledged stays in flight: whoever comes next delivers
+    /// it again at once.
+    pub async fn release_on_stop(&self) -> Result<Released, TickError> {
+        let mut memory = self.memory.lock().await;
+        let withdrew = sink_tick::withdraw_chained(self, &mut memory).await?;
+        let released = sink_tick::release_lease(self, &mut memory).await?;
+        Ok(Released { withdrew, released })
     }
 
     /// One tick, starting from the document this process wrote last when it has it.

@@ -49,3 +49,12 @@ pub struct Answer {
     pub outcome: TickOutcome,
     pub outputs: MappedOutputs,
 }
+
+/// What a clean stop gave up ([`super::Trigger::release_on_stop`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Released {
+    /// A batch recorded for the next tick and never delivered was withdrawn.
+    pub withdrew: bool,
+    /// This process's lease on the state document was let lapse.
+    pub released: bool,
+}

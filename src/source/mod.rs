@@ -210,6 +210,15 @@ pub trait Source: Send + Sync + fmt::Debug {
     fn position_order(&self, _a: &Position, _b: &Position) -> Option<std::cmp::Ordering> {
         None
     }
+    /// A position no later than every one of `positions` (acknowledged checkpoints of this source's partitions):
+    /// where a partition that merges their keys starts (`handler partitions change`, 8 → 4). Delivering after it
+    /// may repeat changes, never skip one. Asked only when [`Source::position_order`] cannot pick the earliest
+    /// (checkpoints of one transaction or change version); a source may ask its database. `Ok(None)`: it cannot
+    /// name one, and the change is refused. Default: cannot.
+    async fn no_later_than(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        let _ = positions;
+        Ok(None)
+    }
     /// The engine committed `checkpoint` (a stored, acknowledged position): a source that holds changes for
     /// us upstream (a replication slot) may release what the checkpoint has passed. Called by the lease
     /// holder at the start of a tick, after the state was read; never with a position that is not yet

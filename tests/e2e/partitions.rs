@@ -293,3 +293,77 @@ async fn with_the_partition_index_a_partition_fetch_is_one_index_range_scan_with
         assert!(!all.iter().any(|n| n["Node Type"] == "Seq Scan"), "{what}: {plan:#}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_index_without_statistics_is_named_with_analyze_and_after_analyze_the_fetch_is_a_range_scan() {
+    // GIVEN 40,000 orders written by 400 transactions with autovacuum off (as after a bulk load, before
+    // autovacuum's turn), and the partition index created before the load, so PostgreSQL has no statistics on
+    // its expression
+    let orders = Orders::new("partition-analyze").await;
+    orders.db.batch_execute("ALTER TABLE orders SET (autovacuum_enabled = off)").await.expect("autovacuum off");
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    for t in 0..400 {
+        orders.insert(t * 100 + 1..=t * 100 + 100).await;
+    }
+    let app = orders_app(&orders, &unique_app_name("partition-analyze"), json!({}), &[]);
+    generate(&app, COUNT);
+    let source = partition_source(&orders, 3);
+    let range_scan = |plan: &Value| {
+        let all = nodes(plan);
+        let cond = |n: &&Value| n["Index Cond"].as_str().unwrap_or_default().contains("hashtextextended");
+        all.iter().any(cond) && !all.iter().any(|n| n["Node Type"].as_str().unwrap_or_default().contains("Sort"))
+    };
+
+    // WHEN PostgreSQL plans the partition's first fetch before ANALYZE, and the handler starts
+    let before = source.explain_fetch(&Value::Null, 100).await.unwrap_or_else(|e| panic!("explain: {e}"));
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+    host.terminate().await.expect("stops");
+
+    // THEN the fetch is no range scan of the partition index, and the handler names the index and ANALYZE, once,
+    // not the statement that creates an index which exists
+    assert!(!range_scan(&before), "before ANALYZE: {before:#}");
+    let advice = "exists but PostgreSQL does not use it";
+    assert_eq!(output.matches(advice).count(), 1, "{output}");
+    assert!(output.contains("no statistics on the partition expression"), "{output}");
+    assert!(output.contains("Run ANALYZE public.orders"), "{output}");
+    assert!(!output.contains("no index serves") && !output.contains(INDEX_DDL), "{output}");
+
+    // WHEN the operator runs ANALYZE, and the handler starts again
+    orders.db.batch_execute("ANALYZE orders").await.expect("analyze");
+    let after = source.explain_fetch(&Value::Null, 100).await.unwrap_or_else(|e| panic!("explain: {e}"));
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+    host.terminate().await.expect("stops");
+
+    // THEN the fetch is one range scan of the partition index, and nothing is said
+    assert!(range_scan(&after), "after ANALYZE: {after:#}");
+    assert!(!output.contains(advice) && !output.contains("no index serves"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_partition_index_is_named_with_the_statements_that_rebuild_it() {
+    // GIVEN the partition index, left invalid as a cancelled CREATE INDEX CONCURRENTLY leaves it
+    let orders = Orders::new("partition-invalid").await;
+    orders.insert(1..=50).await;
+    orders.db.batch_execute(INDEX_DDL).await.expect("create the partition index");
+    orders
+        .db
+        .batch_execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'orders_expr_version_id_idx'::regclass",
+        )
+        .await
+        .expect("mark the index invalid");
+    let app = orders_app(&orders, &unique_app_name("partition-invalid"), json!({}), &[]);
+    generate(&app, COUNT);
+
+    // WHEN the handler starts
+    let host = start(&app).await;
+    let output = wait_for_start_up_checks(&host, COUNT as usize).await;
+    host.terminate().await.expect("stops");
+
+    // THEN one warning names the index as invalid and the statements that drop it and create it again
+    assert_eq!(output.matches("is invalid").count(), 1, "{output}");
+    assert!(output.contains(&format!("DROP INDEX CONCURRENTLY orders_expr_version_id_idx; {INDEX_DDL}")), "{output}");
+    assert!(!output.contains("no index serves") && !output.contains("Run ANALYZE"), "{output}");
+}

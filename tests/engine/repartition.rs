@@ -334,9 +334,10 @@ async fn an_open_backfill_refuses_because_its_position_is_a_key_of_the_old_layou
 }
 
 /// The memory source with an order that cannot tell any two positions apart, as a real source cannot tell
-/// positions of one cursor value apart without its database.
+/// positions of one cursor value apart without its database; and the position it names as no later than any
+/// (`None`: it cannot name one).
 #[derive(Debug)]
-struct Unordered(MemorySource);
+struct Unordered(MemorySource, Option<Position>);
 
 #[async_trait::async_trait]
 impl Source for Unordered {
@@ -361,11 +362,14 @@ impl Source for Unordered {
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
         self.0.pending(after).await
     }
+    async fn no_later_than(&self, _positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        Ok(self.1.clone())
+    }
 }
 
 #[tokio::test]
 async fn positions_the_source_cannot_order_refuse_a_count_that_is_not_a_multiple_but_not_one_that_is() {
-    let w = world_over(Arc::new(Unordered(MemorySource::new())));
+    let w = world_over(Arc::new(Unordered(MemorySource::new(), None)));
     w.layout(4, |i| at(5, i64::from(i))).await;
     assert_refused(
         &w,
@@ -373,10 +377,24 @@ async fn positions_the_source_cannot_order_refuse_a_count_that_is_not_a_multiple
         &["new partition 0 of 6 may hold keys of old partitions 0 and 2", "a multiple of 4"],
     )
     .await;
-    assert_refused(&w, &request(2), &["cannot order"]).await;
+    assert_refused(&w, &request(2), &["can neither order nor name a position before"]).await;
     // 4 → 8 compares nothing: each new partition has one old one.
     w.change(&request(8)).await.expect("changed");
     w.assert_changed(4, 8, |j| at(5, i64::from(j % 4))).await;
+}
+
+#[tokio::test]
+async fn positions_of_one_transaction_merge_at_the_position_the_source_names_before_them() {
+    // GIVEN 4 partitions stopped inside one transaction (cursor 5), which the source orders only in its database,
+    // where it names [4, 0] as no later than any of them
+    let w = world_over(Arc::new(Unordered(MemorySource::new(), Some(at(4, 0)))));
+    w.layout(4, |i| at(5, i64::from(i))).await;
+    // WHEN they merge into 2
+    let report = w.change(&request(2)).await.expect("changed");
+    // THEN both new partitions start there, and what they deliver again is named per old checkpoint
+    w.assert_changed(4, 2, |_| at(4, 0)).await;
+    assert_eq!(report.redelivered.len(), 4, "{:?}", report.redelivered);
+    assert!(report.redelivered[0].contains("old partition 0 of 4 after [4,0] up to [5,0]"), "{:?}", report.redelivered);
 }
 
 #[tokio::test]

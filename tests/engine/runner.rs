@@ -291,6 +291,28 @@ async fn a_stop_during_a_delivery_finishes_that_batch_and_acknowledges_it() {
 }
 
 #[tokio::test]
+async fn a_stop_after_a_batch_with_nothing_chained_releases_the_lease_of_that_batch() {
+    // GIVEN 50 rows, less than a batch (so nothing is fetched ahead and chained), and a stop that arrives while
+    // that batch is being delivered
+    let w = world(100, 5);
+    w.source.upsert(1..=50, 1);
+    let (tx, rx) = watch::channel(false);
+    let sink = Arc::new(ScriptedSink { stop_during_first: Some(tx), ..Default::default() });
+
+    // WHEN the runner runs and stops
+    let summary = run_to_end(&w, sink.clone(), false, rx).await;
+
+    // THEN the batch was delivered and acknowledged
+    assert_eq!((summary.batches, sink.accepted()), (1, each(1..=50)));
+    let (doc, _) = w.trigger.load().await.expect("load").expect("state");
+    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+    assert_eq!(doc.checkpoint, serde_json::json!([1, 50]));
+    // AND the lease of that batch ended with the process, not `leaseDurationMs` later
+    let lease = doc.lease.expect("a lease was taken");
+    assert!(lease.expires_at <= time::OffsetDateTime::now_utc(), "the lease outlives the stop: {lease:?}");
+}
+
+#[tokio::test]
 async fn a_new_state_document_goes_above_the_token_the_sink_holds_instead_of_quarantining_every_batch() {
     // GIVEN a sink that recorded fencing token 7 under an earlier state document of this function (since
     // deleted: the new document's tokens start again at 1), MaxAttempts 2, and 250 rows in batches of 100

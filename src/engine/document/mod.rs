@@ -316,6 +316,20 @@ impl StateDoc {
         true
     }
 
+    /// Lets `owner`'s live lease lapse now, keeping its token (a batch still in flight stays: the next owner
+    /// takes it over at once and delivers it again). `false` (nothing changed) when `owner` holds no live
+    /// lease. Who: a clean stop of `handler run`, after its last tick, so the next process, or an operator's
+    /// `handler partitions change`, need not wait the lease out.
+    pub fn release_lease(&mut self, owner: &str, now: OffsetDateTime) -> bool {
+        match self.lease.as_mut().filter(|l| l.owner == owner && l.expires_at > now) {
+            Some(lease) => {
+                lease.expires_at = now;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced by token `stored`. If the
     /// document still gives `owner` the lease under `ours` and holds the batch in flight for it, no owner of
     /// this document wrote under a larger token: the destination's token comes from an earlier document

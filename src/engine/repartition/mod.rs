@@ -10,7 +10,8 @@
 //! Nothing is written while anything could lose or skip a change: a live lease on an old document (something
 //! may still be running it), quarantined batches of an old partition (no new partition could re-deliver them),
 //! an old document missing beside the others (its keys' position is unknown), a paused or halted old document,
-//! a new layout that already exists, or checkpoints the source cannot order without its database.
+//! a new layout that already exists, or checkpoints the source can neither order nor name a position before
+//! (`start`).
 //!
 //! The writes, in this order, each through the ledger's compare-and-swap:
 //! 1. each new document is created (a conditional create: two concurrent runs cannot both write one), marked
@@ -24,8 +25,11 @@
 //! old document retired into M and reports the change as done.
 
 mod plan;
+mod report;
+mod start;
 
 pub use plan::{earliest, feeders};
+pub use report::{NewPartition, OldPartition, Report};
 
 use super::document::{Origin, Seeded, StateDoc};
 use super::error::TickError;
@@ -34,7 +38,6 @@ use crate::clock::Clock;
 use crate::config::{Partition, MAX_PARTITIONS};
 use crate::source::{Position, Source, StartFrom};
 use crate::state::{Etag, StateStore};
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -99,44 +102,6 @@ fn refusal(problems: &[String], written: &[String]) -> String {
         let _ = write!(text, "\n- {p}");
     }
     text
-}
-
-/// What the change did: the table of old → new checkpoints and what may be delivered again.
-#[derive(Debug, Serialize)]
-pub struct Report {
-    pub group: String,
-    pub from_partitions: u32,
-    pub to_partitions: u32,
-    pub partitions: Vec<NewPartition>,
-    /// Old documents retired by this run.
-    pub retired: Vec<String>,
-    /// What the new partitions deliver again (duplicates, never losses).
-    pub redelivered: Vec<String>,
-    /// Quarantine documents of the old partitions, left where they are (`--quarantine-handled`).
-    pub quarantine_left: Vec<String>,
-    /// Every write was done by an earlier run: nothing was written now.
-    pub already_done: bool,
-    pub next_steps: Vec<String>,
-}
-
-/// One partition of the new layout.
-#[derive(Debug, Serialize)]
-pub struct NewPartition {
-    pub index: u32,
-    pub key: String,
-    /// Where it starts (a document found from an earlier run: where it is now).
-    pub checkpoint: Position,
-    /// The old partitions whose keys it may hold, with their checkpoints.
-    pub from: Vec<OldPartition>,
-    /// `false`: the document was there already, written by an earlier run of this change.
-    pub written: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct OldPartition {
-    pub index: u32,
-    /// `None`: no document (`--missing-from-earliest`: the earliest position stood in).
-    pub checkpoint: Option<Position>,
 }
 
 /// A stored document and the etag it was read at.
@@ -283,7 +248,7 @@ impl Repartition {
             }
         }
 
-        // Where each new partition starts: the earliest checkpoint of its feeders.
+        // Where each new partition starts: no later than every checkpoint of its feeders (`start`).
         let earliest_position = if request.missing_from_earliest && (0..n).any(|i| !old.contains_key(&i)) {
             match self.source.start_position(StartFrom::Earliest).await {
                 Ok(p) => Some(p),
@@ -298,30 +263,8 @@ impl Repartition {
         } else {
             None
         };
-        let order = |a: &Position, b: &Position| self.source.position_order(a, b);
-        let mut starts: BTreeMap<u32, (Position, Vec<OldPartition>)> = BTreeMap::new();
-        for j in 0..m {
-            let fed = feeders(j, n, m);
-            let from: Vec<OldPartition> = fed
-                .iter()
-                .map(|&i| OldPartition { index: i, checkpoint: old.get(&i).map(|(d, _)| d.checkpoint.clone()) })
-                .collect();
-            let stand_in = earliest_position.clone().unwrap_or(Position::Null);
-            let positions: Vec<(u32, Position)> =
-                from.iter().map(|o| (o.index, o.checkpoint.clone().unwrap_or_else(|| stand_in.clone()))).collect();
-            let candidates: Vec<(u32, &Position)> = positions.iter().map(|(i, p)| (*i, p)).collect();
-            match earliest(&candidates, &order) {
-                Ok((_, p)) => {
-                    starts.insert(j, (p.clone(), from));
-                }
-                Err((a, b)) => problems.push(format!(
-                    "new partition {j} of {m} may hold keys of old partitions {a} and {b}, whose checkpoints {} and {} {} cannot order without its database: the new one must start no later than either. Choose a count that is a multiple of {n} (each new partition then carries one old checkpoint over exactly), or let the old partitions run on until no two of them stopped inside one transaction (PostgreSQL) or change version (SQL Server), so the later of the two is known without the database (a change-tracking function with nothing left to deliver records the table's current version within five minutes, the same in every partition), then run this again",
-                    positions.iter().find(|(i, _)| *i == a).map(|(_, p)| p.to_string()).unwrap_or_default(),
-                    positions.iter().find(|(i, _)| *i == b).map(|(_, p)| p.to_string()).unwrap_or_default(),
-                    self.source.name()
-                )),
-            }
-        }
+        let stand_in = earliest_position.unwrap_or(Position::Null);
+        let mut starts = start::starts(self.source.as_ref(), (n, m), old, &stand_in, &mut problems).await;
         if !problems.is_empty() {
             return Err(refuse(problems));
         }
@@ -436,7 +379,7 @@ impl Repartition {
             written.push(ledger.key().to_string());
             retired.push(ledger.key().to_string());
         }
-        let redelivered = self.redelivered(n, m, old, &partitions);
+        let redelivered = report::redelivered(n, m, old, &partitions);
         let already_done = written.is_empty();
         Ok(Report {
             group: self.group.clone(),
@@ -447,7 +390,7 @@ impl Repartition {
             redelivered,
             quarantine_left,
             already_done,
-            next_steps: self.next_steps(m),
+            next_steps: report::next_steps(&self.group, m),
         })
     }
 
@@ -579,49 +522,6 @@ impl Repartition {
             ));
         }
     }
-
-    /// What the new partitions deliver again, in words.
-    fn redelivered(&self, n: u32, m: u32, old: &BTreeMap<u32, Loaded>, partitions: &[NewPartition]) -> Vec<String> {
-        let mut lines = Vec::new();
-        for p in partitions.iter().filter(|p| p.written) {
-            for o in &p.from {
-                match &o.checkpoint {
-                    None => lines.push(format!(
-                        "new partition {} of {m}: the keys of old partition {} of {n} (no document) from {}: every change of them the source holds",
-                        p.index, o.index, p.checkpoint
-                    )),
-                    Some(c) if *c != p.checkpoint => lines.push(format!(
-                        "new partition {} of {m}: the changes of its keys from old partition {} of {n} after {} up to {c}",
-                        p.index, o.index, p.checkpoint
-                    )),
-                    Some(_) => {}
-                }
-            }
-        }
-        for (i, (doc, _)) in old {
-            if let Some(f) = doc.in_flight.as_ref().filter(|_| doc.retired_into().is_none()) {
-                lines.push(format!(
-                    "old partition {i} of {n} had {} batch(es) with {} change(s) in flight after {} (answered, not acknowledged): delivered again",
-                    f.batches, f.range.rows, doc.checkpoint
-                ));
-            }
-        }
-        if lines.is_empty() {
-            lines.push(
-                "nothing: every new partition starts exactly where the old partition holding its keys stopped".into(),
-            );
-        }
-        lines
-    }
-
-    fn next_steps(&self, m: u32) -> Vec<String> {
-        let g = &self.group;
-        vec![
-            format!("under `handler run`: set \"partitions\": {m} in {g}/sqltrigger.json, then start the processes"),
-            format!("under the Functions host: `handler partitions generate {g} {m}`, delete the old partition folders, deploy, and enable the new functions"),
-            format!("PostgreSQL cursor source: create the index for {m} partitions before starting (the handler names it at start-up; docs/postgres.md), and drop the old one after"),
-        ]
-    }
 }
 
 /// The state name in a store key `{app}/{name}.json`.
@@ -632,66 +532,4 @@ fn name_of(key: &str) -> &str {
 
 fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
-}
-
-impl std::fmt::Display for Report {
-    /// The table an operator reads: each new partition, where it starts, and the old checkpoints it came from.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let verb = if self.already_done { "was already changed" } else { "changed" };
-        writeln!(f, "{}: partition count {verb} from {} to {}", self.group, self.from_partitions, self.to_partitions)?;
-        writeln!(f)?;
-        let rows: Vec<[String; 4]> = self
-            .partitions
-            .iter()
-            .map(|p| {
-                let from = p
-                    .from
-                    .iter()
-                    .map(|o| {
-                        let at = o.checkpoint.as_ref().map_or("(no document)".to_string(), Position::to_string);
-                        format!("{}: {at}", o.index)
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let state = if p.written { "written" } else { "kept (earlier run)" };
-                [format!("{} of {}", p.index, self.to_partitions), p.checkpoint.to_string(), from, state.to_string()]
-            })
-            .collect();
-        let header = ["new partition", "starts after", "old partitions: checkpoints", "document"];
-        let width = |c: usize| rows.iter().map(|r| r[c].len()).chain([header[c].len()]).max().unwrap_or(0);
-        let widths = [width(0), width(1), width(2)];
-        let line = |f: &mut std::fmt::Formatter<'_>, r: [&str; 4]| {
-            writeln!(
-                f,
-                "{:w0$}  {:w1$}  {:w2$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                w0 = widths[0],
-                w1 = widths[1],
-                w2 = widths[2]
-            )
-        };
-        line(f, header)?;
-        for r in &rows {
-            line(f, [&r[0], &r[1], &r[2], &r[3]])?;
-        }
-        writeln!(f)?;
-        if !self.retired.is_empty() {
-            writeln!(f, "retired: {}", self.retired.join(", "))?;
-        }
-        writeln!(f, "may be delivered again:")?;
-        for l in &self.redelivered {
-            writeln!(f, "- {l}")?;
-        }
-        if !self.quarantine_left.is_empty() {
-            writeln!(f, "quarantine documents left in the store: {}", self.quarantine_left.join(", "))?;
-        }
-        writeln!(f, "next:")?;
-        for s in &self.next_steps {
-            writeln!(f, "- {s}")?;
-        }
-        Ok(())
-    }
 }

@@ -124,6 +124,33 @@ pub(super) async fn withdraw_chained(trigger: &Trigger, memory: &mut Memory) -> 
     tick.commit().await
 }
 
+/// On a clean stop, after [`withdraw_chained`]: lets this process's lease on the state document lapse now (the
+/// lease of the last batch it delivered, acknowledged or not). From the document this process wrote last, else
+/// as stored; a write that loses its compare-and-swap is tried again on what is stored then, where the lease
+/// may be another owner's (then nothing is written). `Ok(false)`: no live lease of this process to release.
+pub(super) async fn release_lease(trigger: &Trigger, memory: &mut Memory) -> Result<bool, TickError> {
+    for _ in 0..RELEASE_ATTEMPTS {
+        let (doc, etag) = match memory.written.clone() {
+            Some(written) => written,
+            None => match trigger.ledger.load().await? {
+                Some(stored) => stored,
+                None => return Ok(false),
+            },
+        };
+        let mut tick = Tick::on_written(trigger, memory, doc, etag);
+        if !tick.doc.release_lease(&trigger.owner, tick.now) {
+            return Ok(false);
+        }
+        if tick.commit().await? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// How often [`release_lease`] reads and writes again after losing a compare-and-swap.
+const RELEASE_ATTEMPTS: usize = 3;
+
 /// Delivers the batch the recording tick put in flight, if any, and acknowledges it.
 pub(super) async fn deliver(
     trigger: &Trigger,

@@ -100,6 +100,44 @@ impl RvPosition {
     }
 }
 
+/// A change-tracking position no later than every one of `positions` ([`crate::source::Source::no_later_than`]:
+/// checkpoints of merged partitions at the same version): everything up to the version before the smallest one,
+/// `V - 1`. `CHANGETABLE(CHANGES t, V - 1)` reports again every key changed at `V` or later, each at its latest
+/// version; a key whose last change came before `V` was delivered by its old partition, whose checkpoint is at
+/// `V` or later. `None`: a snapshot walk is among them (the keys it has not walked yet are not changes after
+/// any version), a position does not parse, or there is no earlier version.
+pub fn ct_no_later_than(positions: &[Position]) -> Option<Position> {
+    if positions.iter().any(Position::is_null) {
+        return Some(Position::Null);
+    }
+    let mut smallest: Option<i64> = None;
+    for p in positions {
+        let version = match serde_json::from_value::<CtPosition>(p.clone()).ok()? {
+            CtPosition::Changes { last: Some(last), .. } => last.version,
+            CtPosition::Changes { base, last: None } => base,
+            CtPosition::Snapshot { .. } => return None,
+        };
+        smallest = Some(smallest.map_or(version, |s| s.min(version)));
+    }
+    let base = smallest?.checked_sub(1).filter(|b| *b >= 0)?;
+    Some(CtPosition::Changes { base, last: None }.to_json())
+}
+
+/// A rowversion position no later than every one of `positions` (as [`ct_no_later_than`]): every row up to
+/// the rowversion before the smallest, `R - 1`, with the earliest base among them (rows inserted since are
+/// Inserts). A row it passes over has a rowversion below `R`, so each old partition had delivered it. `None`: a
+/// position does not parse, or there is no earlier rowversion.
+pub fn rv_no_later_than(positions: &[Position]) -> Option<Position> {
+    if positions.iter().any(Position::is_null) {
+        return Some(Position::Null);
+    }
+    let parsed: Vec<RvPosition> =
+        positions.iter().map(|p| serde_json::from_value(p.clone()).ok()).collect::<Option<_>>()?;
+    let rv = parsed.iter().map(|p| p.rv).min()?.checked_sub(1).filter(|r| *r >= 0)?;
+    let base = parsed.iter().map(RvPosition::base).min()?.min(rv);
+    Some(RvPosition { rv, key: None, base: Some(base) }.to_json())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +168,26 @@ mod tests {
         assert!(RvPosition::parse(&json!({"rv": 3, "key": ["1"]}), 1, "t").expect("valid").is_some());
         let mid_backlog = RvPosition::parse(&json!({"rv": 9, "key": ["1"], "base": 4}), 1, "t").expect("valid");
         assert_eq!(mid_backlog.map(|p| p.base()), Some(4));
+    }
+
+    #[test]
+    fn checkpoints_at_one_version_start_from_the_version_before_it() {
+        let at = |v: i64, k: &str| json!({"phase": "changes", "base": 3, "last": {"version": v, "key": [k]}});
+        let merged = ct_no_later_than(&[at(12, "7"), at(12, "2"), json!({"phase": "changes", "base": 15})]);
+        assert_eq!(merged, Some(json!({"phase": "changes", "base": 11})));
+        let walking = json!({"phase": "snapshot", "base": 12, "key": ["4"]});
+        assert_eq!(ct_no_later_than(&[at(12, "7"), walking]), None, "a walk's remaining keys are not changes");
+        assert_eq!(ct_no_later_than(&[at(12, "7"), Position::Null]), Some(Position::Null));
+    }
+
+    #[test]
+    fn rowversion_checkpoints_at_one_rowversion_start_from_the_one_before_it() {
+        let merged = rv_no_later_than(&[
+            json!({"rv": 40, "key": ["9"], "base": 30}),
+            json!({"rv": 40, "key": ["2"]}),
+            json!({"rv": 44}),
+        ]);
+        assert_eq!(merged, Some(json!({"rv": 39, "base": 30})));
+        assert_eq!(rv_no_later_than(&[json!({"rv": 0, "key": ["1"]}), json!({"rv": 0})]), None);
     }
 }

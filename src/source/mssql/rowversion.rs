@@ -186,6 +186,11 @@ impl Source for MssqlRowversion {
         crate::source::order_by_leading_integer(a, b, |p| p.get("rv")?.as_i64().map(i128::from))
     }
 
+    /// One version before the smallest (`position.rs`, `rv_no_later_than`).
+    async fn no_later_than(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        Ok(crate::source::mssql::position::rv_no_later_than(positions))
+    }
+
     fn name(&self) -> String {
         format!("mssql-rowversion:{}", self.spec.table)
     }

@@ -14,10 +14,13 @@
 //!
 //! A partition (`spec.partition`) reads only the keys whose hash modulo the partition count is its index, in
 //! every statement that reads or counts changes (sql.rs, `Shape::partition_expression`); at first use the plan
-//! of its fetch is checked for the index that keeps it a range scan (docs/postgres.md, "Partitions").
+//! of its fetch is checked for the index that keeps it a range scan, and the catalog says what is missing
+//! (`index_advice.rs`; docs/postgres.md, "Partitions").
 
 mod backfill;
+mod index_advice;
 mod position;
+mod position_order;
 mod sql;
 
 pub use sql::Guard;
@@ -216,54 +219,9 @@ impl PostgresCursor {
             partition: self.spec.partition,
         };
         if let Some(p) = self.spec.partition {
-            self.check_partition_index(&shape, p, keyset_indexed).await?;
+            self.check_partition_index(&shape, (p, oid), keyset_indexed).await?;
         }
         Ok(shape)
-    }
-
-    /// Asks the planner how a partition's fetch runs, with sequential scans discouraged so any usable index is
-    /// chosen: without an index led by the partition expression the plan filters the other partitions' rows or
-    /// sorts. Warns once per process for a table and partition count (every partition needs the same index),
-    /// with the statement that creates it.
-    async fn check_partition_index(
-        &self,
-        shape: &Shape,
-        p: Partition,
-        keyset_indexed: bool,
-    ) -> Result<(), SourceError> {
-        let table = &self.spec.table;
-        let limit = 100i64;
-        let plan = self.explain(&shape.fetch_first(), &[&limit], true).await?;
-        let Some(check) = sql::PlanCheck::read(&plan) else {
-            tracing::debug!(table = %table, "the plan of a partition's fetch could not be read; index not checked");
-            return Ok(());
-        };
-        if check.is_range_scan() {
-            return Ok(());
-        }
-        let first = {
-            let mut warned = WARNED_PARTITION_INDEX.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            warned.insert((table.to_string(), p.count.get()))
-        };
-        if first {
-            let cost = if keyset_indexed {
-                format!(
-                    "walks the ({}, key) index and reads and discards the other partitions' rows: about {} times the rows of a batch per fetch",
-                    shape.cursor,
-                    p.count
-                )
-            } else {
-                "reads every row of the table and sorts this partition's rows, every batch".to_string()
-            };
-            tracing::warn!(
-                table = %table,
-                partitions = p.count.get(),
-                "no index serves the fetch of {p} of {table}: without one each fetch {cost}. Create it (once for all {} partitions): {}",
-                p.count,
-                shape.partition_index_ddl().unwrap_or_default()
-            );
-        }
-        Ok(())
     }
 
     /// `EXPLAIN (FORMAT JSON)` of `statement` with `params`, in a transaction that is rolled back;
@@ -360,6 +318,11 @@ impl Source for PostgresCursor {
     /// (xid8, bigint), the cursor types whose text order is not the database's.
     fn position_order(&self, a: &Position, b: &Position) -> Option<std::cmp::Ordering> {
         super::order_by_leading_integer(a, b, |p| p.as_array()?.first()?.as_str()?.parse().ok())
+    }
+
+    /// Ordered by the database (`position_order.rs`): checkpoints of one transaction step back one cursor unit.
+    async fn no_later_than(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        self.no_later_than_all(positions).await
     }
 
     fn name(&self) -> String {
@@ -497,10 +460,6 @@ impl<'a> tokio_postgres::types::FromSql<'a> for JsonText {
         matches!(*ty, tokio_postgres::types::Type::JSON | tokio_postgres::types::Type::TEXT)
     }
 }
-
-/// Tables and partition counts whose missing partition index was already reported by this process.
-static WARNED_PARTITION_INDEX: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// A key column of a partitioned function must hash the same in every session and never be NULL: a key whose
 /// hash changes or is NULL would be read by another partition, or by none.

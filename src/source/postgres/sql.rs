@@ -358,10 +358,11 @@ pub const INDEX_KEYS: &str = "SELECT array_agg(a.attname::text ORDER BY k.ord) F
      WHERE i.indrelid = $1 GROUP BY i.indexrelid";
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn shape(guard: Guard) -> Shape {
+    /// The orders table's shape (xid8 cursor, bigint key) under `guard`; other modules' tests build on it.
+    pub(in crate::source::postgres) fn shape(guard: Guard) -> Shape {
         let id = |s: &str| Ident::new(s).expect("valid");
         Shape {
             table: "\"public\".\"orders\"".into(),

@@ -378,6 +378,11 @@ impl Source for MssqlChangeTracking {
         crate::source::order_by_leading_integer(a, b, version)
     }
 
+    /// One version before the smallest (`position.rs`, `ct_no_later_than`).
+    async fn no_later_than(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
+        Ok(crate::source::mssql::position::ct_no_later_than(positions))
+    }
+
     fn name(&self) -> String {
         format!("mssql-change-tracking:{}", self.spec.table)
     }

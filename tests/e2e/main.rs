@@ -11,6 +11,7 @@ mod balance;
 mod common;
 mod concurrency;
 mod config_errors;
+mod connections;
 mod crashes;
 mod delivery;
 mod failure_matrix;

@@ -343,6 +343,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sources_and_sinks_of_one_connection_string_share_one_pool_each_naming_its_own_setting() {
+        let text = format!("Server=tcp:127.0.0.1,1;Database=d{};User ID=u;Password=p", uuid::Uuid::new_v4().simple());
+        let parse = |setting: &str, text: &str| {
+            Settings::parse(setting, &crate::config::Secret::new(text)).expect("a valid connection string")
+        };
+        let (source, sink) = (Pool::new(parse("Source", &text)), Pool::new(parse("Sink", &text)));
+        let other = Pool::new(parse("Source", &format!("{text}2")));
+        assert!(Arc::ptr_eq(&source.shared, &sink.shared), "one database, one pool");
+        assert!(!Arc::ptr_eq(&source.shared, &other.shared), "another password is another pool");
+        assert_eq!((source.setting(), sink.setting()), ("Source", "Sink"));
+        assert_eq!(source.shared.permits.available_permits(), crate::db::pools::max_connections());
+    }
+
+    #[test]
     fn the_retry_table_retries_what_a_retry_can_fix() {
         let io = Failure::Tds(tiberius::error::Error::Io {
             kind: std::io::ErrorKind::ConnectionReset,

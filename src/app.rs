@@ -31,6 +31,8 @@ impl App {
     /// Builds the app over a given store (tests use memory or a fault-injecting wrapper).
     pub fn with_store(config: AppConfig, store: Arc<dyn StateStore>) -> Result<Self, ConfigErrors> {
         let owner = instance_id(&config);
+        // One pool per database for the whole process, of the configured size (`db::pools`).
+        crate::db::pools::set_max_connections(config.max_connections_per_database);
         // One connector for every PostgreSQL source and sink: its TLS configuration is built once, on first use.
         let postgres_tls = PostgresTls::new(config.postgres_trust.clone());
         if postgres_tls.trusts_any_certificate() {

@@ -116,6 +116,9 @@ pub enum CliError {
     Ops(#[from] OpsError),
     #[error("{0}")]
     Repartition(#[from] RepartitionError),
+    /// A partitioned function's status that some partitions did not answer: no total is printed.
+    #[error("{0}")]
+    Incomplete(String),
 }
 
 /// Loads the app as the handler would, from `app_root` or FUNCTIONS_APP_ROOT_PATH or the working directory:
@@ -144,6 +147,9 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
         if app.trigger(function).is_none() && !partitions.is_empty() {
             let owners = app.partition_owners(function).await;
             let status = crate::engine::scale::group_status(function, &partitions, &owners).await?;
+            if let Some(missing) = status.missing() {
+                return Err(CliError::Incomplete(missing));
+            }
             return Ok(serde_json::to_value(status).unwrap_or(Value::Null));
         }
     }

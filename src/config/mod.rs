@@ -153,6 +153,8 @@ pub struct AppConfig {
     /// What PostgreSQL connections trust (`Sql_Trigger_PostgresRootCertificate`,
     /// `Sql_Trigger_PostgresTrustServerCertificate`), shared by every PostgreSQL source and sink.
     pub postgres_trust: PostgresTrust,
+    /// `Sql_Trigger_MaxConnectionsPerDatabase`: the size of each database's one pool in this process.
+    pub max_connections_per_database: usize,
     pub env: Env,
     /// Problems that do not stop the handler, logged at start-up (each says what to change).
     pub warnings: Vec<ConfigError>,
@@ -269,6 +271,11 @@ impl AppConfig {
             errors.append(&mut problems);
             PostgresTrust::default()
         });
+        let max_connections_per_database = settings::Resolver { env: &env, host_sql: None, function: None }.positive(
+            &settings::MAX_CONNECTIONS_PER_DATABASE,
+            crate::db::pools::MOST_CONNECTIONS as u64,
+            &mut errors,
+        ) as usize;
         // main refuses a bad level before logging starts; here too, for a level set in local.settings.json.
         if let Some(level) = env.get(settings::LOG_LEVEL.name) {
             if let Err(problem) = settings::log_filter(level) {
@@ -294,6 +301,7 @@ impl AppConfig {
             admin_functions,
             other_functions,
             postgres_trust,
+            max_connections_per_database,
             env,
             warnings,
             mode,

@@ -247,6 +247,14 @@ pub const METRICS_INTERVAL_MS: SettingDef = SettingDef {
     doc: "With a metrics exporter configured: how often metrics are exported and the status gauges are refreshed (one state read, one pending-changes query and one lag query per function, off the tick path).",
 };
 
+pub const MAX_CONNECTIONS_PER_DATABASE: SettingDef = SettingDef {
+    name: "Sql_Trigger_MaxConnectionsPerDatabase",
+    function_key: None,
+    host_json_key: None,
+    default: "10",
+    doc: "Most connections one handler process opens to one database (one connection string), from 1 to 1000: one pool shared by every function, partition, source and sink of that database. Per instance: this times the databases, plus one per postgres-logical function's replication stream; `handler state status` takes at most 4. See docs/operations.md, \"Connections\".",
+};
+
 /// Every setting, in documentation order.
 pub const ALL: &[SettingDef] = &[
     MAX_BATCH_SIZE,
@@ -273,6 +281,7 @@ pub const ALL: &[SettingDef] = &[
     OTEL_EXPORTER_OTLP_ENDPOINT,
     METRICS,
     METRICS_INTERVAL_MS,
+    MAX_CONNECTIONS_PER_DATABASE,
 ];
 
 /// How a batch reaches its destination, and so what guarantee holds.

@@ -50,6 +50,23 @@ mod retry {
     }
 
     #[test]
+    fn the_connections_per_database_are_10_unless_set_from_1_to_1000_and_anything_else_is_refused() {
+        let host = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
+        assert_eq!(load(fixed(5, "00:00:05"), host.clone(), &[]).expect("valid").max_connections_per_database, 10);
+        let set = [("Sql_Trigger_MaxConnectionsPerDatabase", "3")];
+        assert_eq!(load(fixed(5, "00:00:05"), host.clone(), &set).expect("valid").max_connections_per_database, 3);
+        for bad in ["0", "1001", "ten", "-1"] {
+            let set = [("Sql_Trigger_MaxConnectionsPerDatabase", bad)];
+            let err = load(fixed(5, "00:00:05"), host.clone(), &set).expect_err("refused");
+            assert!(
+                err.contains("app setting Sql_Trigger_MaxConnectionsPerDatabase")
+                    && err.contains("must be a whole number from 1 to 1000"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn a_policy_deferred_delivery_cannot_work_with_is_refused_naming_the_fix() {
         let host = serde_json::json!({ "version": "2.0", "functionTimeout": "00:05:00" });
         let zero = load(fixed(0, "00:00:05"), host.clone(), &[]).expect_err("refused");

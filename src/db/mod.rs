@@ -9,4 +9,5 @@
 //! what") gives the whole rule, the state store's and the webhook's included.
 
 pub mod mssql;
+pub mod pools;
 pub mod postgres;

@@ -15,6 +15,10 @@ use std::sync::Arc;
 /// The replicas a function's backlog asks for: `ceil(pending / Sql_Trigger_MaxChangesPerWorker)` (the official
 /// trigger's scale rule, as status's `target_workers`), at most one per partition (a partition is delivered by
 /// one process at a time, so a replica beyond the partitions would own nothing), and 0 when nothing is pending.
+/// Partitions whose status is read at once: each read takes one connection at a time, so a status of the
+/// whole function holds at most this many connections to the database (docs/operations.md, "Connections").
+pub const STATUS_FAN_OUT: usize = 4;
+
 pub fn target_replicas(pending: u64, max_changes_per_worker: u64, partitions: u32) -> u64 {
     pending.div_ceil(max_changes_per_worker.max(1)).min(u64::from(partitions.max(1)))
 }
@@ -75,11 +79,31 @@ impl GroupStatus {
             Some(e) => Err(e),
         }
     }
+
+    /// `None` when every partition answered; otherwise why the totals are not the function's, naming each
+    /// partition that did not answer and its error (what `handler state status` says instead of a total).
+    pub fn missing(&self) -> Option<String> {
+        let missing: Vec<String> = self
+            .partition_status
+            .iter()
+            .filter_map(|p| p.error.as_ref().map(|e| format!("{} ({e})", p.function)))
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "the status of {} is incomplete, so no total is given: {} of {} partitions did not answer: {}. Ask again once they answer (each partition's own status is `handler state status <partition>`)",
+            self.function,
+            missing.len(),
+            self.served,
+            missing.join("; ")
+        ))
+    }
 }
 
-/// Reads the status of each of `partitions` (the partition triggers of `group`, from `App::partitions`) at once
-/// and sums them. `owners`: each partition's owner in `handler run`'s balancing, by index, where it is known.
-/// Fails only when no partition answered.
+/// Reads the status of each of `partitions` (the partition triggers of `group`, from `App::partitions`) in
+/// rounds of [`STATUS_FAN_OUT`], and sums them. `owners`: each partition's owner in `handler run`'s balancing,
+/// by index, where it is known. Fails only when no partition answered.
 pub async fn group_status(
     group: &str,
     partitions: &[Arc<Trigger>],
@@ -90,7 +114,12 @@ pub async fn group_status(
     };
     let count = first.config.partition().map_or(1, |p| p.count.get());
     let per_worker = first.config.settings.max_changes_per_worker.max(1);
-    let results = futures::future::join_all(partitions.iter().map(|t| t.status())).await;
+    // In rounds of STATUS_FAN_OUT: a window would save a little time and cost a stream whose closure axum's
+    // handlers cannot hold across an await (the future would not be `Send` for every lifetime).
+    let mut results = Vec::with_capacity(partitions.len());
+    for round in partitions.chunks(STATUS_FAN_OUT) {
+        results.extend(futures::future::join_all(round.iter().map(|t| t.status())).await);
+    }
     let mut entries = Vec::with_capacity(results.len());
     let mut failure = None;
     for (t, result) in partitions.iter().zip(results) {
@@ -238,6 +267,25 @@ mod tests {
             totals("orders", 2, 1000, vec![partition(0, 0, None, None, None), partition(1, 0, None, None, None)]);
         assert_eq!((group.lag_seconds, group.pace_per_second, group.target_replicas), (None, None, 0));
         assert!(group.complete().is_ok());
+    }
+
+    #[test]
+    fn a_status_that_partitions_did_not_answer_names_each_of_them_and_no_total() {
+        let group = totals(
+            "orders",
+            3,
+            1000,
+            vec![
+                partition(0, 5, None, None, None),
+                partition(1, 7, None, None, Some("sorry, too many clients already")),
+                partition(2, 0, None, None, Some("bad document")),
+            ],
+        );
+        let missing = group.missing().expect("incomplete");
+        assert!(missing.contains("2 of 3 partitions did not answer"), "{missing}");
+        assert!(missing.contains("orders-p1 (sorry, too many clients already); orders-p2 (bad document)"), "{missing}");
+        assert!(!missing.contains("orders-p0"), "{missing}");
+        assert!(totals("orders", 1, 1000, vec![partition(0, 5, None, None, None)]).missing().is_none());
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod common;
 mod concurrency;
 mod config_errors;
 mod conformance;
+mod connections;
 mod crashes;
 mod delivery;
 mod docs_sql;

@@ -23,8 +23,13 @@ const EXPRESSION: &str = "((hashtextextended(id::text, 0) & 9223372036854775807)
 /// The statement the handler prints when the index is missing, for the orders table and 4 partitions.
 const INDEX_DDL: &str = "CREATE INDEX CONCURRENTLY ON \"public\".\"orders\" (((hashtextextended(\"id\"::text, 0) & 9223372036854775807) % 4), \"version\", \"id\")";
 
+/// [`INDEX_DDL`] for `count` partitions: the index every partition's fetch needs.
+pub(crate) fn index_ddl(count: u32) -> String {
+    INDEX_DDL.replace("% 4)", &format!("% {count})"))
+}
+
 /// Runs `handler partitions generate` on the app folder, as an operator would.
-fn generate(app: &support::AppFolder, count: u32) -> String {
+pub(crate) fn generate(app: &support::AppFolder, count: u32) -> String {
     let out = std::process::Command::new(support::handler_exe())
         .args(["partitions", "generate", FUNCTION, &count.to_string(), "--remove-original", "--app-root"])
         .arg(app.root())
@@ -94,13 +99,47 @@ async fn four_partition_functions_on_their_schedules_deliver_every_change_of_the
     let host = start(&app).await;
 
     // WHEN each partition's timer fires on its schedule (simulated time, as the listener paces it) while a
-    // writer inserts and updates keys concurrently
+    // writer inserts and updates keys concurrently, and then until every key's last version is delivered
+    let (committed, by_function) = fire_under_writer(&host, &orders, &functions, 40).await;
+
+    // THEN every key and its last version were delivered, each key's versions in commit order
+    assert_every_last_version_in_key_order(&host, &committed);
+    // ... each partition only its own keys, and every partition some
+    let partition = partition_of(&orders).await;
+    for (i, f) in functions.iter().enumerate() {
+        let messages = &by_function[f];
+        assert!(!messages.is_empty(), "{f} delivered nothing");
+        for m in messages {
+            let (id, _) = version(m);
+            assert_eq!(partition[&id], i as u32, "{f} delivered order {id} of partition {}", partition[&id]);
+        }
+    }
+    // ... and each partition's state is its own document under the group's name, the original's absent
+    let store = shared_blob_store();
+    for i in 0..COUNT {
+        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-{COUNT}.json");
+        assert!(store.load(&key).await.expect("state store").is_some(), "no state document {key}");
+    }
+    assert!(store.load(&format!("{app_name}/{FUNCTION}.json")).await.expect("state store").is_none());
+    assert!(!host.output().contains("no index serves"), "{}", host.output());
+}
+
+/// Fires each of `functions`' timers on its schedule (simulated time, as the listener paces it) while a writer
+/// writes `rounds` rounds of orders ([`write_orders`]), then every timer until the last version of every key is
+/// delivered (the xid8 guard may hold the last writes back while another transaction of the cluster runs).
+/// Every firing must succeed. Returns every committed `(id, version)` and each function's messages.
+pub(crate) async fn fire_under_writer(
+    host: &testbed::driver::HostDriver,
+    orders: &Orders,
+    functions: &[String],
+    rounds: i64,
+) -> (Vec<(i64, i64)>, BTreeMap<String, Vec<Value>>) {
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let done = Arc::clone(&done);
         let url = orders.url.clone();
         tokio::spawn(async move {
-            let committed = write_orders(url, 40).await;
+            let committed = write_orders(url, rounds).await;
             done.store(true, Ordering::SeqCst);
             committed
         })
@@ -108,7 +147,6 @@ async fn four_partition_functions_on_their_schedules_deliver_every_change_of_the
     let start_at = time::OffsetDateTime::now_utc();
     let timers = futures::future::join_all(functions.iter().map(|f| {
         let done = Arc::clone(&done);
-        let host = &host;
         async move {
             host.run_schedule(f, start_at, Duration::from_secs(3600), move |firing| {
                 done.load(Ordering::SeqCst) && firing.run.applied.get("changes").is_none_or(Vec::is_empty)
@@ -130,13 +168,7 @@ async fn four_partition_functions_on_their_schedules_deliver_every_change_of_the
                 .extend(firing.run.applied.get("changes").cloned().unwrap_or_default());
         }
     }
-    // ... and then until the last version of every key is delivered (the xid8 guard may hold the last writes
-    // back while another transaction of the cluster runs)
-    let last: BTreeMap<i64, i64> = committed.iter().fold(BTreeMap::new(), |mut m, (id, v)| {
-        let e = m.entry(*id).or_insert(*v);
-        *e = (*e).max(*v);
-        m
-    });
+    let last = last_versions(&committed);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let seen: BTreeSet<(i64, i64)> = host.delivered("changes").iter().map(version).collect();
@@ -144,14 +176,19 @@ async fn four_partition_functions_on_their_schedules_deliver_every_change_of_the
             break;
         }
         assert!(Instant::now() < deadline, "not everything delivered within 20 s\n{}", host.output());
-        for f in &functions {
+        for f in functions {
             let run = host.run_timer(f).await.expect("timer run");
             assert!(run.succeeded, "{f}: {:?}", run.attempts.last());
             by_function.entry(f.clone()).or_default().extend(run.applied.get("changes").cloned().unwrap_or_default());
         }
     }
+    (committed, by_function)
+}
 
-    // THEN every key and its last version were delivered, and nothing that was not committed
+/// Every key written and its last version were delivered, nothing that was not committed, and each key's
+/// versions in commit order (a re-delivered version may come again, never an older one).
+pub(crate) fn assert_every_last_version_in_key_order(host: &testbed::driver::HostDriver, committed: &[(i64, i64)]) {
+    let last = last_versions(committed);
     let delivered: Vec<(i64, i64)> = host.delivered("changes").iter().map(version).collect();
     let delivered_set: BTreeSet<(i64, i64)> = delivered.iter().copied().collect();
     let committed_set: BTreeSet<(i64, i64)> = committed.iter().copied().collect();
@@ -169,24 +206,15 @@ async fn four_partition_functions_on_their_schedules_deliver_every_change_of_the
         let before = newest.insert(*id, *v).unwrap_or(0);
         assert!(*v >= before, "order {id}: version {v} delivered after version {before}");
     }
-    // ... each partition only its own keys, and every partition some
-    let partition = partition_of(&orders).await;
-    for (i, f) in functions.iter().enumerate() {
-        let messages = &by_function[f];
-        assert!(!messages.is_empty(), "{f} delivered nothing");
-        for m in messages {
-            let (id, _) = version(m);
-            assert_eq!(partition[&id], i as u32, "{f} delivered order {id} of partition {}", partition[&id]);
-        }
-    }
-    // ... and each partition's state is its own document under the group's name, the original's absent
-    let store = shared_blob_store();
-    for i in 0..COUNT {
-        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-{COUNT}.json");
-        assert!(store.load(&key).await.expect("state store").is_some(), "no state document {key}");
-    }
-    assert!(store.load(&format!("{app_name}/{FUNCTION}.json")).await.expect("state store").is_none());
-    assert!(!host.output().contains("no index serves"), "{}", host.output());
+}
+
+/// The last committed version of each key.
+fn last_versions(committed: &[(i64, i64)]) -> BTreeMap<i64, i64> {
+    committed.iter().fold(BTreeMap::new(), |mut m, (id, v)| {
+        let e = m.entry(*id).or_insert(*v);
+        *e = (*e).max(*v);
+        m
+    })
 }
 
 /// Waits until the handler's start-up check of each of `functions` has finished (passed or failed).

@@ -35,6 +35,8 @@ pub struct Settings {
     pub reconnects: u32,
     /// The app setting's name, for messages (never its value).
     pub setting: String,
+    /// The connection string's digest: the sources and sinks of one string share one pool (`db::pools`).
+    pub database: crate::db::pools::DatabaseKey,
 }
 
 /// `key=value` pairs of an ADO.NET connection string: keys lower-cased without spaces, values unquoted.
@@ -181,7 +183,8 @@ impl Settings {
             config.application_name("sql-pseudo-trigger");
         }
         let token_scope = token_scope(&config.get_addr());
-        Ok(Self { config, auth, connect_timeout, token_scope, reconnects, setting: setting.to_string() })
+        let database = crate::db::pools::DatabaseKey::of("mssql", &[text.as_bytes()]);
+        Ok(Self { config, auth, connect_timeout, token_scope, reconnects, setting: setting.to_string(), database })
     }
 }
 

@@ -3,7 +3,8 @@
 //! every connection sends the session batch of `session` after login, before its first statement.
 //!
 //! Why an own pool: bb8-tiberius and deadpool-tiberius pin tiberius 0.12. This one is a semaphore (at most
-//! [`POOL_SIZE`] connections) over a stack of idle clients. A client that saw any error is dropped, never
+//! `Sql_Trigger_MaxConnectionsPerDatabase` connections, shared through `db::pools` by every source and sink of
+//! one connection string in the process) over a stack of idle clients. A client that saw any error is dropped, never
 //! reused: after a timeout or a broken stream tiberius' connection is out of step with the server. Idle
 //! clients older than [`MAX_IDLE`] are dropped too: Azure's load balancers silently cut connections that
 //! stay idle for about four minutes.
@@ -30,7 +31,6 @@ use tokio::net::TcpStream;
 use tokio::sync::{OnceCell, Semaphore};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-pub const POOL_SIZE: usize = 4;
 pub const MAX_IDLE: Duration = Duration::from_secs(180);
 /// Fresh connections that may replace a dead pooled one when `ConnectRetryCount` is not set: ADO.NET's
 /// default (`SqlConnectionStringBuilder.ConnectRetryCount`, "Default is 1").
@@ -143,8 +143,17 @@ pub enum Param {
     Bytes(Vec<u8>),
 }
 
-/// A pool of connections to one database.
+/// A handle on the pool of one database: every source and sink of one connection string in the process holds
+/// one, over the same connections ([`Shared`], kept by `db::pools`). The handle keeps its own app setting's
+/// name, so each caller's messages name the setting it was configured with.
 pub struct Pool {
+    setting: String,
+    shared: Arc<Shared>,
+}
+
+/// What the handles of one database's pool share: at most the cap of connections, the idle ones, the token
+/// credential.
+pub(crate) struct Shared {
     settings: Settings,
     permits: Semaphore,
     idle: Mutex<Vec<(Tds, Instant)>>,
@@ -153,14 +162,22 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("setting", &self.settings.setting).field("auth", &self.settings.auth).finish()
+        f.debug_struct("Pool").field("setting", &self.setting).field("auth", &self.shared.settings.auth).finish()
     }
 }
 
 impl Pool {
-    /// Opens nothing: connections are made on first use.
+    /// The handle of the pool of `settings`' database, shared with every other of the same connection string
+    /// (`db::pools`). Opens nothing: connections are made on first use.
     pub fn new(settings: Settings) -> Self {
-        Self { settings, permits: Semaphore::new(POOL_SIZE), idle: Mutex::new(Vec::new()), credential: OnceCell::new() }
+        let setting = settings.setting.clone();
+        let shared = super::pools::mssql(settings.database, |cap| Shared {
+            settings,
+            permits: Semaphore::new(cap),
+            idle: Mutex::new(Vec::new()),
+            credential: OnceCell::new(),
+        });
+        Self { setting, shared }
     }
 
     async fn token(&self) -> Result<Option<String>, Failure> {
@@ -183,36 +200,38 @@ impl Pool {
                 _ => DeveloperToolsCredential::new(None).map(|c| c as Arc<dyn TokenCredential>),
             }
         };
-        if self.settings.auth == Auth::SqlPassword {
+        if self.shared.settings.auth == Auth::SqlPassword {
             return Ok(None);
         }
         let credential = self
+            .shared
             .credential
-            .get_or_try_init(|| async { build(&self.settings.auth) })
+            .get_or_try_init(|| async { build(&self.shared.settings.auth) })
             .await
             .map_err(|e| Failure::Token(e.to_string()))?;
         let token = credential
-            .get_token(&[self.settings.token_scope.as_str()], None)
+            .get_token(&[self.shared.settings.token_scope.as_str()], None)
             .await
             .map_err(|e| Failure::Token(e.to_string()))?;
         Ok(Some(token.token.secret().to_string()))
     }
 
     async fn connect(&self) -> Result<Tds, Failure> {
-        let mut config = self.settings.config.clone();
+        let mut config = self.shared.settings.config.clone();
         if let Some(token) = self.token().await? {
             config.authentication(AuthMethod::aad_token(token));
         }
         let mut redirects = 0;
         loop {
             let addr = config.get_addr();
-            let tcp = match tokio::time::timeout(self.settings.connect_timeout, TcpStream::connect(&addr)).await {
+            let tcp = match tokio::time::timeout(self.shared.settings.connect_timeout, TcpStream::connect(&addr)).await
+            {
                 Ok(Ok(tcp)) => tcp,
                 Ok(Err(e)) => return Err(Failure::Connect(format!("{addr}: {e}"))),
                 Err(_) => {
                     return Err(Failure::Connect(format!(
                         "{addr}: no answer within {:?} (Connect Timeout)",
-                        self.settings.connect_timeout
+                        self.shared.settings.connect_timeout
                     )))
                 }
             };
@@ -230,7 +249,7 @@ impl Pool {
     }
 
     fn take_idle(&self) -> Option<Tds> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
         while let Some((client, since)) = idle.pop() {
             if since.elapsed() < MAX_IDLE {
                 return Some(client);
@@ -240,19 +259,23 @@ impl Pool {
     }
 
     fn put_idle(&self, client: Tds) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push((client, Instant::now()));
+        self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).push((client, Instant::now()));
     }
 
     /// Drops every idle client: once one was found dead, the others were most likely cut with it.
     fn drop_idle(&self) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// A connection from the pool, the statement, all rows of its first result set. A pooled connection that
     /// turns out dead is replaced (see the module docs); any other failure is answered at once.
     async fn run(&self, sql: &str, params: Option<&[Param]>, context: &str) -> Result<Vec<Row>, Failed> {
-        let _permit =
-            self.permits.acquire().await.map_err(|_| Failed::new(Failure::Connect("the pool is closed".into())))?;
+        let _permit = self
+            .shared
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Failed::new(Failure::Connect("the pool is closed".into())))?;
         let mut replaced = 0;
         loop {
             let (mut client, reused) = match self.take_idle() {
@@ -264,11 +287,11 @@ impl Pool {
                     self.put_idle(client);
                     return Ok(rows);
                 }
-                Err(e) if reused && broke_connection(&e) && replaced < self.settings.reconnects => {
+                Err(e) if reused && broke_connection(&e) && replaced < self.shared.settings.reconnects => {
                     // The client is dropped; so are the other idle ones, so the next try opens a fresh one.
                     replaced += 1;
                     self.drop_idle();
-                    tracing::debug!(setting = %self.settings.setting, error = %e, context,
+                    tracing::debug!(setting = %self.setting, error = %e, context,
                         "a pooled SQL Server connection was dead; replacing it (ConnectRetryCount)");
                 }
                 // The client is dropped: after any error its stream may be out of step with the server.
@@ -279,7 +302,7 @@ impl Pool {
 
     /// The app setting this pool connects with, for messages.
     pub fn setting(&self) -> &str {
-        &self.settings.setting
+        &self.setting
     }
 
     /// A parameterized statement (`sp_executesql`). `context` says what it does, for the debug log.
@@ -326,6 +349,20 @@ fn broke_connection(e: &tiberius::error::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_and_sinks_of_one_connection_string_share_one_pool_each_naming_its_own_setting() {
+        let text = format!("Server=tcp:127.0.0.1,1;Database=d{};User ID=u;Password=p", uuid::Uuid::new_v4().simple());
+        let parse = |setting: &str, text: &str| {
+            Settings::parse(setting, &crate::config::Secret::new(text)).expect("a valid connection string")
+        };
+        let (source, sink) = (Pool::new(parse("Source", &text)), Pool::new(parse("Sink", &text)));
+        let other = Pool::new(parse("Source", &format!("{text}2")));
+        assert!(Arc::ptr_eq(&source.shared, &sink.shared), "one database, one pool");
+        assert!(!Arc::ptr_eq(&source.shared, &other.shared), "another password is another pool");
+        assert_eq!((source.setting(), sink.setting()), ("Source", "Sink"));
+        assert_eq!(source.shared.permits.available_permits(), crate::db::pools::max_connections());
+    }
 
     #[test]
     fn the_retry_table_retries_what_a_retry_can_fix() {

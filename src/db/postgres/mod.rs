@@ -69,6 +69,14 @@ impl ConnectFailure {
 /// the connection string or the password.
 pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
     let prefix = format!("cannot connect to PostgreSQL (app setting {setting})");
+    if let PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) = e {
+        return ConnectFailure::Unavailable(format!(
+            "{prefix}: all {} connections of the database's pool stayed in use for 30 s; raise {} if the server has \
+             room for more, or serve fewer functions or partitions per instance (docs/operations.md, \"Connections\")",
+            super::pools::max_connections(),
+            crate::config::settings::MAX_CONNECTIONS_PER_DATABASE.name
+        ));
+    }
     let PoolError::Backend(e) = e else { return ConnectFailure::Unavailable(format!("{prefix}: {e}")) };
     let causes: Vec<&(dyn Error + 'static)> = std::iter::successors(e.source(), |c| (*c).source()).collect();
     if let Some(handshake) = causes.iter().find_map(|c| c.downcast_ref::<HandshakeError>()) {

@@ -83,6 +83,12 @@ impl PostgresTls {
         Self { inner: Arc::new(Inner { trust, config: OnceLock::new() }) }
     }
 
+    /// What this connector trusts, as text for `db::pools`' key: two connectors that trust the same share a
+    /// pool. Certificates are public; the text is hashed there, never shown.
+    pub fn fingerprint(&self) -> String {
+        format!("{:?}", self.inner.trust)
+    }
+
     /// True under `Sql_Trigger_PostgresTrustServerCertificate=true`: the start-up warning's condition.
     pub fn trusts_any_certificate(&self) -> bool {
         matches!(self.inner.trust, PostgresTrust::AnyCertificate)

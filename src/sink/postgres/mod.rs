@@ -20,7 +20,8 @@ use super::target::{chunk_ranges, chunks, json_array, Target};
 use super::upsert::{self, Column, RowGroup, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
 use crate::config::TableTarget;
-use crate::db::postgres::{classify, connect_failure, pool, PostgresTls, Verdict};
+use crate::db::pools;
+use crate::db::postgres::{classify, connect_failure, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
 use serde_json::value::RawValue;
@@ -34,8 +35,6 @@ use tokio_postgres::types::ToSql;
 pub const DEFAULT_ROWS_PER_STATEMENT: usize = 5000;
 /// A statement's JSON parameter stops growing here even if `maxRowsPerStatement` allows more rows.
 const MAX_STATEMENT_BYTES: usize = 16 << 20;
-/// One delivery at a time per function; the second connection serves discovery after a failed one.
-const POOL_SIZE: usize = 2;
 
 /// The PostgreSQL sink.
 pub type PostgresSink = TableSink<Postgres>;
@@ -43,7 +42,7 @@ pub type PostgresSink = TableSink<Postgres>;
 /// Builds the sink `spec` names, and its pool, without connecting.
 pub fn new(spec: &TableTarget, tls: &PostgresTls) -> Result<PostgresSink, String> {
     let target = Target::new(spec, DEFAULT_ROWS_PER_STATEMENT);
-    let pool = pool(&target.setting, &target.connection, POOL_SIZE, tls)?;
+    let pool = pools::postgres(&target.setting, &target.connection, tls)?;
     Ok(TableSink::new(target, Postgres { pool }))
 }
 

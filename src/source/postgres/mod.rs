@@ -28,7 +28,8 @@ pub use sql::Guard;
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::change::{Change, Operation};
 use crate::config::{CursorGuard, Partition, PostgresCursorOptions, SourceKind, SourceOptions, SourceSpec};
-use crate::db::postgres::{classify, connect_failure, pool, ConnectFailure, PostgresTls, Verdict};
+use crate::db::pools;
+use crate::db::postgres::{classify, connect_failure, ConnectFailure, PostgresTls, Verdict};
 use crate::ident::Ident;
 use deadpool_postgres::Pool;
 use sql::{Age, Shape};
@@ -36,8 +37,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio_postgres::types::ToSql;
-
-const POOL_SIZE: usize = 4;
 
 #[derive(Debug)]
 pub struct PostgresCursor {
@@ -58,7 +57,7 @@ impl PostgresCursor {
         let SourceOptions::PostgresCursor(options) = spec.options.clone() else {
             return Err(super::wrong_kind(&spec, SourceKind::PostgresCursor));
         };
-        let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
+        let pool = pools::postgres(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
         Ok(Self {
             spec,
             options,
@@ -218,6 +217,9 @@ impl PostgresCursor {
             age,
             partition: self.spec.partition,
         };
+        // The plan check takes a connection of its own: this one goes back first, or N partitions discovering at
+        // once over a pool of N would each hold one and wait for a second until the pool's wait timeout.
+        drop(client);
         if let Some(p) = self.spec.partition {
             self.check_partition_index(&shape, (p, oid), keyset_indexed).await?;
         }

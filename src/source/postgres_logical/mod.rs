@@ -43,7 +43,8 @@ mod wire;
 
 use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use crate::config::SourceSpec;
-use crate::db::postgres::{connect_failure, pool, ConnectFailure, PostgresTls};
+use crate::db::pools;
+use crate::db::postgres::{connect_failure, ConnectFailure, PostgresTls};
 use catalog::Shape;
 use deadpool_postgres::Pool;
 use decode::commit_unix_seconds;
@@ -55,7 +56,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const POOL_SIZE: usize = 2;
 /// Messages status reads at most to count pending changes: `pending` must stay one bounded statement.
 const PENDING_SCAN: usize = 10_000;
 
@@ -87,7 +87,7 @@ impl PostgresLogical {
     /// Builds the source without connecting.
     pub fn new(spec: SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
         let options = Options::from_spec(&spec)?;
-        let pool = pool(&spec.connection_setting, &spec.connection, POOL_SIZE, tls).map_err(SourceError::Invalid)?;
+        let pool = pools::postgres(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
         Ok(Self {
             spec,
             options,

@@ -300,6 +300,13 @@ async fn a_value_the_target_column_cannot_hold_is_refused_naming_the_column_and_
     let ids: Vec<Vec<i64>> = held.iter().map(|doc| ids_of(doc["changes"].as_array().expect("changes"))).collect();
     assert_eq!(ids, [vec![2], vec![4]]);
     assert!(held.iter().all(|doc| doc["failures"] == 2), "{held:?}");
+    // AND each quarantine document's reason carries the last refusal, naming the column it could not hold
+    let columns = [r#"column "body" of public.notes_copy (jsonb)"#, r#"column "label" of public.notes_copy"#];
+    for (doc, column) in held.iter().zip(columns) {
+        let reason = doc["reason"].as_str().expect("a reason");
+        let head = format!("batch {} failed 2 time(s) (Sql_Trigger_MaxAttempts); last error: ", doc["batch_id"]);
+        assert!(reason.starts_with(&head) && reason.contains(column), "{column} in {reason}");
+    }
 }
 
 /// The quarantine documents of [`FUNCTION`], in batch order (`handler state quarantine list` and `show`).

@@ -26,6 +26,8 @@ pub struct Poison {
     pub failing_since: Option<OffsetDateTime>,
     /// An operator's retry of a quarantined batch: its document's key (it stays where it is).
     pub quarantined: Option<String>,
+    /// The error of its last known failure, if one was recorded (`InFlight::last_error`).
+    pub last_error: Option<String>,
 }
 
 /// The log line for what a retry said, if it said something.
@@ -81,7 +83,7 @@ pub fn lease_needs_renewal(doc: &StateDoc, owner: &str, duration: std::time::Dur
 
 /// Why a batch is poison, in the words of the settings that made it so.
 pub fn poison_reason(poison: &Poison, now: OffsetDateTime) -> String {
-    match poison.failing_since {
+    let settings = match poison.failing_since {
         Some(since) => format!(
             "batch {} failed {} time(s) over {} s (Sql_Trigger_MaxAttempts, Sql_Trigger_PoisonAfterMs)",
             poison.range.batch_id,
@@ -89,6 +91,10 @@ pub fn poison_reason(poison: &Poison, now: OffsetDateTime) -> String {
             (now - since).whole_seconds()
         ),
         None => format!("batch {} failed {} time(s) (Sql_Trigger_MaxAttempts)", poison.range.batch_id, poison.failures),
+    };
+    match &poison.last_error {
+        Some(error) => format!("{settings}; last error: {error}"),
+        None => settings,
     }
 }
 
@@ -127,6 +133,7 @@ pub fn span_of(memory: &Answered, owner: &str) -> Option<InFlight> {
         quarantined: None,
         batches: memory.span.len() as u32,
         failing_since: first.failing_since,
+        last_error: None,
     })
 }
 
@@ -187,6 +194,7 @@ pub fn stuck(flight: &InFlight, max_attempts: u32, action: PoisonAction) -> Stuc
         failures: flight.failures,
         failing_since: flight.failing_since,
         quarantined: flight.quarantined.clone(),
+        last_error: flight.last_error.clone(),
     };
     match action {
         PoisonAction::Halt => Stuck::Halt(poison),
@@ -201,6 +209,7 @@ pub fn poison_of(sent: &Sent) -> Poison {
         failures: sent.failures,
         failing_since: sent.failing_since,
         quarantined: sent.quarantined.clone(),
+        last_error: None,
     }
 }
 

@@ -384,10 +384,12 @@ impl StateDoc {
     }
 
     /// One more known failure of the batch in flight (durable, so `Sql_Trigger_MaxAttempts` counts across
-    /// processes). `false` when nothing is in flight. Who: a sink tick whose sink rejected the batch.
-    pub fn record_failure(&mut self) -> bool {
+    /// processes), with its error (`error`, secret-free like every error, shown in the quarantine document's or
+    /// the halt's reason). `false` when nothing is in flight. Who: a sink tick whose sink rejected the batch.
+    pub fn record_failure(&mut self, error: &str) -> bool {
         let Some(flight) = self.in_flight.as_mut() else { return false };
         flight.failures += 1;
+        flight.last_error = Some(error.to_string());
         true
     }
 
@@ -445,6 +447,7 @@ impl StateDoc {
         if let Some(f) = self.in_flight.as_mut() {
             f.failures = 0;
             f.failing_since = None;
+            f.last_error = None;
         }
     }
 
@@ -579,6 +582,10 @@ pub struct InFlight {
     /// `Sql_Trigger_PoisonAfterMs`.
     #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
     pub failing_since: Option<OffsetDateTime>,
+    /// The error of its last known failure, when the failure came with one (a sink's refusal; a host retry
+    /// says nothing of why): the poison reason quotes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl InFlight {
@@ -595,6 +602,7 @@ impl InFlight {
             quarantined: None,
             batches: 1,
             failing_since: None,
+            last_error: None,
         }
     }
 }

@@ -269,7 +269,7 @@ pub(super) async fn deliver(
         }
         Err(e) => {
             // A known failure of this batch: durable, so that MaxAttempts counts across processes.
-            if matches!(e, SinkError::Rejected(_)) && ack.doc.record_failure() {
+            if matches!(e, SinkError::Rejected(_)) && ack.doc.record_failure(&e.to_string()) {
                 if let Err(store) = ack.commit().await {
                     tracing::warn!(function = %trigger.config.name, batch_id, error = %store,
                         "could not record the sink's rejection; this failure is not counted");

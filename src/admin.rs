@@ -83,9 +83,11 @@ pub async fn dispatch(app: &App, req: AdminRequest) -> (StatusCode, Value) {
             ),
             ("GET", ["status"]) => {
                 let owners = app.partition_owners(parts[0]).await;
+                // Like `handler state status`: a total over the partitions that answered is not the function's.
                 answer(
                     group_status(parts[0], &partitions, &owners)
                         .await
+                        .and_then(|s| s.complete())
                         .map(|s| serde_json::to_value(s).unwrap_or(Value::Null)),
                 )
             }
@@ -130,7 +132,7 @@ fn answer(result: Result<Value, OpsError>) -> (StatusCode, Value) {
                 OpsError::Tick(TickError::CorruptState { .. } | TickError::CorruptQuarantine { .. }) => {
                     StatusCode::NOT_FOUND
                 }
-                OpsError::Tick(_) => StatusCode::SERVICE_UNAVAILABLE,
+                OpsError::Tick(_) | OpsError::Incomplete(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             (status, json!({ "error": e.to_string() }))
         }

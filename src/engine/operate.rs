@@ -28,6 +28,9 @@ pub enum OpsError {
     Invalid(String),
     #[error("{0}")]
     Tick(#[from] TickError),
+    /// A partitioned function's status that some partitions did not answer (`GroupStatus::missing`): no total.
+    #[error("{0}")]
+    Incomplete(String),
 }
 
 impl From<StoreError> for OpsError {

@@ -65,18 +65,15 @@ pub struct GroupStatus {
     /// Partitions whose status could not be read (`error` in their entry).
     pub unanswered: usize,
     pub partition_status: Vec<PartitionStatus>,
-    /// The first failure among the partitions, kept for [`GroupStatus::complete`].
-    #[serde(skip)]
-    failure: Option<OpsError>,
 }
 
 impl GroupStatus {
-    /// The status, or the first partition's failure when any partition did not answer: the scale route must
-    /// not report a backlog it only partly read.
+    /// The status, or [`OpsError::Incomplete`] naming each partition that did not answer ([`Self::missing`]):
+    /// the scale route and the status route must not report a backlog they only partly read.
     pub fn complete(self) -> Result<Self, OpsError> {
-        match self.failure {
+        match self.missing() {
             None => Ok(self),
-            Some(e) => Err(e),
+            Some(missing) => Err(OpsError::Incomplete(missing)),
         }
     }
 
@@ -103,7 +100,7 @@ impl GroupStatus {
 
 /// Reads the status of each of `partitions` (the partition triggers of `group`, from `App::partitions`) in
 /// rounds of [`STATUS_FAN_OUT`], and sums them. `owners`: each partition's owner in `handler run`'s balancing,
-/// by index, where it is known. Fails only when no partition answered.
+/// by index, where it is known. Fails only when no partition answered, naming each of them ([`GroupStatus::missing`]).
 pub async fn group_status(
     group: &str,
     partitions: &[Arc<Trigger>],
@@ -121,36 +118,35 @@ pub async fn group_status(
         results.extend(futures::future::join_all(round.iter().map(|t| t.status())).await);
     }
     let mut entries = Vec::with_capacity(results.len());
-    let mut failure = None;
     for (t, result) in partitions.iter().zip(results) {
         let index = t.config.partition().map_or(0, |p| p.index);
         entries.push(match result {
             Ok(status) => entry(index, status, owners.get(&index).cloned()),
-            Err(e) => {
-                let entry = PartitionStatus {
-                    partition: index,
-                    function: t.name().to_string(),
-                    lease_owner: None,
-                    partition_owner: owners.get(&index).cloned(),
-                    pending: 0,
-                    lag_seconds: None,
-                    pace_per_second: None,
-                    seconds_since_progress: 0.0,
-                    paused: false,
-                    halted: None,
-                    error: Some(e.to_string()),
-                };
-                failure = failure.or(Some(e));
-                entry
-            }
+            Err(e) => PartitionStatus {
+                partition: index,
+                function: t.name().to_string(),
+                lease_owner: None,
+                partition_owner: owners.get(&index).cloned(),
+                pending: 0,
+                lag_seconds: None,
+                pace_per_second: None,
+                seconds_since_progress: 0.0,
+                paused: false,
+                halted: None,
+                error: Some(e.to_string()),
+            },
         });
     }
-    if entries.iter().all(|p| p.error.is_some()) {
-        if let Some(e) = failure {
-            return Err(e);
-        }
+    summed(group, count, per_worker, entries)
+}
+
+/// [`totals`] of the partitions read, or, when none of them answered, the error naming each of them.
+fn summed(group: &str, count: u32, per_worker: u64, partitions: Vec<PartitionStatus>) -> Result<GroupStatus, OpsError> {
+    let status = totals(group, count, per_worker, partitions);
+    if status.partition_status.iter().all(|p| p.error.is_some()) {
+        return status.complete();
     }
-    Ok(GroupStatus { failure, ..totals(group, count, per_worker, entries) })
+    Ok(status)
 }
 
 fn entry(index: u32, status: Status, partition_owner: Option<String>) -> PartitionStatus {
@@ -186,7 +182,6 @@ fn totals(group: &str, count: u32, per_worker: u64, partitions: Vec<PartitionSta
         target_replicas: target_replicas(pending, per_worker, count),
         unanswered: partitions.iter().filter(|p| p.error.is_some()).count(),
         partition_status: partitions,
-        failure: None,
     }
 }
 
@@ -289,10 +284,24 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_that_did_not_answer_makes_the_status_incomplete_with_its_error() {
-        let mut group = totals("orders", 2, 1000, vec![partition(0, 5, None, None, None)]);
-        group.failure = Some(OpsError::Conflict("orders-p1".into()));
-        let refused = group.complete().expect_err("a partition did not answer").to_string();
-        assert!(refused.contains("orders-p1"), "{refused}");
+    fn when_no_partition_answered_the_status_fails_naming_every_one_of_them() {
+        let partitions = vec![partition(0, 0, None, None, Some("refused")), partition(1, 0, None, None, Some("gone"))];
+        let refused = summed("orders", 2, 1000, partitions).expect_err("nothing answered").to_string();
+        assert!(
+            refused.contains("2 of 2 partitions did not answer: orders-p0 (refused); orders-p1 (gone)."),
+            "{refused}"
+        );
+        let answered = vec![partition(0, 3, None, None, None), partition(1, 0, None, None, Some("gone"))];
+        let partial = summed("orders", 2, 1000, answered).expect("one answered: the partial status, for the CLI");
+        assert_eq!((partial.pending, partial.unanswered), (3, 1));
+    }
+
+    #[test]
+    fn a_partition_that_did_not_answer_makes_the_status_incomplete_naming_it_and_its_error() {
+        let partitions = vec![partition(0, 5, None, None, None), partition(1, 9, None, None, Some("database down"))];
+        let refused = totals("orders", 2, 1000, partitions).complete().expect_err("a partition did not answer");
+        assert!(matches!(refused, OpsError::Incomplete(_)), "{refused:?}");
+        let refused = refused.to_string();
+        assert!(refused.contains("1 of 2 partitions did not answer: orders-p1 (database down)."), "{refused}");
     }
 }

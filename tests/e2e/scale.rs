@@ -7,6 +7,7 @@ use crate::operations::handler_cli;
 use crate::runner::Runner;
 use crate::support::{self, AppFolder};
 use serde_json::{json, Value};
+use sql_pseudo_trigger::state::StateStore;
 use std::time::{Duration, Instant};
 use testbed::embedded;
 
@@ -145,6 +146,41 @@ async fn the_scale_route_answers_keda_with_the_key_as_header_or_bearer_and_statu
     assert_eq!(code, 404);
     // AND the key was never logged
     assert!(!runner.stderr().contains(KEY) && !runner.stdout().contains(KEY), "the key is in the log");
+}
+
+#[tokio::test]
+async fn the_status_route_of_a_function_some_partitions_did_not_answer_names_them_and_gives_no_total() {
+    // GIVEN a function of four partitions (state in Azurite) with orders pending, whose partitions 1 and 3 have
+    // damaged state documents
+    let orders = Orders::new("status_route_missing").await;
+    orders.insert(1..=5).await;
+    let app_name = unique_app_name("status-route-missing");
+    let trigger = json!({ "partitions": PARTITIONS, "pollingIntervalMs": 10 });
+    let app = orders_app(&orders, &app_name, trigger, &[("Sql_Trigger_AdminKey", KEY)]);
+    let store = shared_blob_store();
+    for i in [1, 3] {
+        let key = format!("{app_name}/{FUNCTION}/partition-{i}-of-{PARTITIONS}.json");
+        store.save_if(&key, b"{ not a state document", None).await.expect("write the damaged document");
+    }
+
+    // WHEN `handler run` serves its admin routes and an operator asks for the status of the whole function
+    let port = embedded::free_port().expect("a free port").to_string();
+    let runner = Runner::start(&app, &["--admin-port", &port]);
+    admin_ready(&runner, &port).await;
+    let (code, status) = get(&port, &format!("/admin/{FUNCTION}/status"), &[("X-API-KEY", KEY)]).await;
+
+    // THEN it answers 503 like any unavailable dependency, naming each partition that did not answer and why,
+    // and no total (as `handler state status` does), never a total of the two that answered
+    assert_eq!(code, 503, "{status}");
+    let error = status["error"].as_str().unwrap_or_else(|| panic!("an error: {status}"));
+    assert!(error.contains("2 of 4 partitions did not answer"), "{error}");
+    for (i, named) in [(0, false), (1, true), (2, false), (3, true)] {
+        assert_eq!(error.contains(&format!("{FUNCTION}-p{i} (")), named, "partition {i} in {error}");
+    }
+    assert_eq!(status.as_object().map(|o| o.len()), Some(1), "only the error: {status}");
+    // AND the scale route refuses the partial backlog alike
+    let (code, scale) = get(&port, "/admin/scale", &[("X-API-KEY", KEY)]).await;
+    assert_eq!(code, 503, "{scale}");
 }
 
 #[tokio::test]

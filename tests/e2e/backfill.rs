@@ -3,9 +3,14 @@
 //! backfill_crashes.rs.
 
 use crate::common::*;
+use crate::operations::handler_cli;
+use crate::runner::Runner;
 use serde_json::{json, Value};
 use sql_pseudo_trigger::engine::document::BackfillState;
+use sql_pseudo_trigger::source::Position;
+use sql_pseudo_trigger::state::{Etag, StateStore};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// The consumer's view after applying every message in order, idempotently (upsert by id, delete by id).
 pub(crate) fn view(messages: &[Value]) -> BTreeMap<i64, f64> {
@@ -155,4 +160,47 @@ async fn under_handler_run_a_trickle_of_live_changes_does_not_hold_a_backfill_to
     }
     stop.send(true).expect("the writer listens");
     writer.await.expect("the writer");
+}
+
+#[tokio::test]
+async fn a_backfill_position_of_a_time_key_written_in_another_date_style_is_refused_naming_it_and_the_fix() {
+    // GIVEN orders keyed by (placed_at, id), drained once by `handler run --once`, then a backfill started
+    let url = crate::support::fixture().fresh_database("backfill_datestyle").await;
+    let db = testbed::embedded::connect(&url).await.expect("connect");
+    let schema = testbed::demo::ORDERS_SCHEMA.replace("id bigint PRIMARY KEY,", "id bigint NOT NULL,");
+    db.batch_execute(&format!("{schema}\nALTER TABLE public.orders ADD PRIMARY KEY (placed_at, id);"))
+        .await
+        .expect("create orders keyed by a timestamptz");
+    let orders = Orders::on(url).await;
+    orders.insert(1..=3).await;
+    let app_name = unique_app_name("backfill-datestyle");
+    let app = orders_app(&orders, &app_name, json!({ "maxBatchSize": 2 }), &[]);
+    let mut once = Runner::start(&app, &["--once"]);
+    let exited = once.exit(Duration::from_secs(60)).await;
+    assert!(exited.success(), "handler run --once failed ({exited}):\n{}", once.stderr());
+    let args: Vec<String> = ["state", "backfill", FUNCTION].iter().map(|a| a.to_string()).collect();
+    let started = handler_cli(app.root(), &args).await;
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+
+    // WHEN its stored key position holds a time as an earlier handler wrote it under DateStyle `SQL, DMY`
+    let store = shared_blob_store();
+    let (mut doc, etag) = state(&store, &app_name).await;
+    let stale = Position::Array(vec![Position::String("02/01/2024 03:04:05 UTC".into()), Position::String("1".into())]);
+    doc.backfill.as_mut().expect("a backfill").after = stale.clone();
+    let bytes = serde_json::to_vec(&doc).expect("state serializes");
+    store.save_if(&state_key(&app_name), &bytes, Some(&Etag(etag))).await.expect("rewrite the state");
+    let mut again = Runner::start(&app, &["--once"]);
+    let exited = again.exit(Duration::from_secs(60)).await;
+
+    // THEN the drain fails naming the value, its type and the fix, and the backfill did not move (nothing read
+    // from a position that would mean February the 1st, or January the 2nd, depending on who reads it)
+    let stderr = again.stderr();
+    assert!(!exited.success(), "a drain over a misread position exited 0:\n{stderr}");
+    assert!(
+        stderr.contains(r#"the stored backfill position of public.orders holds the timestamp with time zone "02/01/2024 03:04:05 UTC""#)
+            && stderr.contains("handler state backfill <function> --cancel"),
+        "{stderr}"
+    );
+    let backfill = state(&store, &app_name).await.0.backfill.expect("a backfill");
+    assert_eq!((backfill.after, backfill.rows, backfill.chunks), (stale, 0, 0));
 }

@@ -11,7 +11,7 @@
 //! Kept apart from `sql.rs` (the live statements) so the two evolve without touching each other.
 
 use super::sql::Shape;
-use super::{db_error, PostgresCursor};
+use super::{db_error, position, PostgresCursor};
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
 use crate::source::{
@@ -34,6 +34,16 @@ fn key_params(shape: &Shape, first: usize) -> String {
     let parts: Vec<String> =
         shape.key.iter().enumerate().map(|(i, (_, ty))| format!("(${}::text)::{ty}", first + i)).collect();
     format!("({})", parts.join(", "))
+}
+
+/// A stored backfill key position's texts (`None`: before the first key), refused when they do not fit the key or
+/// hold a date or time written in another DateStyle.
+fn key_texts(shape: &Shape, p: &Position, table: &str) -> Result<Option<Vec<String>>, SourceError> {
+    let texts = backfill_key_texts(p, shape.key.len(), table)?;
+    if let Some(t) = &texts {
+        position::check_backfill_iso(table, shape.key.iter().map(|(_, ty)| ty), t).map_err(SourceError::Invalid)?;
+    }
+    Ok(texts)
 }
 
 fn key_columns(shape: &Shape) -> String {
@@ -164,12 +174,12 @@ impl PostgresCursor {
         let shape = self.shape().await?;
         let Some(bound) = r.bound.as_str() else { return Ok(Fetched::default()) };
         let (arity, table) = (shape.key.len(), self.spec.table.to_string());
-        let after = backfill_key_texts(r.after, arity, &table)?;
+        position::check_backfill_iso(&table, [&shape.cursor_type], &[bound.to_string()])
+            .map_err(SourceError::Invalid)?;
+        let after = key_texts(shape, r.after, &table)?;
         // A chunk delivered before ends at its last row's key: a stored `Null` there is refused, not read unbounded.
         let upto = match r.upto {
-            Some(u) => {
-                Some(backfill_key_texts(u, arity, &table)?.ok_or_else(|| backfill_key_misfit(u, arity, &table))?)
-            }
+            Some(u) => Some(key_texts(shape, u, &table)?.ok_or_else(|| backfill_key_misfit(u, arity, &table))?),
             None => None,
         };
         let columns: &[(String, String)] = match r.filter {
@@ -252,6 +262,22 @@ mod tests {
             age: Age::CommitTimestamp,
             partition: None,
         }
+    }
+
+    #[test]
+    fn a_stored_chunk_key_of_a_time_written_in_another_date_style_is_refused_naming_it_and_the_fix() {
+        let mut shape = shape();
+        shape.key[0].1 = "timestamp with time zone".into();
+        let key = |at: &str| Position::Array(vec![Position::String(at.into()), Position::String("7".into())]);
+        let read = key_texts(&shape, &key("2024-01-02 03:04:05+00"), "public.orders").expect("ISO passes");
+        assert_eq!(read, Some(vec!["2024-01-02 03:04:05+00".to_string(), "7".to_string()]));
+        let refused = key_texts(&shape, &key("02/01/2024 03:04:05 UTC"), "public.orders").expect_err("not ISO");
+        let refused = refused.to_string();
+        assert!(
+            refused.contains(r#"holds the timestamp with time zone "02/01/2024 03:04:05 UTC""#)
+                && refused.contains("handler state backfill <function> --cancel"),
+            "{refused}"
+        );
     }
 
     #[test]

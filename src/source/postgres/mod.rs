@@ -19,7 +19,7 @@
 
 mod backfill;
 mod index_advice;
-mod position;
+pub(crate) mod position;
 mod position_order;
 mod sql;
 

@@ -18,17 +18,49 @@ fn dated(ty: &str) -> bool {
     ty.starts_with("date") || ty.starts_with("timestamp")
 }
 
+/// The first date or time text of `texts` (in the order of `types`) that is not ISO, with its type.
+fn non_iso<'a, 't>(
+    types: impl IntoIterator<Item = &'a String>,
+    texts: &'t [String],
+) -> Option<(&'a String, &'t String)> {
+    types.into_iter().zip(texts).find(|(ty, text)| dated(ty) && !iso(text))
+}
+
+/// Why a stored `ty` text is refused: it would be read as another time.
+fn misread(what: &str, table: &str, ty: &str, text: &str) -> String {
+    format!(
+        "the stored {what} of {table} holds the {ty} {text:?}, written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time"
+    )
+}
+
 /// Refuses a stored position of `table` (texts in the order of `types`) with a date or time text that is not
 /// ISO, saying how to go on.
-pub(super) fn check_iso<'a>(
+pub(crate) fn check_iso<'a>(
     table: &str,
     types: impl IntoIterator<Item = &'a String>,
     texts: &[String],
 ) -> Result<(), String> {
-    match types.into_iter().zip(texts).find(|(ty, text)| dated(ty) && !iso(text)) {
+    match non_iso(types, texts) {
         None => Ok(()),
         Some((ty, text)) => Err(format!(
-            "the stored position of {table} holds the {ty} {text:?}, written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time. Reset the function to the same position written as ISO (YYYY-MM-DD hh:mm:ss+hh:mm): handler state reset <function> --to '<position>' --confirm"
+            "{}. Reset the function to the same position written as ISO (YYYY-MM-DD hh:mm:ss+hh:mm): handler state reset <function> --to '<position>' --confirm",
+            misread("position", table, ty, text)
+        )),
+    }
+}
+
+/// Refuses a backfill's stored key position or bound of `table` (texts in the order of `types`) with a date or
+/// time text that is not ISO, saying how to go on: a backfill is walked again from its start.
+pub(crate) fn check_backfill_iso<'a>(
+    table: &str,
+    types: impl IntoIterator<Item = &'a String>,
+    texts: &[String],
+) -> Result<(), String> {
+    match non_iso(types, texts) {
+        None => Ok(()),
+        Some((ty, text)) => Err(format!(
+            "{}. Cancel the backfill (handler state backfill <function> --cancel) and start it again",
+            misread("backfill position", table, ty, text)
         )),
     }
 }
@@ -69,5 +101,17 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    #[test]
+    fn a_backfill_position_is_checked_alike_and_refused_with_the_backfill_fix() {
+        let types = ["bigint".to_string(), "date".to_string()];
+        let texts = |day: &str| ["7".to_string(), day.to_string()];
+        assert_eq!(check_backfill_iso("public.t", &types, &texts("2024-01-02")), Ok(()));
+        let refused = check_backfill_iso("public.t", &types, &texts("02/01/2024")).expect_err("not ISO");
+        assert_eq!(
+            refused,
+            "the stored backfill position of public.t holds the date \"02/01/2024\", written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time. Cancel the backfill (handler state backfill <function> --cancel) and start it again"
+        );
     }
 }

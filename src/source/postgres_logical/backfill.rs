@@ -260,12 +260,12 @@ impl PostgresLogical {
         let shape = self.shape().await?;
         let live = self.position(r.live)?;
         let (arity, table) = (shape.key.len(), self.spec.table.to_string());
-        let mut after = backfill_key_texts(r.after, arity, &table)?;
-        let upto = r.upto.map(|u| backfill_key_texts(u, arity, &table)).transpose()?.flatten();
+        let mut after = key_texts(&shape, r.after, &table)?;
+        let upto = r.upto.map(|u| key_texts(&shape, u, &table)).transpose()?.flatten();
         let last = match r.bound.get("last") {
             // The table was empty when the backfill started: every row is the live path's.
             Some(Position::Null) => return Ok(ChunkRead::Rows(Fetched::default())),
-            Some(last) => backfill_key_texts(last, arity, &table)?,
+            Some(last) => key_texts(&shape, last, &table)?,
             None => {
                 return Err(SourceError::Invalid(format!(
                     "the stored backfill bound {} has no \"last\" key; cancel the backfill (handler state backfill <function> --cancel) and start it again",
@@ -400,6 +400,18 @@ impl PostgresLogical {
             let _ = tokio::time::timeout_at(deadline.min(now + ASK_EVERY), notified).await;
         }
     }
+}
+
+/// A stored backfill key position's texts (`None`: before the first key), refused when they do not fit the key
+/// or hold a date or time written in another DateStyle (`postgres::position`).
+fn key_texts(shape: &Shape, p: &Position, table: &str) -> Result<Option<Vec<String>>, SourceError> {
+    let texts = backfill_key_texts(p, shape.key.len(), table)?;
+    if let Some(t) = &texts {
+        let type_of = |k: &Ident| shape.catalog.iter().find(|c| c.name == k.as_str()).map(|c| c.type_name.clone());
+        let types: Vec<String> = shape.key.iter().map(|k| type_of(k).unwrap_or_default()).collect();
+        crate::source::postgres::position::check_backfill_iso(table, &types, t).map_err(SourceError::Invalid)?;
+    }
+    Ok(texts)
 }
 
 #[cfg(test)]

@@ -165,3 +165,19 @@ fn the_wait_and_watermark_statements_are_the_ones_the_rule_names() {
     // (a transaction that writes WAL commits synchronously; one that only takes an xid does not)
     assert!(HIGH_WATERMARK.contains("pg_logical_emit_message(true,"));
 }
+
+#[test]
+fn a_stored_backfill_key_of_a_date_written_in_another_date_style_is_refused_naming_it_and_the_fix() {
+    let mut shape = shape();
+    shape.catalog[0].type_name = "date".into();
+    let key = |day: &str| Position::Array(vec![Position::String(day.into()), Position::String("41".into())]);
+    let read = key_texts(&shape, &key("2024-01-02"), "public.orders").expect("ISO passes");
+    assert_eq!(read, Some(vec!["2024-01-02".to_string(), "41".to_string()]));
+    assert_eq!(key_texts(&shape, &Position::Null, "public.orders").expect("before the first key"), None);
+    let refused = key_texts(&shape, &key("02/01/2024"), "public.orders").expect_err("not ISO").to_string();
+    assert!(
+        refused.contains(r#"public.orders holds the date "02/01/2024""#)
+            && refused.contains("handler state backfill <function> --cancel"),
+        "{refused}"
+    );
+}

@@ -208,8 +208,12 @@ pub fn position(p: &Value) -> (u64, i64) {
     (xid, id)
 }
 
-/// The change messages an invocation answered for the `changes` binding (empty if none).
+/// The change messages an invocation answered for the `changes` binding (empty if none, or if the invocation
+/// failed). A 2xx answer the host could not read is no answer of nothing: it fails the test, naming the body.
 pub fn answered_changes(invocation: &testbed::driver::Invocation) -> Vec<Value> {
+    if let Some(why) = &invocation.decode_error {
+        panic!("the handler's answer ({}) is unreadable ({why}): {}", invocation.status, invocation.body);
+    }
     match invocation.outputs.get("changes") {
         Some(Value::Array(items)) => items.clone(),
         Some(Value::Null) | None => Vec::new(),

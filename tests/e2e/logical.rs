@@ -315,17 +315,24 @@ async fn drain_all(host: &HostDriver) -> Vec<Value> {
 
 /// The raw text of each `Item` an invocation answered, before the host re-reads it: the exact JSON the
 /// handler built.
+/// An answer it cannot read fails the test, naming the body (never read as "nothing answered").
 pub(crate) fn answered_items(invocation: &testbed::driver::Invocation) -> Vec<(i64, String)> {
-    let body: HashMap<String, Box<RawValue>> = serde_json::from_str(&invocation.body).expect("the answer is JSON");
-    let outputs: HashMap<String, Box<RawValue>> =
-        serde_json::from_str(body["Outputs"].get()).expect("Outputs is an object");
-    let changes: Vec<HashMap<String, Box<RawValue>>> =
-        serde_json::from_str(outputs["changes"].get()).expect("changes is an array of changes");
+    let unreadable = |why: &str| -> ! { panic!("the handler's answer is unreadable ({why}): {}", invocation.body) };
+    let object = |text: &str, what: &str| -> HashMap<String, Box<RawValue>> {
+        serde_json::from_str(text).unwrap_or_else(|e| unreadable(&format!("{what} is not a JSON object: {e}")))
+    };
+    let field = |map: &HashMap<String, Box<RawValue>>, name: &str| -> String {
+        map.get(name).map(|v| v.get().to_string()).unwrap_or_else(|| unreadable(&format!("no {name:?}")))
+    };
+    let outputs = object(&field(&object(&invocation.body, "the answer"), "Outputs"), "Outputs");
+    let changes: Vec<HashMap<String, Box<RawValue>>> = serde_json::from_str(&field(&outputs, "changes"))
+        .unwrap_or_else(|e| unreadable(&format!("changes is not an array of objects: {e}")));
     changes
         .iter()
         .map(|c| {
-            let op: i64 = serde_json::from_str(c["Operation"].get()).expect("Operation is a number");
-            (op, c["Item"].get().to_string())
+            let op = serde_json::from_str::<i64>(&field(c, "Operation"))
+                .unwrap_or_else(|e| unreadable(&format!("an Operation is not a number: {e}")));
+            (op, field(c, "Item"))
         })
         .collect()
 }

@@ -13,7 +13,8 @@
 //! `GET /scale` (the replicas each function's backlog asks for, which KEDA's `metrics-api` scaler reads).
 //!
 //! A partitioned function answers `GET /{fn}/status` by its own name (its `partitionGroup`) with each
-//! partition and the totals; every other action names one partition trigger (`{fn}-p{i}`).
+//! partition and the totals, or 503 naming each partition that did not answer (never a partial total); every
+//! other action names one partition trigger (`{fn}-p{i}`).
 //!
 //! `POST /{fn}/backfill[?where=<filter>]` · `POST /{fn}/backfill/pause|resume|cancel`.
 

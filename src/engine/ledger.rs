@@ -173,8 +173,42 @@ impl Ledger {
 /// `document::read`): the error names the field, and nothing is written over it.
 fn parse(key: &str, bytes: &[u8]) -> Result<StateDoc, TickError> {
     super::document::read(bytes).map_err(|detail| TickError::CorruptState {
-        function: key.rsplit_once('/').map_or(key, |(_, f)| f).trim_end_matches(".json").to_string(),
+        function: function_of(key),
         key: key.to_string(),
         detail,
     })
+}
+
+/// The function whose document `key` is, as the CLI knows it: `{app}/{function}.json` names the function, and a
+/// partition's `{app}/{group}/partition-{i}-of-{N}.json` names the trigger that serves it (`{group}-p{i}`), not
+/// the document's file name, which no command accepts.
+fn function_of(key: &str) -> String {
+    let stem = key.trim_end_matches(".json");
+    let mut parts = stem.rsplit('/');
+    let (last, group) = (parts.next().unwrap_or(stem), parts.next());
+    let partition = last.strip_prefix("partition-").and_then(|rest| rest.split_once("-of-")).and_then(|(i, n)| {
+        let count = n.parse().ok().and_then(std::num::NonZeroU32::new)?;
+        crate::config::Partition::new(i.parse().ok()?, count)
+    });
+    match (partition, group) {
+        (Some(p), Some(group)) => p.function_name(group),
+        _ => last.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_document_names_the_function_the_cli_knows_a_partitions_trigger_for_a_partition() {
+        let damaged = |key: &str| match parse(key, b"{not json") {
+            Err(TickError::CorruptState { function, .. }) => function,
+            other => panic!("{key}: expected a damaged-state error, got {other:?}"),
+        };
+        assert_eq!(damaged("app/OrdersChanged.json"), "OrdersChanged");
+        assert_eq!(damaged("app/OrdersChanged/partition-1-of-4.json"), "OrdersChanged-p1");
+        // Not a partition's name (an index past the count): the file's own name, as before.
+        assert_eq!(damaged("app/OrdersChanged/partition-4-of-4.json"), "partition-4-of-4");
+    }
 }

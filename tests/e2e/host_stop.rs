@@ -51,19 +51,20 @@ async fn sigterm_under_the_host_releases_every_partition_lease_so_partitions_cha
     let stopped_in = stopping.elapsed();
     assert!(status.success(), "exit status {status:?}\n{}", host.output());
 
-    // THEN no partition is leased any more, and each still records the batch the host was answered
-    for i in 0..4 {
-        let doc = doc_at(&store, &key(i)).await;
-        assert!(!leased(&doc), "partition {i}'s lease is released: {:?}\n{}", doc.lease, host.output());
-        assert!(doc.in_flight.is_some(), "partition {i}'s unproven batch stays recorded: {doc:?}");
-    }
-    // AND changing to 8 partitions right away is made at the first attempt
+    // THEN changing to 8 partitions right away is made at the first attempt
     let args: Vec<String> = ["partitions", "change", FUNCTION, "--to", "8"].iter().map(|a| a.to_string()).collect();
     let output = handler_cli(app.root(), &args).await;
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "partitions change refused:\n{stderr}\n{stdout}");
     assert!(stdout.contains(&format!("{FUNCTION}: partition count changed from 4 to 8")), "{stdout}");
     assert_eq!(stdout.lines().filter(|l| l.ends_with("written")).count(), 8, "{stdout}");
+    // AND no old partition is leased any more, and each still records the batch the host was answered (the new
+    // partitions start at the checkpoints, so it is delivered again)
+    for i in 0..4 {
+        let doc = doc_at(&store, &key(i)).await;
+        assert!(!leased(&doc), "partition {i}'s lease is released: {:?}\n{}", doc.lease, host.output());
+        assert!(doc.in_flight.is_some(), "partition {i}'s unproven batch stays recorded: {doc:?}");
+    }
     eprintln!("SIGTERM to exit with 4 partition leases released: {stopped_in:?}");
 }
 
@@ -80,27 +81,26 @@ async fn sigterm_under_the_host_lets_the_next_process_go_on_at_once_re_deliverin
     let second: BTreeSet<i64> = ids_of(&fire_until_delivered(&host, FUNCTION).await).into_iter().collect();
     assert_eq!((first.len(), second.len(), first.is_disjoint(&second)), (10, 10, true), "{first:?} {second:?}");
 
-    // WHEN the handler gets SIGTERM
+    // WHEN the handler gets SIGTERM (the state document read as it left it)
     let status = host.terminate().await.expect("the handler stops");
     assert!(status.success(), "exit status {status:?}\n{}", host.output());
+    let (stopped, _) = state(&shared_blob_store(), &app_name).await;
 
-    // THEN its lease is released, and the second batch stays recorded in flight (the host's write of it is
-    // unproven: only this process's next invocation could have proven it)
-    let store = shared_blob_store();
-    let (doc, _) = state(&store, &app_name).await;
-    assert!(!leased(&doc), "the lease is released: {:?}\n{}", doc.lease, host.output());
-    let flight = doc.in_flight.as_ref().unwrap_or_else(|| panic!("the second batch stays in flight: {doc:?}"));
-    assert_eq!(flight.range.rows, 10, "{flight:?}");
-
-    // WHEN the next process starts and its timer fires
+    // AND the next process starts and its timer fires
     host.restart().await.expect("the next process starts");
     let started = Instant::now();
     let counts = fire_until_all_delivered(&host, &ids(1..=30)).await;
     let took = started.elapsed();
 
-    // THEN it goes on at once (fire_until_all_delivered waits 15 s, far within the lease) and the host wrote every order once, but for the second
-    // batch, written again because nobody proved it: nothing lost, nothing else repeated
+    // THEN it goes on at once (`fire_until_all_delivered` waits at most 15 s, far within the lease), and the host
+    // wrote every order once but those of the second batch, written again as nobody proved them: nothing lost,
+    // nothing else repeated
     let expected: BTreeMap<i64, usize> = (1..=30).map(|id| (id, 1 + usize::from(second.contains(&id)))).collect();
     assert_eq!(counts, expected, "\n{}", host.output());
+    // AND that is because the stopped process released its lease and left the second batch recorded in flight
+    // (the host's write of it unproven: only that process's next invocation could have proven it)
+    assert!(!leased(&stopped), "the lease is released: {:?}", stopped.lease);
+    let flight = stopped.in_flight.as_ref().unwrap_or_else(|| panic!("the second batch stays in flight: {stopped:?}"));
+    assert_eq!(flight.range.rows, 10, "{flight:?}");
     eprintln!("the next process delivered everything {took:?} after it started");
 }

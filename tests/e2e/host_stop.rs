@@ -10,6 +10,7 @@ use serde_json::json;
 use sql_pseudo_trigger::engine::document::StateDoc;
 use sql_pseudo_trigger::state::StateStore;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A lease far longer than any wait in these tests: a lease left live by the stop shows as a timeout.
@@ -103,4 +104,59 @@ async fn sigterm_under_the_host_lets_the_next_process_go_on_at_once_re_deliverin
     let flight = stopped.in_flight.as_ref().unwrap_or_else(|| panic!("the second batch stays in flight: {stopped:?}"));
     assert_eq!(flight.range.rows, 10, "{flight:?}");
     eprintln!("the next process delivered everything {took:?} after it started");
+}
+
+#[tokio::test]
+async fn sigterm_under_the_host_releases_the_lease_only_after_the_invocation_in_flight_answered() {
+    // GIVEN a function under the host, and the host's retry of its first batch stuck in the batch's re-fetch
+    // behind another session's lock on the table (on a private server: an open transaction holds back the guard
+    // of every database in a cluster)
+    let server = private_postgres().await;
+    let url = testbed::embedded::create_database(&server.url(), "host_stop_drain").await.expect("database");
+    let orders = Orders::on(url).await;
+    orders.insert(1..=3).await;
+    let app_name = unique_app_name("host-stop-drain");
+    let app = orders_app(&orders, &app_name, json!({ "leaseDurationMs": LONG_LEASE_MS }), &[]);
+    let host = Arc::new(start(&app).await);
+    let first = invoke_until_answered(&host, FUNCTION).await;
+    let locker = testbed::embedded::connect(&orders.url).await.expect("connect");
+    locker.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+    let retrying = {
+        let (host, first) = (host.clone(), first.clone());
+        tokio::spawn(async move { host.retry(FUNCTION, 1, &first).await })
+    };
+    let waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'orders'::regclass";
+    poll_until("the retry waits for the lock", &host, async || {
+        locker.query_one(waiting, &[]).await.expect("pg_locks").get::<_, i64>(0) > 0
+    })
+    .await;
+
+    // WHEN SIGTERM arrives while the retry is in flight, and the lock is released once the handler is stopping
+    let terminating = {
+        let host = host.clone();
+        tokio::spawn(async move { host.terminate().await })
+    };
+    poll_until("the handler is stopping", &host, async || host.output().contains("shutting down")).await;
+    locker.batch_execute("COMMIT").await.expect("unlock");
+
+    // THEN the retry is answered with the first batch again, and the process exits cleanly
+    let answer = retrying.await.expect("join").expect("the retry in flight is answered");
+    assert_eq!((answer.status, ids_of(&answered_changes(&answer))), (200, vec![1, 2, 3]), "{}", answer.body);
+    let status = terminating.await.expect("join").expect("terminates");
+    assert!(status.success(), "exit status {status:?}\n{}", host.output());
+    // AND the lease that answer renewed was released after it: the batch is recorded in flight, its failed write
+    // counted, and nobody holds it
+    let (doc, _) = state(&shared_blob_store(), &app_name).await;
+    assert!(!leased(&doc), "the lease is released: {:?}\n{}", doc.lease, host.output());
+    let flight = doc.in_flight.as_ref().unwrap_or_else(|| panic!("the batch stays in flight: {doc:?}"));
+    assert_eq!((flight.range.rows, flight.failures), (3, 1), "{flight:?}");
+}
+
+/// Polls `condition` every 20 ms until it holds, failing after 10 s with `what` and the handler's output.
+async fn poll_until(what: &str, host: &testbed::driver::HostDriver, condition: impl AsyncFn() -> bool) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s\n{}", host.output());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 /// How long a clean stop of `handler serve` spends releasing leases once its invocations have finished. Each
 /// release is at most a read and a conditional write of one document, every function at once: well under a
-/// second against a reachable store. Past it the process exits anyway (the host kills soon after SIGTERM), and
-/// what was not released lapses at its expiry, as after a kill.
+/// second against a reachable store. Past it the process exits anyway (whoever sent SIGTERM kills soon after:
+/// Kubernetes after `terminationGracePeriodSeconds`), and what was not released lapses at its expiry, as after a
+/// kill.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
@@ -149,8 +150,9 @@ impl App {
 
     /// On a clean stop of `handler serve`, once no invocation is in flight: releases the state document lease of
     /// every function (every partition function) where this process still holds it, all at once, within
-    /// `within` ([`release_on_stop`]). A tick still running (a drain that timed out) keeps its trigger's lease:
-    /// the release waits for the tick's lock, never cuts into it. `false`: not all were done within `within`.
+    /// `within` ([`release_on_stop`]). A release waits for its trigger's tick lock, so it never cuts into a tick
+    /// still running (after a drain that timed out); one still running past `within` keeps its lease until it
+    /// expires. `false`: not all were done within `within`.
     pub async fn release_on_stop(&self, within: Duration) -> bool {
         let all = futures::future::join_all(self.triggers().map(|t| release_on_stop(t)));
         if tokio::time::timeout(within, all).await.is_ok() {

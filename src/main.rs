@@ -288,8 +288,9 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     tracing::info!("shutting down: finishing the invocation in flight (at most {DRAIN_TIMEOUT:?})");
     let _ = stop_tx.send(());
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, server).await;
-    // Only now, with no invocation in flight: the leases this process holds end, so the next instance (or
-    // `handler partitions change`) goes on at once instead of waiting them out. Bounded: the host kills soon.
+    // Only after the drain (and a tick still running past it holds its trigger's lock, which the release waits
+    // for): the leases this process holds end, so the next instance (or `handler partitions change`) goes on at
+    // once instead of waiting them out. Bounded: whoever sent SIGTERM kills soon after.
     app.release_on_stop(sql_pseudo_trigger::app::RELEASE_TIMEOUT).await;
     // After the drain, so the last export includes the tick that finished during it.
     sql_pseudo_trigger::telemetry::stop(telemetry).await;

@@ -4,7 +4,7 @@
 
 use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, SourceOptions, StateStoreKind};
 use crate::db::postgres::PostgresTls;
-use crate::engine::Trigger;
+use crate::engine::{Released, Trigger};
 use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use crate::source::postgres::PostgresCursor;
 use crate::source::postgres_logical::PostgresLogical;
@@ -12,6 +12,14 @@ use crate::source::{Source, SourceError};
 use crate::state::{BlobStore, FileStore, StateStore};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a clean stop of `handler serve` spends releasing leases once its invocations have finished. Each
+/// release is at most a read and a conditional write of one document, every function at once: well under a
+/// second against a reachable store. Past it the process exits anyway (whoever sent SIGTERM kills soon after:
+/// Kubernetes after `terminationGracePeriodSeconds`), and what was not released lapses at its expiry, as after a
+/// kill.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub struct App {
@@ -140,6 +148,22 @@ impl App {
         }
     }
 
+    /// On a clean stop of `handler serve`, once no invocation is in flight: releases the state document lease of
+    /// every function (every partition function) where this process still holds it, all at once, within
+    /// `within` ([`release_on_stop`]). A release waits for its trigger's tick lock, so it never cuts into a tick
+    /// still running (after a drain that timed out); one still running past `within` keeps its lease until it
+    /// expires. `false`: not all were done within `within`.
+    pub async fn release_on_stop(&self, within: Duration) -> bool {
+        let all = futures::future::join_all(self.triggers().map(|t| release_on_stop(t)));
+        if tokio::time::timeout(within, all).await.is_ok() {
+            return true;
+        }
+        tracing::warn!(
+            "could not release every lease within {within:?} (a tick still running, or the state store slow); the next instance goes on with those once they expire"
+        );
+        false
+    }
+
     /// What the scale route and the metrics report on, in name order: each partitioned function once, by its
     /// group (`Partitioned`), and each unpartitioned function (`Single`).
     pub fn scale_units(&self) -> Vec<ScaleUnit> {
@@ -163,6 +187,31 @@ impl App {
             }
         }
         units.into_values().collect()
+    }
+}
+
+/// On a clean stop, after `trigger`'s last tick (`handler run` and `handler serve` alike): withdraws a batch
+/// recorded for the next tick and never delivered, and releases the lease on the state document where this
+/// process still holds it ([`Trigger::release_on_stop`]), saying what it gave up. A batch delivered (or answered
+/// to the host) and not yet acknowledged stays in flight: whoever comes next delivers it again, or proves it, at
+/// once, as after the lease's expiry.
+pub async fn release_on_stop(trigger: &Trigger) -> Released {
+    let name = trigger.name();
+    match trigger.release_on_stop().await {
+        Ok(released @ Released { withdrew: true, .. }) => {
+            tracing::info!(function = %name, "withdrew the batch recorded for the next tick (never delivered) and released the lease");
+            released
+        }
+        Ok(released @ Released { released: true, .. }) => {
+            tracing::info!(function = %name, "released the lease");
+            released
+        }
+        Ok(released) => released,
+        Err(e) => {
+            tracing::warn!(function = %name, error = %e,
+                "could not release the lease (nor withdraw a batch recorded for the next tick); the next instance goes on once this one's lease expires");
+            Released::default()
+        }
     }
 }
 

@@ -268,7 +268,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     let _watchdog = sql_pseudo_trigger::watchdog::start(&app, sql_pseudo_trigger::watchdog::Face::Host);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, sql_pseudo_trigger::server::router(app))
+    let server = axum::serve(listener, sql_pseudo_trigger::server::router(app.clone()))
         .with_graceful_shutdown(async {
             let _ = stop_rx.await;
         })
@@ -288,6 +288,10 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     tracing::info!("shutting down: finishing the invocation in flight (at most {DRAIN_TIMEOUT:?})");
     let _ = stop_tx.send(());
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, server).await;
+    // Only after the drain (and a tick still running past it holds its trigger's lock, which the release waits
+    // for): the leases this process holds end, so the next instance (or `handler partitions change`) goes on at
+    // once instead of waiting them out. Bounded: whoever sent SIGTERM kills soon after.
+    app.release_on_stop(sql_pseudo_trigger::app::RELEASE_TIMEOUT).await;
     // After the drain, so the last export includes the tick that finished during it.
     sql_pseudo_trigger::telemetry::stop(telemetry).await;
     match drained {

@@ -21,7 +21,7 @@ use crate::app::App;
 use crate::clock::SystemClock;
 use crate::config::DeliveryMode;
 use crate::engine::partitions::{Group, Owners};
-use crate::engine::{OutcomeKind, Released, RetryDirective, TickError, TickOutcome, Trigger};
+use crate::engine::{OutcomeKind, RetryDirective, TickError, TickOutcome, Trigger};
 use crate::sink::Sink;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -211,15 +211,7 @@ pub async fn run_one(
         };
         pace(&name, &summary, &mut window, pause, &mut stop).await;
     }
-    match trigger.release_on_stop().await {
-        Ok(Released { withdrew: true, .. }) => {
-            tracing::info!(function = %name, "withdrew the batch recorded for the next tick (never delivered) and released the lease")
-        }
-        Ok(Released { released: true, .. }) => tracing::info!(function = %name, "released the lease"),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(function = %name, error = %e,
-            "could not release the lease (nor withdraw a batch recorded for the next tick); the next instance goes on once this one's lease expires"),
-    }
+    crate::app::release_on_stop(&trigger).await;
     tracing::info!(function = %name, delivered = summary.delivered, batches = summary.batches, "stopped");
     summary
 }

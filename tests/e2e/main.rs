@@ -19,6 +19,7 @@ mod delivery;
 mod docs_sql;
 mod failure_matrix;
 mod host_behaviour;
+mod host_stop;
 mod hostile_settings;
 mod lag;
 mod liveness;

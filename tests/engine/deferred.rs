@@ -46,14 +46,14 @@ const FUNCTION: &str = "orders";
 const STATE_KEY: &str = "app/orders.json";
 
 /// One version of one row: `(id, v)`.
-type Row = (i64, i64);
+pub(crate) type Row = (i64, i64);
 
 /// The reference function.json's policy: `maxRetryCount: 5`.
 const MAX_RETRIES: i64 = 5;
 
 /// How the host calls the handler.
 #[derive(Debug, Clone)]
-enum Call {
+pub(crate) enum Call {
     /// A first attempt: a timer firing or a manual run (`RetryCount` 0).
     First,
     /// The host's `n`th retry after the previous attempt the test made failed; it names that attempt.
@@ -67,7 +67,7 @@ enum Call {
 }
 
 /// A first attempt.
-const NORMAL: Call = Call::First;
+pub(crate) const NORMAL: Call = Call::First;
 
 /// The host's `n`th retry under the reference policy, after the previous attempt failed.
 fn retry(n: i64) -> Call {
@@ -75,12 +75,12 @@ fn retry(n: i64) -> Call {
 }
 
 /// Zero poison duration (see the module docs), the shipped defaults otherwise.
-fn settings() -> TriggerSettings {
+pub(crate) fn settings() -> TriggerSettings {
     testbed::config::settings()
 }
 
 /// A lease that expired the moment it was granted: another process may take over at once.
-fn expired_lease() -> TriggerSettings {
+pub(crate) fn expired_lease() -> TriggerSettings {
     TriggerSettings { lease_duration: Duration::ZERO, ..settings() }
 }
 
@@ -93,7 +93,7 @@ fn config(settings: TriggerSettings, proof_window: Duration) -> FunctionConfig {
     }
 }
 
-fn rows(keys: impl IntoIterator<Item = i64>, version: u64) -> Vec<Row> {
+pub(crate) fn rows(keys: impl IntoIterator<Item = i64>, version: u64) -> Vec<Row> {
     keys.into_iter().map(|k| (k, version as i64)).collect()
 }
 
@@ -113,7 +113,7 @@ fn position(p: &serde_json::Value) -> Option<(u64, i64)> {
 
 /// What the host does with the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Output {
+pub(crate) enum Output {
     /// The output binding write succeeds.
     Written,
     /// The write fails; the handler is not told.
@@ -126,7 +126,7 @@ enum Output {
 
 /// What a tick answered, as the host saw it.
 #[derive(Debug, Clone)]
-struct Answer {
+pub(crate) struct Answer {
     kind: OutcomeKind,
     batch_id: Option<u64>,
     rows: Vec<Row>,
@@ -140,7 +140,7 @@ type Sink = Arc<StdMutex<Vec<Vec<Row>>>>;
 
 /// The database, the state store and the destination, shared by every process.
 #[derive(Debug, Default)]
-struct World {
+pub(crate) struct World {
     source: Arc<MemorySource>,
     store: Arc<MemoryStore>,
     sink: Sink,
@@ -153,16 +153,16 @@ struct World {
 }
 
 impl World {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    fn process(&self, owner: &str, settings: TriggerSettings) -> Process {
+    pub(crate) fn process(&self, owner: &str, settings: TriggerSettings) -> Process {
         self.process_with(owner, settings, Duration::ZERO, None)
     }
 
     /// A process with a proof window, reading `clock` when one is given.
-    fn process_with(
+    pub(crate) fn process_with(
         &self,
         owner: &str,
         settings: TriggerSettings,
@@ -186,7 +186,7 @@ impl World {
     }
 
     /// One committed transaction writing `keys`; returns its version (also the rows' `v`).
-    fn upsert(&self, keys: impl IntoIterator<Item = i64>) -> u64 {
+    pub(crate) fn upsert(&self, keys: impl IntoIterator<Item = i64>) -> u64 {
         let tx = self.begin();
         for k in keys {
             self.write(tx, k);
@@ -216,7 +216,7 @@ impl World {
     }
 
     /// Every write that reached the destination, in order, one entry per output write.
-    fn batches(&self) -> Vec<Vec<Row>> {
+    pub(crate) fn batches(&self) -> Vec<Vec<Row>> {
         self.sink.lock().expect("sink").clone()
     }
 
@@ -248,7 +248,7 @@ impl World {
         Some(serde_json::from_slice(&v.bytes).expect("a readable state document"))
     }
 
-    async fn state(&self) -> StateDoc {
+    pub(crate) async fn state(&self) -> StateDoc {
         self.try_state().await.expect("a state document")
     }
 
@@ -264,9 +264,9 @@ impl World {
 
 /// One handler process.
 #[derive(Debug, Clone)]
-struct Process {
+pub(crate) struct Process {
     owner: String,
-    trigger: Arc<Trigger>,
+    pub(crate) trigger: Arc<Trigger>,
     store: Arc<FaultyStore>,
     sink: Sink,
     last_attempt: Arc<StdMutex<Option<String>>>,
@@ -310,7 +310,7 @@ impl Process {
     }
 
     /// A tick that must answer.
-    async fn answer(&self, call: Call, output: Output) -> Answer {
+    pub(crate) async fn answer(&self, call: Call, output: Output) -> Answer {
         match self.tick(call, output).await {
             Ok(a) => a,
             Err(e) => panic!("{} expected an answer, got: {e}", self.owner),
@@ -326,7 +326,7 @@ impl Process {
     }
 }
 
-fn assert_answer(a: &Answer, kind: OutcomeKind, batch_id: Option<u64>, expected: &[Row]) {
+pub(crate) fn assert_answer(a: &Answer, kind: OutcomeKind, batch_id: Option<u64>, expected: &[Row]) {
     assert_eq!((a.kind, a.batch_id, a.rows.as_slice()), (kind, batch_id, expected), "{a:?}");
 }
 

@@ -8,6 +8,7 @@
 //! - `ops`: operator actions racing ticks;
 //! - `repartition`: changing the partition count: where new partitions start, refusals, re-runs;
 //! - `runner`: `handler run`'s loop;
+//! - `stop`: a clean stop's release of the lease, never another owner's;
 //! - `telemetry`: what a tick and a status poll record.
 
 mod deferred;
@@ -16,4 +17,5 @@ mod ops;
 mod repartition;
 mod runner;
 mod sink_mode;
+mod stop;
 mod telemetry;

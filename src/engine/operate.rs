@@ -80,32 +80,7 @@ pub enum Action {
         to: ResetTo,
         confirm: bool,
     },
-    /// The document a reset rewrites, and its etag (`None`: there is none, and the reset creates it).
-async fn reset_base(t: &Trigger, position: &Position) -> Result<(StateDoc, Option<Etag>), OpsError> {
-    Ok(match t.load().await {
-        Ok(Some((doc, etag))) => (doc, Some(etag)),
-        Ok(None) => (Tick::new_doc(t, position.clone()), None),
-        // A document refused as edited by hand: reset it as it reads (its batch ids, counters and quarantine list
-        // go on); one that does not read at all is replaced, under its etag, by a new one whose batch ids start
-        // after every quarantine document in the store (an id given out again would find the old batch's
-        // document there and keep it in place of the new one's changes).
-        Err(TickError::CorruptState { .. }) => match t.ledger.load_unchecked().await? {
-            Some((doc, etag)) => (doc, Some(etag)),
-            None => {
-                let mut doc = Tick::new_doc(t, position.clone());
-                if let Some(last) =
-                    t.ledger.list_quarantine().await?.iter().filter_map(|k| Ledger::quarantine_batch_id(k)).max()
-                {
-                    doc.continue_ids_after(last);
-                }
-                (doc, t.ledger.etag().await?)
-            }
-        },
-        Err(e) => return Err(e.into()),
-    })
-}
-
-/// Re-delivers everything after `from`, under new batch ids.
+    /// Re-delivers everything after `from`, under new batch ids.
     Replay {
         from: Position,
     },
@@ -384,9 +359,9 @@ async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Val
         }
     };
     let (source, fingerprint) = (t.source.name(), t.source.fingerprint());
+    let (source, fingerprint) = (source.as_str(), fingerprint.as_str());
     retry::apply(t, who, "reset", || {
         let position = position.clone();
-        let (source, fingerprint) = (&source, &fingerprint);
         async move {
             let (mut doc, etag) = reset_base(t, &position).await?;
             doc.reset(position, Origin { function: t.name(), source, fingerprint });

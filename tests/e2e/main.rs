@@ -13,6 +13,7 @@ mod concurrency;
 mod config_errors;
 mod crashes;
 mod delivery;
+mod drain;
 mod failure_matrix;
 mod host_behaviour;
 mod lag;

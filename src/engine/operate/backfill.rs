@@ -13,8 +13,9 @@ pub(super) async fn start(t: &Trigger, filter: Option<String>, who: &str) -> Res
     let now = t.ledger.clock().now();
     let by = format!("operator {who}");
     let planned = std::sync::Mutex::new(None::<(Position, super::super::document::Backfill)>);
+    let (by, planned) = (by.as_str(), &planned);
     let (_, b) = retry::apply(t, who, "backfill start", || {
-        let (filter, by, planned) = (filter.clone(), &by, &planned);
+        let filter = filter.clone();
         async move {
             let (mut doc, etag) = load(t).await?;
             let cached = planned.lock().unwrap_or_else(|p| p.into_inner()).clone();

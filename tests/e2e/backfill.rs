@@ -183,7 +183,8 @@ async fn backfill_until(app_name: &str, want: impl Fn(&sql_pseudo_trigger::engin
 /// acknowledgement meets the operator's write acknowledges on top of it (src/engine/sink_tick/reapply.rs)
 /// instead of sending the chunk again.
 #[tokio::test]
-async fn backfill_pause_resume_cancel_and_a_filtered_start_under_fast_ticks_each_succeed_first_time_and_resend_no_chunk() {
+async fn backfill_pause_resume_cancel_and_a_filtered_start_under_fast_ticks_each_succeed_first_time_and_resend_no_chunk(
+) {
     // GIVEN 10000 orders and `handler run` backfilling them (`startFrom: snapshot`) into a webhook in chunks of
     // 10, polling every 10 ms, the webhook taking 10 ms per request
     let orders = Orders::new("backfill_ops").await;
@@ -194,7 +195,8 @@ async fn backfill_pause_resume_cancel_and_a_filtered_start_under_fast_ticks_each
         ..Default::default()
     })
     .await;
-    let trigger = json!({ "startFrom": "snapshot", "maxBatchSize": 10, "sink": crate::runner::webhook_sink(&hook.url) });
+    let trigger =
+        json!({ "startFrom": "snapshot", "maxBatchSize": 10, "sink": crate::runner::webhook_sink(&hook.url) });
     let app = crate::runner::runner_app(&orders, &app_name, trigger, &[]);
     let runner = crate::runner::Runner::start(&app, &[]);
     backfill_until(&app_name, |b| b.chunks >= 3).await;

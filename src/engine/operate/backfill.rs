@@ -1,6 +1,7 @@
 //! The backfill's operator actions (docs/operations.md, "Backfill"): start, pause, resume, cancel, and its
 //! progress as status shows it. Each is a compare-and-swap write applied again after a lost race (`retry`).
 
+use super::super::document::{Backfill, BackfillState};
 use super::super::error::TickError;
 use super::super::parts::Trigger;
 use super::{load, retry, BackfillControl, OpsError};
@@ -12,7 +13,7 @@ use serde_json::{json, Value};
 pub(super) async fn start(t: &Trigger, filter: Option<String>, who: &str) -> Result<Value, OpsError> {
     let now = t.ledger.clock().now();
     let by = format!("operator {who}");
-    let planned = std::sync::Mutex::new(None::<(Position, super::super::document::Backfill)>);
+    let planned = std::sync::Mutex::new(None::<(Position, Backfill)>);
     let (by, planned) = (by.as_str(), &planned);
     let (_, b) = retry::apply(t, who, "backfill start", || {
         let filter = filter.clone();
@@ -22,12 +23,12 @@ pub(super) async fn start(t: &Trigger, filter: Option<String>, who: &str) -> Res
             let b = match cached.filter(|(at, _)| *at == doc.checkpoint) {
                 Some((_, b)) => b,
                 None => {
-                    let b = super::super::backfill::plan(t, &doc.checkpoint, filter, by, now).await.map_err(|e| {
-                        match e {
+                    let b = super::super::backfill::plan(t, &doc.checkpoint, filter, by, now).await.map_err(
+                        |e| match e {
                             TickError::Source(SourceError::Invalid(m)) => OpsError::Invalid(m),
                             other => OpsError::Tick(other),
-                        }
-                    })?;
+                        },
+                    )?;
                     *planned.lock().unwrap_or_else(|p| p.into_inner()) = Some((doc.checkpoint.clone(), b.clone()));
                     b
                 }
@@ -65,13 +66,13 @@ pub(super) async fn control(t: &Trigger, control: BackfillControl, who: &str) ->
 
 /// A backfill's progress for status: rows done, rows estimated, the rate since it started, and the time to
 /// finish at that rate.
-pub fn backfill_progress(b: &super::super::document::Backfill, now: time::OffsetDateTime) -> Value {
+pub fn backfill_progress(b: &Backfill, now: time::OffsetDateTime) -> Value {
     let end = b.finished_at.unwrap_or(now);
     let seconds = (end - b.started_at).as_seconds_f64().max(0.0);
     let rate = (seconds > 0.0).then(|| b.rows as f64 / seconds);
     let left = b.estimate.map(|e| e.saturating_sub(b.rows));
     let seconds_to_finish = match (b.state, left, rate) {
-        (super::super::document::BackfillState::Done | super::super::document::BackfillState::Cancelled, _, _) => Some(0.0),
+        (BackfillState::Done | BackfillState::Cancelled, _, _) => Some(0.0),
         (_, Some(0), _) => Some(0.0),
         (_, Some(left), Some(rate)) if rate > 0.0 => Some(left as f64 / rate),
         _ => None,

@@ -31,7 +31,11 @@ fn still_ours(held: &StateDoc, fresh: &StateDoc, owner: &str) -> bool {
 
 /// The document as it reads now, when an operator's write left `held`'s batch, lease and checkpoint as they
 /// were (`None`: it did not, or there is no document).
-pub(super) async fn reread(ledger: &Ledger, held: &StateDoc, owner: &str) -> Result<Option<(StateDoc, Etag)>, TickError> {
+pub(super) async fn reread(
+    ledger: &Ledger,
+    held: &StateDoc,
+    owner: &str,
+) -> Result<Option<(StateDoc, Etag)>, TickError> {
     Ok(ledger.load().await?.filter(|(fresh, _)| still_ours(held, fresh, owner)))
 }
 

@@ -15,6 +15,7 @@
 //! and the loops of only the partitions it owns (`partitions.rs`). A `--once` drain runs every partition, as it
 //! runs every function: it drains what is there and stops, owning nothing.
 
+mod drain;
 mod partitions;
 
 use crate::app::App;
@@ -33,7 +34,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
-    /// Stop each function after its first empty tick (drain the backlog, then exit).
+    /// Drain each function's backlog, then exit: stop once an empty tick finds the source past the position
+    /// it had when the drain started (`drain.rs`).
     pub once: bool,
     /// With `once`: how long a function may fail without a break (its source, state store or destination
     /// unavailable) before its drain gives up and says so in the exit status. A long-running process never
@@ -173,17 +175,38 @@ pub async fn run_one(
     let mut failures = 0i64;
     let mut window = (Instant::now(), 0u64);
     let mut streak = Streak::new(options);
+    let mut drain = options.once.then(|| drain::Drain::new(options.give_up_after));
     while !*stop.borrow() {
-        let pause = match trigger.tick_into(sink.as_ref()).await {
-            Ok(outcome) => {
+        let ticked = match drain.as_mut() {
+            Some(d) => match d.begin(&trigger).await {
+                Ok(()) => trigger.tick_into(sink.as_ref()).await,
+                Err(e) => Err(e),
+            },
+            None => trigger.tick_into(sink.as_ref()).await,
+        };
+        let ticked = match (ticked, drain.as_mut()) {
+            (Ok(outcome), Some(d)) if matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) => {
+                d.after_empty(&trigger, &outcome).await.map(|verdict| (outcome, Some(verdict)))
+            }
+            (ticked, _) => ticked.map(|outcome| (outcome, None)),
+        };
+        let pause = match ticked {
+            Ok((outcome, verdict)) => {
                 failures = 0;
                 streak.ok();
                 let n = outcome.changes.len() as u64;
                 summary.delivered += n;
                 summary.batches += u64::from(n > 0);
                 window.1 += n;
-                if options.once && matches!(outcome.kind, OutcomeKind::Empty | OutcomeKind::Paused) {
-                    break;
+                match (verdict, drain.as_mut()) {
+                    (Some(drain::Verdict::Done), _) => break,
+                    (Some(drain::Verdict::GaveUp(error)), _) => {
+                        tracing::error!(function = %name, "{error}");
+                        summary.stopped.push(Stopped { function: name.clone(), error });
+                        break;
+                    }
+                    (None, Some(d)) if n > 0 => d.delivered(),
+                    _ => {}
                 }
                 pause_after(&outcome, settings.max_batch_size, settings.polling_interval)
             }

@@ -2,17 +2,22 @@
 //! one [`Action`] applied by [`Trigger::operate`], the one dispatcher that the CLI (`handler state ...`) and
 //! the admin routes both call (`crate::ops` parses their words into an `Action`).
 //!
-//! Each action is one compare-and-swap write of the state document through the ledger, exactly like a tick's,
-//! so an action racing a tick or another operator fails with a clear conflict instead of overwriting either.
-//! Every write is logged with who asked.
+//! Each action is a compare-and-swap write of the state document through the ledger, exactly like a tick's, so
+//! an action never overwrites a tick's or another operator's write: one that loses the race reads the document
+//! again and applies itself again (`retry`), and fails only when it no longer applies or keeps losing. Every
+//! write is logged with who asked. The backfill's actions are in `backfill`.
+
+mod backfill;
+mod retry;
 
 use super::document::{Origin, StateDoc};
 use super::error::TickError;
-use super::ledger::{Ledger, Saved};
+use super::ledger::Ledger;
 use super::parts::Trigger;
 use super::tick::Tick;
 use crate::source::{Lag, Position, SourceError, StartFrom};
 use crate::state::{Etag, StoreError};
+pub use backfill::backfill_progress;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -20,7 +25,7 @@ use serde_json::{json, Value};
 pub enum OpsError {
     #[error("function {0} has no state yet: it has not run; nothing to change")]
     NoState(String),
-    #[error("the state of {0} changed while the operation ran (a tick or another operator wrote it); run it again")]
+    #[error("the state of {0} kept changing while the operation ran (every attempt lost to another writer: a tick or another operator); run it again")]
     Conflict(String),
     #[error("{0}")]
     NeedsConfirmation(String),
@@ -130,8 +135,8 @@ impl Trigger {
             Action::QuarantineList => quarantine_list(self).await,
             Action::QuarantineShow { batch_id } => quarantine_show(self, batch_id).await,
             Action::QuarantineRetry { batch_id } => quarantine_retry(self, batch_id, who).await,
-            Action::BackfillStart { filter } => backfill_start(self, filter, who).await,
-            Action::Backfill(control) => backfill_control(self, control, who).await,
+            Action::BackfillStart { filter } => backfill::start(self, filter, who).await,
+            Action::Backfill(control) => backfill::control(self, control, who).await,
         }
     }
 
@@ -224,22 +229,15 @@ async fn load(t: &Trigger) -> Result<(StateDoc, Etag), OpsError> {
     t.load().await?.ok_or_else(|| OpsError::NoState(t.name().to_string()))
 }
 
-/// Applies one transition to the stored document and writes it back.
-async fn change(t: &Trigger, who: &str, action: &str, transition: impl FnOnce(&mut StateDoc)) -> Result<(), OpsError> {
-    let (mut doc, etag) = load(t).await?;
-    transition(&mut doc);
-    save(t, &mut doc, Some(&etag), who, action).await
-}
-
-/// Writes an operator's change through the ledger (the same compare-and-swap a tick makes).
-async fn save(t: &Trigger, doc: &mut StateDoc, etag: Option<&Etag>, who: &str, action: &str) -> Result<(), OpsError> {
-    match t.ledger.save(doc, etag, &format!("operator {who}")).await? {
-        Saved::Written(_) => {
-            tracing::info!(function = %t.name(), who = %who, action = %action, "operator action applied");
-            Ok(())
-        }
-        Saved::Conflict => Err(OpsError::Conflict(t.name().to_string())),
-    }
+/// Applies one transition to the stored document and writes it back (again on a fresh read after a lost race).
+async fn change(t: &Trigger, who: &str, action: &str, transition: fn(&mut StateDoc)) -> Result<(), OpsError> {
+    retry::apply(t, who, action, || async move {
+        let (mut doc, etag) = load(t).await?;
+        transition(&mut doc);
+        Ok((doc, Some(etag), ()))
+    })
+    .await
+    .map(|_| ())
 }
 
 /// Reads one change after a position an operator typed, so that a position the source cannot read is refused
@@ -345,61 +343,6 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
     })
 }
 
-// -- Backfill (docs/operations.md, "Backfill") -------------------------------------------------------------------
-
-/// A backfill's progress for status: rows done, rows estimated, the rate since it started, and the time to
-/// finish at that rate.
-pub fn backfill_progress(b: &super::document::Backfill, now: time::OffsetDateTime) -> Value {
-    let end = b.finished_at.unwrap_or(now);
-    let seconds = (end - b.started_at).as_seconds_f64().max(0.0);
-    let rate = (seconds > 0.0).then(|| b.rows as f64 / seconds);
-    let left = b.estimate.map(|e| e.saturating_sub(b.rows));
-    let seconds_to_finish = match (b.state, left, rate) {
-        (super::document::BackfillState::Done | super::document::BackfillState::Cancelled, _, _) => Some(0.0),
-        (_, Some(0), _) => Some(0.0),
-        (_, Some(left), Some(rate)) if rate > 0.0 => Some(left as f64 / rate),
-        _ => None,
-    };
-    json!({
-        "id": b.id, "state": b.state, "filter": b.filter, "rows_done": b.rows, "rows_estimated": b.estimate,
-        "chunks": b.chunks, "chunks_redone": b.redone, "after": b.after,
-        "rows_per_second": rate, "seconds_to_finish": seconds_to_finish,
-        "started_at": b.started_at.format(&time::format_description::well_known::Rfc3339).ok(),
-        "started_by": b.started_by,
-        "finished_at": b.finished_at.and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()),
-    })
-}
-
-/// Starts a backfill bounded by the current checkpoint: one conditional write; refused while one is open.
-async fn backfill_start(t: &Trigger, filter: Option<String>, who: &str) -> Result<Value, OpsError> {
-    let (mut doc, etag) = load(t).await?;
-    let now = t.ledger.clock().now();
-    let b =
-        super::backfill::plan(t, &doc.checkpoint, filter, &format!("operator {who}"), now).await.map_err(
-            |e| match e {
-                TickError::Source(SourceError::Invalid(m)) => OpsError::Invalid(m),
-                other => OpsError::Tick(other),
-            },
-        )?;
-    doc.start_backfill(b.clone()).map_err(OpsError::Invalid)?;
-    save(t, &mut doc, Some(&etag), who, "backfill start").await?;
-    Ok(json!({ "function": t.name(), "backfill": backfill_progress(&b, now) }))
-}
-
-async fn backfill_control(t: &Trigger, control: BackfillControl, who: &str) -> Result<Value, OpsError> {
-    let (mut doc, etag) = load(t).await?;
-    let now = t.ledger.clock().now();
-    let (result, action) = match control {
-        BackfillControl::Pause => (doc.pause_backfill(true), "backfill pause"),
-        BackfillControl::Resume => (doc.pause_backfill(false), "backfill resume"),
-        BackfillControl::Cancel => (doc.cancel_backfill(now), "backfill cancel"),
-    };
-    result.map_err(OpsError::Invalid)?;
-    save(t, &mut doc, Some(&etag), who, action).await?;
-    let progress = doc.backfill.as_ref().map(|b| backfill_progress(b, now));
-    Ok(json!({ "function": t.name(), "backfill": progress }))
-}
-
 /// Moves the checkpoint, drops the batch in flight and the queue of quarantined batches to retry, clears a halt,
 /// adopts the configured source's fingerprint (the way out of a "source changed" refusal) and starts a new
 /// lineage (the way out of a refused hand edit). Needs `confirm`: it can skip or repeat changes.
@@ -418,7 +361,23 @@ async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Val
             p
         }
     };
-    let (mut doc, etag) = match t.load().await {
+    let (source, fingerprint) = (t.source.name(), t.source.fingerprint());
+    let (source, fingerprint) = (source.as_str(), fingerprint.as_str());
+    retry::apply(t, who, "reset", || {
+        let position = position.clone();
+        async move {
+            let (mut doc, etag) = reset_base(t, &position).await?;
+            doc.reset(position, Origin { function: t.name(), source, fingerprint });
+            Ok((doc, etag, ()))
+        }
+    })
+    .await?;
+    Ok(json!({ "function": t.name(), "checkpoint": position }))
+}
+
+/// The document a reset rewrites, and its etag (`None`: there is none, and the reset creates it).
+async fn reset_base(t: &Trigger, position: &Position) -> Result<(StateDoc, Option<Etag>), OpsError> {
+    Ok(match t.load().await {
         Ok(Some((doc, etag))) => (doc, Some(etag)),
         Ok(None) => (Tick::new_doc(t, position.clone()), None),
         // A document refused as edited by hand: reset it as it reads (its batch ids, counters and quarantine list
@@ -438,20 +397,22 @@ async fn reset(t: &Trigger, to: ResetTo, confirm: bool, who: &str) -> Result<Val
             }
         },
         Err(e) => return Err(e.into()),
-    };
-    let (source, fingerprint) = (t.source.name(), t.source.fingerprint());
-    doc.reset(position.clone(), Origin { function: t.name(), source: &source, fingerprint: &fingerprint });
-    save(t, &mut doc, etag.as_ref(), who, "reset").await?;
-    Ok(json!({ "function": t.name(), "checkpoint": position }))
+    })
 }
 
 /// Re-delivers everything after `from`, under new batch ids. Changes after the current checkpoint are not
 /// skipped, so this needs no confirmation: at worst it repeats.
 async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, OpsError> {
-    let (mut doc, etag) = load(t).await?;
     check_position(t, &from).await?;
-    let previous = doc.replay(from.clone());
-    save(t, &mut doc, Some(&etag), who, "replay").await?;
+    let (_, previous) = retry::apply(t, who, "replay", || {
+        let from = from.clone();
+        async move {
+            let (mut doc, etag) = load(t).await?;
+            let previous = doc.replay(from);
+            Ok((doc, Some(etag), previous))
+        }
+    })
+    .await?;
     Ok(json!({ "function": t.name(), "checkpoint": from, "previous_checkpoint": previous }))
 }
 
@@ -470,8 +431,11 @@ async fn quarantine_show(t: &Trigger, batch_id: u64) -> Result<Value, OpsError> 
 async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<Value, OpsError> {
     // Fail early, with the key, if there is no such document.
     t.ledger.load_quarantine(&t.ledger.quarantine_key(batch_id)).await?;
-    let (mut doc, etag) = load(t).await?;
-    doc.queue_quarantine_retry(batch_id);
-    save(t, &mut doc, Some(&etag), who, "quarantine retry").await?;
+    let (doc, ()) = retry::apply(t, who, "quarantine retry", || async move {
+        let (mut doc, etag) = load(t).await?;
+        doc.queue_quarantine_retry(batch_id);
+        Ok((doc, Some(etag), ()))
+    })
+    .await?;
     Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined }))
 }

@@ -24,6 +24,10 @@ pub struct TickOutcome {
     /// `MaxBatchSize` must not wait after a delivering tick while this holds: a trickle of live changes would
     /// otherwise leave a chunk about one tick per interval (see `runner::pause_after`).
     pub backfill_running: bool,
+    /// After a tick whose live fetch found nothing: the checkpoint, or the later position the source proved
+    /// empty up to (`Fetched::advance`), recorded or not. A drain asks the source whether it has passed the
+    /// position the drain started at (`Source::reached`); `None` after any other tick.
+    pub proven: Option<crate::source::Position>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

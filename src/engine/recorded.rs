@@ -80,6 +80,9 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         }
     };
     if fetched.changes.is_empty() {
+        if quarantined.is_none() && chunk.is_none() {
+            tick.out.proven = Some(fetched_advance.clone().unwrap_or_else(|| tick.doc.checkpoint.clone()));
+        }
         if let Some(advance) = fetched_advance {
             tick.dirty |= tick.doc.advance_quiet(advance, tick.now, ADVANCE_EVERY);
         }

@@ -250,6 +250,25 @@ pub trait Source: Send + Sync + fmt::Debug {
         let _ = request;
         Err(cannot_backfill(&self.name()))
     }
+    /// For a drain (`handler run --once`, docs/operations.md "Running without the Functions host"): the
+    /// database's position now, which the drain must pass before it may stop, so that every change present when
+    /// it started is delivered even when a fetch comes back empty before it got there (a replication stream
+    /// still decoding other tables' WAL, a late-commit guard holding rows back). `None`: nothing is there to
+    /// pass (an empty table). Default: where `startFrom: now` would start ([`Source::start_position`]).
+    async fn horizon(&self) -> Result<Option<Position>, SourceError> {
+        let now = self.start_position(StartFrom::Now).await?;
+        Ok((!now.is_null()).then_some(now))
+    }
+    /// Whether a drain that must pass `horizon` is done, now that a fetch after `at` found nothing to deliver:
+    /// `at` is the checkpoint, or the later position that fetch proved empty up to ([`Fetched::advance`]).
+    /// Default: `at` is at or past `horizon` by [`Source::position_order`], or no change is left in
+    /// `(at, horizon]` as the table is now ([`Source::refetch`], which no late-commit guard holds back).
+    async fn reached(&self, horizon: &Position, at: &Position) -> Result<bool, SourceError> {
+        if at == horizon || self.position_order(at, horizon).is_some_and(|o| o.is_ge()) {
+            return Ok(true);
+        }
+        Ok(self.refetch(at, horizon, 1).await?.changes.is_empty())
+    }
     /// What the source wants an operator to see in status beside pending and lag (a slot's retained WAL).
     async fn health(&self) -> Result<Option<Value>, SourceError> {
         Ok(None)

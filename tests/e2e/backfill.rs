@@ -204,3 +204,82 @@ async fn a_backfill_position_of_a_time_key_written_in_another_date_style_is_refu
     let backfill = state(&store, &app_name).await.0.backfill.expect("a backfill");
     assert_eq!((backfill.after, backfill.rows, backfill.chunks), (stale, 0, 0));
 }
+
+/// Runs `handler args` once and fails the test unless it succeeds at the first attempt.
+async fn operator(app: &crate::support::AppFolder, args: &[&str]) -> Value {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let output = crate::operations::handler_cli(app.root(), &args).await;
+    assert!(output.status.success(), "handler {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+/// The state of the function's backfill in `app_name`, once it is `want` (at most 60 s).
+async fn backfill_until(app_name: &str, want: impl Fn(&sql_pseudo_trigger::engine::document::Backfill) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let b = load_state(&shared_blob_store(), app_name).await.and_then(|(doc, _)| doc.backfill);
+        if b.as_ref().is_some_and(&want) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the backfill did not get there within 60 s: {b:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Under `handler run` a tick writes the state several times a second, so an operator's write usually meets
+/// one: the command applies itself again to what it reads (src/engine/operate/retry.rs), and a tick whose
+/// acknowledgement meets the operator's write acknowledges on top of it (src/engine/sink_tick/reapply.rs)
+/// instead of sending the chunk again.
+#[tokio::test]
+async fn backfill_pause_resume_cancel_and_a_filtered_start_under_fast_ticks_each_succeed_first_time_and_resend_no_chunk(
+) {
+    // GIVEN 10000 orders and `handler run` backfilling them (`startFrom: snapshot`) into a webhook in chunks of
+    // 10, polling every 10 ms, the webhook taking 10 ms per request
+    let orders = Orders::new("backfill_ops").await;
+    orders.insert(1..=10000).await;
+    let app_name = unique_app_name("backfill-ops");
+    let hook = crate::runner::Webhook::start(crate::runner::Behaviour {
+        delay: std::time::Duration::from_millis(10),
+        ..Default::default()
+    })
+    .await;
+    let trigger =
+        json!({ "startFrom": "snapshot", "maxBatchSize": 10, "sink": crate::runner::webhook_sink(&hook.url) });
+    let app = crate::runner::runner_app(&orders, &app_name, trigger, &[]);
+    let runner = crate::runner::Runner::start(&app, &[]);
+    backfill_until(&app_name, |b| b.chunks >= 3).await;
+
+    // WHEN an operator pauses and resumes the backfill eight times, cancels it, and starts a filtered one, each
+    // command run once while the ticks go on
+    for _ in 0..8 {
+        let paused = operator(&app, &["state", "backfill", FUNCTION, "--pause"]).await;
+        assert_eq!(paused["backfill"]["state"], "paused", "{paused}");
+        let resumed = operator(&app, &["state", "backfill", FUNCTION, "--resume"]).await;
+        assert_eq!(resumed["backfill"]["state"], "running", "{resumed}");
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    }
+    let cancelled = operator(&app, &["state", "backfill", FUNCTION, "--cancel"]).await;
+    assert_eq!(cancelled["backfill"]["state"], "cancelled", "{cancelled}");
+    let first = cancelled["backfill"]["id"].clone();
+    let started = operator(&app, &["state", "backfill", FUNCTION, "--where", "id > 9900"]).await;
+    let second = started["backfill"]["id"].clone();
+    assert_ne!(first, second);
+    backfill_until(&app_name, |b| b.state == BackfillState::Done).await;
+    // (the last chunk's acknowledgement is what ends it: every request has been answered by now)
+
+    // THEN no chunk went out twice: every Idempotency-Key is unique, and no chunk counts as redone
+    let received = hook.received();
+    let keys: std::collections::BTreeSet<&str> = received.iter().map(|r| r.idempotency_key.as_str()).collect();
+    assert_eq!(keys.len(), received.len(), "a chunk was sent again\n{}", runner.stderr());
+    assert!(received.iter().all(|r| r.status == 200));
+    let (doc, _) = load_state(&shared_blob_store(), &app_name).await.expect("a state document");
+    assert_eq!(doc.backfill.as_ref().map(|b| b.redone), Some(0), "{:?}", doc.backfill);
+    // AND the first backfill delivered a prefix of the keys, each once, and the second exactly orders 9901-10000
+    let rows_of = |id: &Value| -> Vec<i64> {
+        received.iter().filter(|r| r.backfill.get("Id") == Some(id)).flat_map(|r| r.ids.clone()).collect()
+    };
+    let prefix = rows_of(&first);
+    assert!(!prefix.is_empty() && prefix.len() < 9900, "{} rows", prefix.len());
+    assert_eq!(prefix, (1..=prefix.len() as i64).collect::<Vec<_>>());
+    assert_eq!(rows_of(&second), (9901..=10000).collect::<Vec<_>>());
+}

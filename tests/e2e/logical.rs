@@ -31,7 +31,7 @@ use testbed::embedded;
 // ---------------------------------------------------------------------------------------------------------------
 
 /// The table most tests watch: a plain primary key, no cursor column, no trigger.
-const ORDERS: &str = "CREATE TABLE public.orders (
+pub(crate) const ORDERS: &str = "CREATE TABLE public.orders (
     id bigint PRIMARY KEY,
     customer text NOT NULL,
     amount numeric(12, 2) NOT NULL
@@ -70,7 +70,7 @@ impl Db {
     }
 
     /// Inserts `ids` into `orders` in one transaction, in order.
-    async fn insert(&self, ids: impl IntoIterator<Item = i64>) {
+    pub(crate) async fn insert(&self, ids: impl IntoIterator<Item = i64>) {
         let ids: Vec<i64> = ids.into_iter().collect();
         self.db
             .execute(
@@ -144,7 +144,7 @@ impl Db {
     }
 
     /// About `mb` MB of WAL in a table the function does not watch.
-    async fn unrelated_wal(&self, mb: i64) {
+    pub(crate) async fn unrelated_wal(&self, mb: i64) {
         self.db
             .execute(
                 "INSERT INTO other (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, $1::int8 * 1000) g",

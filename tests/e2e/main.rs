@@ -17,6 +17,7 @@ mod connections;
 mod crashes;
 mod delivery;
 mod docs_sql;
+mod drain;
 mod failure_matrix;
 mod host_behaviour;
 mod host_stop;

@@ -19,34 +19,36 @@ use testbed::embedded::{self, ScratchDir, Signal};
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
-struct Received {
-    idempotency_key: String,
+pub(crate) struct Received {
+    pub(crate) idempotency_key: String,
     batch_id: u64,
-    ids: Vec<i64>,
-    status: u16,
+    pub(crate) ids: Vec<i64>,
+    pub(crate) status: u16,
+    /// The first change's `Metadata.Backfill` (`null` in a live batch).
+    pub(crate) backfill: Value,
 }
 
 /// How the receiver behaves.
 #[derive(Debug, Clone, Default)]
-struct Behaviour {
+pub(crate) struct Behaviour {
     /// Answer 503 to this many requests first.
-    unavailable_first: usize,
+    pub(crate) unavailable_first: usize,
     /// Answer 400 to any batch holding this order, forever.
-    poison: Option<i64>,
+    pub(crate) poison: Option<i64>,
     /// Take this long over each request.
-    delay: Duration,
+    pub(crate) delay: Duration,
 }
 
 /// A webhook on 127.0.0.1 that records every request (body and `Idempotency-Key`) and answers per [`Behaviour`].
 #[derive(Debug, Clone)]
-struct Webhook {
-    url: String,
+pub(crate) struct Webhook {
+    pub(crate) url: String,
     behaviour: Arc<Mutex<Behaviour>>,
     received: Arc<Mutex<Vec<Received>>>,
 }
 
 impl Webhook {
-    async fn start(behaviour: Behaviour) -> Self {
+    pub(crate) async fn start(behaviour: Behaviour) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the webhook");
         let url = format!("http://{}/hooks/orders", listener.local_addr().expect("address"));
         let hook = Self { url, behaviour: Arc::new(Mutex::new(behaviour)), received: Arc::default() };
@@ -84,11 +86,12 @@ impl Webhook {
             batch_id: body["batch_id"].as_u64().expect("batch_id"),
             ids,
             status,
+            backfill: body.pointer("/changes/0/Metadata/Backfill").cloned().unwrap_or(Value::Null),
         });
         StatusCode::from_u16(status).expect("a status")
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.received.lock().expect("received").clone()
     }
 
@@ -218,7 +221,7 @@ async fn wait_until_visible(orders: &Orders, n: i64) {
 }
 
 /// The orders app with `sink` in its sqltrigger.json, a short polling interval and `settings`.
-fn runner_app(orders: &Orders, app_name: &str, trigger: Value, settings: &[(&str, &str)]) -> AppFolder {
+pub(crate) fn runner_app(orders: &Orders, app_name: &str, trigger: Value, settings: &[(&str, &str)]) -> AppFolder {
     let mut extra = json!({ "pollingIntervalMs": 10 });
     if let (Some(extra), Some(trigger)) = (extra.as_object_mut(), trigger.as_object()) {
         extra.extend(trigger.clone());
@@ -226,7 +229,7 @@ fn runner_app(orders: &Orders, app_name: &str, trigger: Value, settings: &[(&str
     orders_app(orders, app_name, extra, settings)
 }
 
-fn webhook_sink(url: &str) -> Value {
+pub(crate) fn webhook_sink(url: &str) -> Value {
     // No retries inside the sink: every failure goes back to the runner, which re-delivers as a retry.
     json!({ "type": "webhook", "url": url, "maxRetries": 0, "timeoutMs": 5000 })
 }

@@ -4,6 +4,7 @@
 use super::super::document::StateDoc;
 use super::super::ledger::{Ledger, Saved};
 use super::super::parts::Trigger;
+use super::reapply;
 use crate::state::Etag;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,37 +90,45 @@ struct Renewal {
 }
 
 impl Renewal {
-    /// Extends the lease by one lease duration from now. `false`: stop renewing (the state moved on).
+    /// Extends the lease by one lease duration from now. `false`: stop renewing (the state moved on). A renewal
+    /// that loses to an operator's write that left the batch and the lease as they were is applied again on top
+    /// of it (`reapply`), so a pause during a delivery does not cost the delivery its acknowledgement.
     async fn renew(&self) -> bool {
         let (mut doc, etag) = {
             let held = self.held.lock().expect("heartbeat lock");
             (held.doc.clone(), held.etag.clone())
         };
-        if !doc.extend_lease(self.ledger.clock().now() + self.lease) {
-            return false;
-        }
-        match self.ledger.save(&mut doc, Some(&etag), &self.owner).await {
-            Ok(Saved::Written(etag)) => {
-                self.adopt(doc, etag);
-                true
+        let held = doc.clone();
+        let mut etag = etag;
+        for _ in 0..reapply::ATTEMPTS {
+            if !doc.extend_lease(self.ledger.clock().now() + self.lease) {
+                return false;
             }
-            Ok(Saved::Conflict) => {
-                let why = "another writer changed the state during the delivery (an operator, or an instance that took the batch over)";
-                tracing::warn!(function = %self.function, "lease renewal refused: {why}");
-                self.held.lock().expect("heartbeat lock").lost = Some(why.into());
-                false
-            }
-            Err(e) => {
-                // The write may have been applied with its answer lost: if the stored document is this very
-                // write, continue from it rather than conflict with ourselves at the next write.
-                if let Some(etag) = self.ledger.find_own_write(&doc).await {
+            match self.ledger.save(&mut doc, Some(&etag), &self.owner).await {
+                Ok(Saved::Written(etag)) => {
                     self.adopt(doc, etag);
                     return true;
                 }
-                tracing::warn!(function = %self.function, error = %e, "could not renew the lease; trying again");
-                true
+                Ok(Saved::Conflict) => match reapply::reread(&self.ledger, &held, &self.owner).await {
+                    Ok(Some((fresh, fresh_etag))) => (doc, etag) = (fresh, fresh_etag),
+                    _ => break,
+                },
+                Err(e) => {
+                    // The write may have been applied with its answer lost: if the stored document is this very
+                    // write, continue from it rather than conflict with ourselves at the next write.
+                    if let Some(etag) = self.ledger.find_own_write(&doc).await {
+                        self.adopt(doc, etag);
+                        return true;
+                    }
+                    tracing::warn!(function = %self.function, error = %e, "could not renew the lease; trying again");
+                    return true;
+                }
             }
         }
+        let why = "another writer changed the state during the delivery (an operator, or an instance that took the batch over)";
+        tracing::warn!(function = %self.function, "lease renewal refused: {why}");
+        self.held.lock().expect("heartbeat lock").lost = Some(why.into());
+        false
     }
 
     fn adopt(&self, doc: StateDoc, etag: Etag) {

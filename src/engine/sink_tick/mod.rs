@@ -33,10 +33,11 @@
 //! a crash during any delivery does. It is used only while the lease has at least half its duration left
 //! (else the tick goes the ordinary way and re-records the batch), not while an operator has queued
 //! quarantined batches, and a clean stop of `handler run` withdraws an undelivered chained batch so the next
-//! instance need not wait out the lease. An operator's pause or reset between the two ticks is seen one batch
-//! later: the chained batch is delivered, its acknowledgement fails the compare-and-swap, and the next tick
-//! acts on the operator's document (the batch is delivered again when the function resumes; the sink
-//! absorbs the duplicate).
+//! instance need not wait out the lease. An operator's pause between the two ticks is seen one batch later:
+//! the chained batch is delivered, and its acknowledgement, which fails the compare-and-swap, is applied again
+//! on top of the operator's document (`reapply`: the pause left the batch in flight as it was), so nothing is
+//! sent twice; the next tick acts on the pause. A reset or replay drops the batch in flight: its
+//! acknowledgement is then given up, and the batch is delivered again (the sink absorbs the duplicate).
 //!
 //! # Resuming from the destination
 //! The state document is the engine's memory; an exactly-once SQL sink's checkpoint row is the record of
@@ -66,6 +67,7 @@
 //! fetch kept longer than one lease duration is dropped.
 
 mod heartbeat;
+mod reapply;
 mod reconcile;
 
 pub(super) use reconcile::reconcile;
@@ -190,6 +192,7 @@ pub(super) async fn deliver(
         }
     );
     let Heldover { doc, etag, lost } = heartbeat.stop().await;
+    let held = doc.clone();
     let mut ack = Tick::on_written(trigger, memory, doc, etag);
 
     match delivered {
@@ -209,7 +212,7 @@ pub(super) async fn deliver(
             let chainable =
                 ack.doc.retry_quarantined.is_empty() && !ack.doc.paused && ack.doc.halted.is_none() && !chunk_turn;
             let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
-            let next = chain.map(|fetched| {
+            let mut next = chain.map(|fetched| {
                 let last = fetched.last.clone().unwrap_or(Position::Null);
                 let rows = fetched.changes.len() as u64;
                 let range = BatchRange::new(ack.doc.allocate_batch_id(), flight.range.to.clone(), last, rows);
@@ -218,7 +221,14 @@ pub(super) async fn deliver(
                 ack.doc.take_lease(&trigger.owner, trigger.config.settings.lease_duration, ack.now);
                 Chained { range, changes: fetched.changes }
             });
-            if ack.commit().await? {
+            let mut acknowledged = ack.commit().await?;
+            if !acknowledged {
+                // An operator's write (a pause, a backfill action) landed during the delivery: acknowledge on
+                // top of it when it left this batch as it was, rather than deliver the batch again.
+                next = None;
+                acknowledged = reapply::acknowledge(&mut ack, &held, &flight).await?;
+            }
+            if acknowledged {
                 if next.is_some() {
                     ack.memory.live_in_a_row = super::decide::backfill::after_batch(ack.memory.live_in_a_row, false);
                 }

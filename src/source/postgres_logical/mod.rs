@@ -176,6 +176,13 @@ impl Source for PostgresLogical {
         Ok(Pos::before(at).to_json())
     }
 
+    /// The horizon is `startFrom: now`'s position, before the WAL flushed now; a read that found nothing has
+    /// passed it once its proven-empty position has (a refetch would read the stream, and proves nothing).
+    async fn reached(&self, horizon: &Position, at: &Position) -> Result<bool, SourceError> {
+        let (Some(horizon), at) = (self.position(horizon)?, self.position(at)?) else { return Ok(true) };
+        Ok(at.is_some_and(|at| at.resume() >= horizon.resume()))
+    }
+
     async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {
         let after = self.position(after)?;
         self.read(Want { after, upto: None, limit: limit.max(1), values: true }).await

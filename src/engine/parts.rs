@@ -72,6 +72,10 @@ pub(super) struct Memory {
     pub(super) live_in_a_row: u32,
     /// Why the source last could not place a backfill chunk (`ChunkRead::Later`), so the reason is said once.
     pub(super) backfill_later: Option<String>,
+    /// Whether this process ever wrote the state document, or tried to and does not know whether it landed: only
+    /// then can it hold the document's lease, so a clean stop that never wrote has nothing to release and does
+    /// not touch the store (whose failure may be what stopped it).
+    pub(super) wrote: bool,
 }
 
 /// The trigger of one function: its configuration, source, ledger and delivery, and this process's memory of

@@ -119,6 +119,7 @@ impl<'a> Tick<'a> {
         let trigger = self.trigger;
         match trigger.ledger.save(&mut self.doc, self.etag.as_ref(), &trigger.owner).await {
             Ok(Saved::Written(etag)) => {
+                self.memory.wrote = true;
                 self.memory.lineage = Some(decide::Lineage::of(&self.doc));
                 self.memory.written = Some((self.doc.clone(), etag.clone()));
                 self.out.committed = Some((self.doc.clone(), etag.clone()));
@@ -138,6 +139,8 @@ impl<'a> Tick<'a> {
                 Ok(false)
             }
             Err(e) => {
+                // The write may have landed (an answer lost): this process may hold the lease.
+                self.memory.wrote = true;
                 self.memory.written = None;
                 Err(e)
             }

@@ -131,6 +131,9 @@ pub(super) async fn withdraw_chained(trigger: &Trigger, memory: &mut Memory) -> 
 /// as stored; a write that loses its compare-and-swap is tried again on what is stored then, where the lease
 /// may be another owner's (then nothing is written). `Ok(false)`: no live lease of this process to release.
 pub(super) async fn release_lease(trigger: &Trigger, memory: &mut Memory) -> Result<bool, TickError> {
+    if !memory.wrote {
+        return Ok(false);
+    }
     for _ in 0..RELEASE_ATTEMPTS {
         let (doc, etag) = match memory.written.clone() {
             Some(written) => written,

@@ -86,7 +86,7 @@ fn ids(changes: &[sql_pseudo_trigger::change::Change]) -> Vec<i64> {
 }
 
 #[tokio::test]
-async fn an_action_that_loses_the_race_to_another_operator_says_run_it_again_and_loses_no_write() {
+async fn an_action_that_loses_the_race_to_another_operator_applies_itself_again_and_loses_no_write() {
     // GIVEN a function that delivered rows 1-3
     let w = world(5);
     w.source.upsert(1..=3, 1);
@@ -97,26 +97,18 @@ async fn an_action_that_loses_the_race_to_another_operator_says_run_it_again_and
         replay(&other, Position::Null, "operator 2").await.expect("the other operator wins");
     });
 
-    // WHEN this operator pauses
-    let err = pause(&w.trigger, "operator 1").await.expect_err("the race is lost");
+    // WHEN this operator pauses, once
+    pause(&w.trigger, "operator 1").await.expect("the pause applies itself to what the replay left");
 
-    // THEN the pause fails with an instruction, and the replay that won is intact
-    assert!(matches!(err, OpsError::Conflict(_)), "{err:?}");
-    assert!(err.to_string().contains("run it again"), "{err}");
-    let doc = w.doc().await;
-    assert!(!doc.paused);
-    assert_eq!(doc.checkpoint, Position::Null);
-    assert!(doc.in_flight.is_none());
-
-    // WHEN the pause is run again THEN both writes hold
-    pause(&w.trigger, "operator 1").await.expect("pause");
+    // THEN both writes hold: the replay that won, and the pause on top of it
     let doc = w.doc().await;
     assert!(doc.paused);
     assert_eq!(doc.checkpoint, Position::Null);
+    assert!(doc.in_flight.is_none());
 }
 
 #[tokio::test]
-async fn an_action_that_loses_the_race_to_a_tick_leaves_the_ticks_batch_in_flight() {
+async fn an_action_that_loses_the_race_to_a_tick_applies_itself_again_and_leaves_the_ticks_batch_in_flight() {
     // GIVEN a drained function and two new rows
     let w = world(5);
     w.source.upsert(1..=3, 1);
@@ -132,36 +124,15 @@ async fn an_action_that_loses_the_race_to_a_tick_leaves_the_ticks_batch_in_fligh
         *seen.lock().expect("seen") = ids(&outcome.changes);
     });
 
-    // WHEN this operator pauses
-    let err = pause(&w.trigger, "operator").await.expect_err("the race is lost");
+    // WHEN this operator pauses, once
+    pause(&w.trigger, "operator").await.expect("the pause applies itself to what the tick left");
 
-    // THEN the pause reports the conflict, and the tick's batch (rows 4, 5) is recorded in flight
-    assert!(matches!(err, OpsError::Conflict(_)), "{err:?}");
+    // THEN the pause holds, and the tick's batch (rows 4, 5) stays recorded in flight
     assert_eq!(*answered.lock().expect("answered"), vec![4, 5]);
-    let in_flight = w.doc().await.in_flight.expect("the tick's batch is in flight");
-    assert_eq!((in_flight.range.batch_id, in_flight.range.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
-
-    // WHEN the pause is run again THEN it holds and keeps the batch in flight
-    pause(&w.trigger, "operator").await.expect("pause");
     let doc = w.doc().await;
     assert!(doc.paused);
-    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(2));
-}
-
-#[tokio::test]
-async fn a_paused_function_answers_nothing_until_resumed() {
-    let w = world(5);
-    w.tick(NORMAL).await;
-    pause(&w.trigger, "op").await.expect("pause");
-    w.source.upsert(1..=2, 1);
-    let outcome = w.trigger.tick(&w.attempt(NORMAL)).await.expect("tick");
-    assert_eq!(outcome.kind, sql_pseudo_trigger::engine::OutcomeKind::Paused);
-    assert!(outcome.changes.is_empty());
-    assert!(status(&w.trigger).await.expect("status").paused);
-
-    resume(&w.trigger, "op").await.expect("resume");
-    assert_eq!(w.tick(NORMAL).await, vec![1, 2]);
-    assert!(!status(&w.trigger).await.expect("status").paused);
+    let in_flight = doc.in_flight.expect("the tick's batch is in flight");
+    assert_eq!((in_flight.range.batch_id, in_flight.range.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
 }
 
 #[tokio::test]

@@ -114,18 +114,7 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::State { command }) => {
-            let result =
-                sql_pseudo_trigger::cli::load_app(cli.app_root, env, sql_pseudo_trigger::config::Mode::Operator)
-                    .map(Arc::new)
-                    .and_then(|app| {
-                        let rt = tokio::runtime::Runtime::new().map_err(|e| {
-                            sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(
-                                e.to_string(),
-                            ))
-                        })?;
-                        rt.block_on(sql_pseudo_trigger::cli::run(app, command))
-                    });
-            match result {
+            match operate(cli.app_root, env, |app| sql_pseudo_trigger::cli::run(app, command)) {
                 Ok(value) => {
                     println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
                     ExitCode::SUCCESS
@@ -137,18 +126,7 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Partitions { command: PartitionsCommand::Layout(command) }) => {
-            let result =
-                sql_pseudo_trigger::cli::load_app(cli.app_root, env, sql_pseudo_trigger::config::Mode::Operator)
-                    .map(Arc::new)
-                    .and_then(|app| {
-                        let rt = tokio::runtime::Runtime::new().map_err(|e| {
-                            sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(
-                                e.to_string(),
-                            ))
-                        })?;
-                        rt.block_on(sql_pseudo_trigger::cli::run_partitions(app, command))
-                    });
-            match result {
+            match operate(cli.app_root, env, |app| sql_pseudo_trigger::cli::run_partitions(app, command)) {
                 Ok(text) => {
                     println!("{}", text.trim_end());
                     ExitCode::SUCCESS
@@ -183,6 +161,23 @@ fn main() -> ExitCode {
             runtime.block_on(serve(env, started))
         }
     }
+}
+
+/// An operator's command (`handler state …`, `handler partitions …`): the app read as an operator reads it
+/// (`Mode::Operator`), then `command` on a runtime of its own.
+fn operate<T, F>(
+    app_root: Option<std::path::PathBuf>,
+    env: Env,
+    command: impl FnOnce(Arc<App>) -> F,
+) -> Result<T, sql_pseudo_trigger::cli::CliError>
+where
+    F: std::future::Future<Output = Result<T, sql_pseudo_trigger::cli::CliError>>,
+{
+    let app = sql_pseudo_trigger::cli::load_app(app_root, env, sql_pseudo_trigger::config::Mode::Operator)?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| {
+        sql_pseudo_trigger::cli::CliError::Ops(sql_pseudo_trigger::ops::OpsError::Invalid(e.to_string()))
+    })?;
+    rt.block_on(command(Arc::new(app)))
 }
 
 /// Logs to stderr for the commands (their stdout is their answer). Serving the host, warnings and errors go to

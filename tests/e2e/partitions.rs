@@ -395,3 +395,41 @@ async fn an_invalid_partition_index_is_named_with_the_statements_that_rebuild_it
     assert!(output.contains(&format!("DROP INDEX CONCURRENTLY orders_expr_version_id_idx; {INDEX_DDL}")), "{output}");
     assert!(!output.contains("no index serves") && !output.contains("Run ANALYZE"), "{output}");
 }
+
+/// Partitions that stopped inside one transaction's rows hold one cursor value with different keys; a merge
+/// starts one unit of the cursor before it. A cursor column that keeps fewer fractional digits than a
+/// microsecond (`timestamptz(3)`) rounds a microsecond less back up to the value itself, which started the merged
+/// partition at one of the tied checkpoints and skipped the keys of the other below it.
+#[tokio::test]
+async fn tied_checkpoints_of_a_millisecond_timestamp_cursor_merge_strictly_before_them() {
+    // GIVEN a cursor source over a table whose cursor column keeps milliseconds
+    let url = support::fixture().fresh_database("merge_ms").await;
+    let db = testbed::embedded::connect(&url).await.expect("connect");
+    db.batch_execute("CREATE TABLE public.events (id bigint PRIMARY KEY, updated_at timestamptz(3) NOT NULL)")
+        .await
+        .expect("the table");
+    let env = Env::from_pairs([("PostgresConnectionString".to_string(), url.clone())]);
+    let trigger = json!({
+        "source": "postgres-cursor", "tableName": "public.events", "connectionStringSetting": "PostgresConnectionString",
+        "cursorColumn": "updated_at", "startFrom": "earliest"
+    });
+    let spec = SourceSpec::from_json(&trigger, &env).unwrap_or_else(|e| panic!("spec: {e}"));
+    let source = PostgresCursor::new(spec, &Default::default()).expect("source");
+
+    // WHEN two old partitions stopped at one cursor value, at keys 12 and 4, merge
+    let cursor = "2026-01-01 00:00:00.123+00";
+    let start =
+        sql_pseudo_trigger::source::Source::no_later_than(&source, &[json!([cursor, "12"]), json!([cursor, "4"])])
+            .await
+            .expect("the database orders them")
+            .expect("a position before them");
+
+    // THEN the start's cursor is strictly before that value as the column holds it: no key of it is skipped
+    let stepped = start[0].as_str().unwrap_or_else(|| panic!("a cursor text: {start}")).to_string();
+    let before: bool = db
+        .query_one("SELECT ($1::text)::timestamptz(3) < ($2::text)::timestamptz(3)", &[&stepped, &cursor])
+        .await
+        .expect("compare")
+        .get(0);
+    assert!(before, "the merged partition starts at {start}, not before {cursor}: the keys below 12 at it are skipped");
+}

@@ -7,7 +7,8 @@
 //! sort as texts). When one checkpoint has the smallest cursor, it is the answer: exactly where it stopped.
 //! When several share it (one transaction's rows, read by several partitions: any multi-row write spanning
 //! them), their keys would have to be ordered too, by the key columns' collation; instead the answer steps the
-//! cursor back by one unit (an integer or xid8 minus 1, a timestamp minus a microsecond) with any key. That is
+//! cursor back by one unit (an integer or xid8 minus 1, a timestamp minus a microsecond, or a second where the
+//! column keeps fewer digits) with any key. That is
 //! no later than every checkpoint (its cursor is smaller), and it skips nothing: a row it passes over has a
 //! cursor below the smallest checkpoint's, so each old partition had delivered it. What it delivers again is
 //! that transaction's rows the partitions had passed, and nothing older than one unit of the cursor.
@@ -30,7 +31,14 @@ pub(super) fn rank_cursors(shape: &Shape, n: usize) -> String {
         // xid8 has no arithmetic: through numeric, read back as xid8 by the fetch.
         "CASE WHEN v.c::text::numeric > 0 THEN (v.c::text::numeric - 1)::text END".to_string()
     } else if ty.starts_with("timestamp") {
-        "(v.c - interval '1 microsecond')::text".to_string()
+        // In the column's own type, as the fetch reads the text back: a column of fewer fractional digits
+        // (`timestamp(3)`, `timestamptz(0)`) rounds a microsecond less back up to the cursor itself, which would
+        // start the partition at one of the tied checkpoints and skip the others' keys. Then a whole second less,
+        // exact at every precision.
+        format!(
+            "CASE WHEN (v.c - interval '1 microsecond')::{ty} < v.c THEN ((v.c - interval '1 microsecond')::{ty})::text \
+             ELSE ((v.c - interval '1 second')::{ty})::text END"
+        )
     } else {
         "(v.c - 1)::text".to_string()
     };
@@ -130,7 +138,9 @@ mod tests {
             rank_cursors(&shape("xid8"), 2),
             "SELECT v.i, dense_rank() OVER (ORDER BY v.c), CASE WHEN v.c::text::numeric > 0 THEN (v.c::text::numeric - 1)::text END FROM (VALUES (0, ($1::text)::xid8), (1, ($2::text)::xid8)) AS v(i, c)"
         );
-        assert!(rank_cursors(&shape("timestamp with time zone"), 1).contains("(v.c - interval '1 microsecond')::text"));
+        assert!(rank_cursors(&shape("timestamp with time zone"), 1).contains(
+            "CASE WHEN (v.c - interval '1 microsecond')::timestamp with time zone < v.c THEN ((v.c - interval '1 microsecond')::timestamp with time zone)::text ELSE ((v.c - interval '1 second')::timestamp with time zone)::text END"
+        ));
         assert!(rank_cursors(&shape("bigint"), 1).contains("(v.c - 1)::text"));
     }
 }

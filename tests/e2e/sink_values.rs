@@ -272,8 +272,14 @@ async fn a_value_the_target_column_cannot_hold_is_refused_naming_the_column_and_
     }
     let mut extra = postgres_sink("notes_copy");
     extra["maxBatchSize"] = json!(1);
-    let poison = [("Sql_Trigger_MaxAttempts", "2"), ("Sql_Trigger_PoisonAfterMs", "0")];
-    let app = app(&url, "notes", &columns, extra, &poison);
+    // One connection for the source and the sink together (the smallest cap there is): finding the refused
+    // column must not take a second connection while the failed write holds the first.
+    let settings = [
+        ("Sql_Trigger_MaxAttempts", "2"),
+        ("Sql_Trigger_PoisonAfterMs", "0"),
+        ("Sql_Trigger_MaxConnectionsPerDatabase", "1"),
+    ];
+    let app = app(&url, "notes", &columns, extra, &settings);
 
     // WHEN `handler run --once` drains it (until rows 1, 3 and 5 arrived and nothing is left to read)
     const COPIED: &str = "SELECT id, body, label FROM public.notes_copy ORDER BY id";

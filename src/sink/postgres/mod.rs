@@ -91,17 +91,17 @@ impl Postgres {
     }
 
     /// The first column of `group` whose values in `array` (a failed statement's rows) PostgreSQL cannot
-    /// convert to the column's type, found by converting each column alone on the pool's other connection
-    /// (nothing is written): a data error does not say which column it came from. `None` when the rows cannot
-    /// be read at all, each column converts alone, or the probe cannot run; the refusal then names the table.
+    /// convert to the column's type, found by converting each column alone on the failed write's connection,
+    /// once its transaction is rolled back (nothing is written; no second connection of the shared, capped pool
+    /// is taken while one is held): a data error does not say which column it came from. `None` when the rows
+    /// cannot be read at all, each column converts alone, or the probe cannot run; the refusal then names the
+    /// table.
     async fn refused_column(
-        &self,
-        target: &Target,
+        client: &tokio_postgres::Client,
         shape: &TableShape,
         group: &RowGroup<'_>,
         array: &str,
     ) -> Option<usize> {
-        let client = self.client(target).await.ok()?;
         client.query_one(sql::PROBE_ROWS, &[&array]).await.ok()?;
         for &column in group.columns.iter().filter(|&&i| !shape.columns[i].raw_json) {
             if let Err(e) = client.query_one(&sql::probe(shape, column), &[&array]).await {
@@ -231,8 +231,11 @@ impl Dialect for Postgres {
                 }
                 params.extend(raw.iter().map(|values| values as &(dyn ToSql + Sync)));
                 if let Err(e) = tx.execute(&statement, &params).await {
-                    let column =
-                        if bad_value(&e) { self.refused_column(target, shape, group, &array).await } else { None };
+                    let column = if bad_value(&e) && tx.rollback().await.is_ok() {
+                        Self::refused_column(&client, shape, group, &array).await
+                    } else {
+                        None
+                    };
                     return Err(match column {
                         Some(column) => refused_value(target, shape, column, &e, &array),
                         None => err(e),

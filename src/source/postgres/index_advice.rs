@@ -130,7 +130,16 @@ impl PostgresCursor {
             .await
             .map_err(|e| db_error(e, table))?
             .iter()
-            .map(|r| Index { name: r.get(0), valid: r.get(1), columns: r.get(2), statistics: r.get(3) })
+            // An index dropped while this reads (`DROP INDEX CONCURRENTLY`, which this very advice may name) has
+            // no definition left (NULL columns): it is passed over, not a panic.
+            .filter_map(|r| {
+                Some(Index {
+                    name: r.try_get(0).ok()?,
+                    valid: r.try_get(1).ok()?,
+                    columns: r.try_get(2).ok()?,
+                    statistics: r.try_get(3).ok()?,
+                })
+            })
             .collect();
         let found = find(&indexes, shape, p.count.get());
         // The planner passing over a usable index with statistics in hand is its informed choice (a small table).

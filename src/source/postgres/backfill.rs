@@ -41,7 +41,8 @@ fn key_params(shape: &Shape, first: usize) -> String {
 fn key_texts(shape: &Shape, p: &Position, table: &str) -> Result<Option<Vec<String>>, SourceError> {
     let texts = backfill_key_texts(p, shape.key.len(), table)?;
     if let Some(t) = &texts {
-        position::check_backfill_iso(table, shape.key.iter().map(|(_, ty)| ty), t).map_err(SourceError::Invalid)?;
+        position::check_iso(position::Stored::Backfill, table, shape.key.iter().map(|(_, ty)| ty), t)
+            .map_err(SourceError::Invalid)?;
     }
     Ok(texts)
 }
@@ -174,7 +175,7 @@ impl PostgresCursor {
         let shape = self.shape().await?;
         let Some(bound) = r.bound.as_str() else { return Ok(Fetched::default()) };
         let (arity, table) = (shape.key.len(), self.spec.table.to_string());
-        position::check_backfill_iso(&table, [&shape.cursor_type], &[bound.to_string()])
+        position::check_iso(position::Stored::Backfill, &table, [&shape.cursor_type], &[bound.to_string()])
             .map_err(SourceError::Invalid)?;
         let after = key_texts(shape, r.after, &table)?;
         // A chunk delivered before ends at its last row's key: a stored `Null` there is refused, not read unbounded.

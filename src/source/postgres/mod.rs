@@ -272,7 +272,8 @@ impl PostgresCursor {
         match texts {
             Some(t) if t.len() == shape.position_arity() => {
                 let types = std::iter::once(&shape.cursor_type).chain(shape.key.iter().map(|(_, ty)| ty));
-                position::check_iso(&self.spec.table.to_string(), types, &t).map_err(SourceError::Invalid)?;
+                position::check_iso(position::Stored::Checkpoint, &self.spec.table.to_string(), types, &t)
+                    .map_err(SourceError::Invalid)?;
                 Ok(t)
             }
             _ => Err(SourceError::Invalid(format!(

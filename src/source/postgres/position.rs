@@ -26,32 +26,35 @@ fn non_iso<'a, 't>(
     types.into_iter().zip(texts).find(|(ty, text)| dated(ty) && !iso(text))
 }
 
-/// Why a stored `ty` text is refused: it would be read as another time.
-fn misread(what: &str, table: &str, ty: &str, text: &str) -> String {
-    format!(
-        "the stored {what} of {table} holds the {ty} {text:?}, written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time"
-    )
+/// What a checked text was stored as, which says how an operator goes on when it is refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Stored {
+    /// A function's checkpoint (cursor and key): reset it to the same position written as ISO.
+    Checkpoint,
+    /// A backfill's key position or bound: the backfill is walked again from its start.
+    Backfill,
 }
 
-/// Refuses a stored position of `table` (texts in the order of `types`) with a date or time text that is not
-/// ISO, saying how to go on.
-pub(crate) fn check_iso<'a>(
-    table: &str,
-    types: impl IntoIterator<Item = &'a String>,
-    texts: &[String],
-) -> Result<(), String> {
-    match non_iso(types, texts) {
-        None => Ok(()),
-        Some((ty, text)) => Err(format!(
-            "{}. Reset the function to the same position written as ISO (YYYY-MM-DD hh:mm:ss+hh:mm): handler state reset <function> --to '<position>' --confirm",
-            misread("position", table, ty, text)
-        )),
+impl Stored {
+    fn what(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "position",
+            Self::Backfill => "backfill position",
+        }
+    }
+
+    fn fix(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "Reset the function to the same position written as ISO (YYYY-MM-DD hh:mm:ss+hh:mm): handler state reset <function> --to '<position>' --confirm",
+            Self::Backfill => "Cancel the backfill (handler state backfill <function> --cancel) and start it again",
+        }
     }
 }
 
-/// Refuses a backfill's stored key position or bound of `table` (texts in the order of `types`) with a date or
-/// time text that is not ISO, saying how to go on: a backfill is walked again from its start.
-pub(crate) fn check_backfill_iso<'a>(
+/// Refuses a `stored` text set of `table` (texts in the order of `types`) with a date or time text that is not
+/// ISO: it would be read as another time. The refusal names the value and how to go on.
+pub(crate) fn check_iso<'a>(
+    stored: Stored,
     table: &str,
     types: impl IntoIterator<Item = &'a String>,
     texts: &[String],
@@ -59,8 +62,9 @@ pub(crate) fn check_backfill_iso<'a>(
     match non_iso(types, texts) {
         None => Ok(()),
         Some((ty, text)) => Err(format!(
-            "{}. Cancel the backfill (handler state backfill <function> --cancel) and start it again",
-            misread("backfill position", table, ty, text)
+            "the stored {} of {table} holds the {ty} {text:?}, written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time. {}",
+            stored.what(),
+            stored.fix()
         )),
     }
 }
@@ -70,7 +74,12 @@ mod tests {
     use super::*;
 
     fn check(ty: &str, text: &str) -> Result<(), String> {
-        check_iso("public.t", [&ty.to_string(), &"bigint".to_string()], &[text.to_string(), "7".to_string()])
+        check_iso(
+            Stored::Checkpoint,
+            "public.t",
+            [&ty.to_string(), &"bigint".to_string()],
+            &[text.to_string(), "7".to_string()],
+        )
     }
 
     #[test]
@@ -107,8 +116,8 @@ mod tests {
     fn a_backfill_position_is_checked_alike_and_refused_with_the_backfill_fix() {
         let types = ["bigint".to_string(), "date".to_string()];
         let texts = |day: &str| ["7".to_string(), day.to_string()];
-        assert_eq!(check_backfill_iso("public.t", &types, &texts("2024-01-02")), Ok(()));
-        let refused = check_backfill_iso("public.t", &types, &texts("02/01/2024")).expect_err("not ISO");
+        assert_eq!(check_iso(Stored::Backfill, "public.t", &types, &texts("2024-01-02")), Ok(()));
+        let refused = check_iso(Stored::Backfill, "public.t", &types, &texts("02/01/2024")).expect_err("not ISO");
         assert_eq!(
             refused,
             "the stored backfill position of public.t holds the date \"02/01/2024\", written in a DateStyle other than ISO by an earlier handler; every session now writes and reads dates as ISO, so it would be read as another time. Cancel the backfill (handler state backfill <function> --cancel) and start it again"

@@ -35,6 +35,7 @@ use super::stream::Shared;
 use super::PostgresLogical;
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
+use crate::source::postgres::position::{check_iso, Stored};
 use crate::source::{
     backfill_key_texts, BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError,
 };
@@ -409,7 +410,7 @@ fn key_texts(shape: &Shape, p: &Position, table: &str) -> Result<Option<Vec<Stri
     if let Some(t) = &texts {
         let type_of = |k: &Ident| shape.catalog.iter().find(|c| c.name == k.as_str()).map(|c| c.type_name.clone());
         let types: Vec<String> = shape.key.iter().map(|k| type_of(k).unwrap_or_default()).collect();
-        crate::source::postgres::position::check_backfill_iso(table, &types, t).map_err(SourceError::Invalid)?;
+        check_iso(Stored::Backfill, table, &types, t).map_err(SourceError::Invalid)?;
     }
     Ok(texts)
 }

@@ -40,25 +40,12 @@ async fn the_cursor_source_delivers_columns_named_like_its_statements_aliases_an
     let db = embedded::connect(&url).await.expect("connect");
     db.batch_execute(TABLE).await.expect("schema");
     db.batch_execute(ROWS).await.expect("rows");
-    let azurite = support::fixture().azurite_connection_string();
-    let app_name = unique_app_name("aliases");
     let trigger = json!({
         "source": "postgres-cursor", "tableName": "public.aliases", "connectionStringSetting": "PostgresConnectionString",
         "cursorColumn": "version", "insertedColumn": "created_version", "softDeleteColumn": "deleted",
         "startFrom": "earliest", "columns": COLUMNS
     });
-    let app = support::write_app(
-        FUNCTION,
-        support::timer_function_json(Some(3)),
-        trigger,
-        &[
-            ("PostgresConnectionString", url.as_str()),
-            ("AzureWebJobsStorage", azurite.as_str()),
-            ("Sql_Trigger_StateStore", "blob"),
-            ("Sql_Trigger_AppName", app_name.as_str()),
-            ("Sql_Trigger_ProofWindowMs", "0"),
-        ],
-    );
+    let app = app_on(&url, &unique_app_name("aliases"), support::timer_function_json(Some(3)), trigger, &[]);
     let host = start(&app).await;
 
     // WHEN both rows are delivered, then row 2 is soft-deleted

@@ -75,16 +75,23 @@ pub fn unique_app_name(prefix: &str) -> String {
 /// (a batch is proven by the next invocation that does not name it), so tests about other things see the
 /// checkpoint move at once; the tests about the window set `Sql_Trigger_ProofWindowMs` (a later setting wins).
 pub fn orders_app(orders: &Orders, app_name: &str, trigger_extra: Value, settings: &[(&str, &str)]) -> AppFolder {
+    app_on(&orders.url, app_name, support::timer_function_json(Some(3)), trigger_json(trigger_extra), settings)
+}
+
+/// An app folder with one function ([`FUNCTION`]: `function_json` and `trigger`) over the database at `url`
+/// (`PostgresConnectionString`), blob state in the shared Azurite under `app_name`, proof window zero as in
+/// [`orders_app`], then `settings`.
+pub fn app_on(url: &str, app_name: &str, function_json: Value, trigger: Value, settings: &[(&str, &str)]) -> AppFolder {
     let azurite = support::fixture().azurite_connection_string();
     let mut all: Vec<(&str, &str)> = vec![
-        ("PostgresConnectionString", orders.url.as_str()),
+        ("PostgresConnectionString", url),
         ("AzureWebJobsStorage", azurite.as_str()),
         ("Sql_Trigger_StateStore", "blob"),
         ("Sql_Trigger_AppName", app_name),
         ("Sql_Trigger_ProofWindowMs", "0"),
     ];
     all.extend_from_slice(settings);
-    support::write_app(FUNCTION, support::timer_function_json(Some(3)), trigger_json(trigger_extra), &all)
+    support::write_app(FUNCTION, function_json, trigger, &all)
 }
 
 /// Starts the handler for `app` and waits for readiness.

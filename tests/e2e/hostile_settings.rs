@@ -88,20 +88,7 @@ async fn cursor_host(url: &str, message_format: Option<&str>) -> (HostDriver, su
     if let Some(format) = message_format {
         trigger["messageFormat"] = json!(format);
     }
-    let azurite = support::fixture().azurite_connection_string();
-    let app_name = unique_app_name("hostile");
-    let app = support::write_app(
-        FUNCTION,
-        support::timer_function_json(Some(3)),
-        trigger,
-        &[
-            ("PostgresConnectionString", url),
-            ("AzureWebJobsStorage", azurite.as_str()),
-            ("Sql_Trigger_StateStore", "blob"),
-            ("Sql_Trigger_AppName", app_name.as_str()),
-            ("Sql_Trigger_ProofWindowMs", "0"),
-        ],
-    );
+    let app = app_on(url, &unique_app_name("hostile"), support::timer_function_json(Some(3)), trigger, &[]);
     (start(&app).await, app)
 }
 

@@ -207,21 +207,8 @@ fn logical_trigger(table: &str, slot: &str, extra: Value) -> Value {
 /// the shared Azurite and a zero proof window (a batch is acknowledged by the next invocation).
 pub(crate) fn logical_app(db: &Db, table: &str, extra: Value, settings: &[(&str, &str)]) -> (AppFolder, String) {
     let app_name = unique_app_name("logical");
-    let azurite = support::fixture().azurite_connection_string();
-    let mut all: Vec<(&str, &str)> = vec![
-        ("PostgresConnectionString", db.url.as_str()),
-        ("AzureWebJobsStorage", azurite.as_str()),
-        ("Sql_Trigger_StateStore", "blob"),
-        ("Sql_Trigger_AppName", app_name.as_str()),
-        ("Sql_Trigger_ProofWindowMs", "0"),
-    ];
-    all.extend_from_slice(settings);
-    let app = support::write_app(
-        FUNCTION,
-        support::timer_function_json(Some(3)),
-        logical_trigger(table, &db.slot, extra),
-        &all,
-    );
+    let trigger = logical_trigger(table, &db.slot, extra);
+    let app = app_on(&db.url, &app_name, support::timer_function_json(Some(3)), trigger, settings);
     (app, app_name)
 }
 

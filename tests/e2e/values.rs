@@ -47,20 +47,7 @@ async fn exact_values(message_format: Option<&str>) -> (testbed::driver::HostDri
     if let Some(format) = message_format {
         trigger["messageFormat"] = json!(format);
     }
-    let azurite = support::fixture().azurite_connection_string();
-    let app_name = unique_app_name("exact");
-    let app = support::write_app(
-        FUNCTION,
-        function,
-        trigger,
-        &[
-            ("PostgresConnectionString", url.as_str()),
-            ("AzureWebJobsStorage", azurite.as_str()),
-            ("Sql_Trigger_StateStore", "blob"),
-            ("Sql_Trigger_AppName", app_name.as_str()),
-            ("Sql_Trigger_ProofWindowMs", "0"),
-        ],
-    );
+    let app = app_on(&url, &unique_app_name("exact"), function, trigger, &[]);
     let host = start(&app).await;
     fire_until_delivered(&host, FUNCTION).await;
     (host, app)

@@ -85,20 +85,13 @@ fn cursor_trigger(extra: Value) -> Value {
 
 /// An app of one function on `url`'s `conf`, blob state in the shared Azurite (file state with `file_state`).
 fn app(url: &str, function: Value, trigger: Value, file_state: bool) -> AppFolder {
-    let azurite = support::fixture().azurite_connection_string();
-    let app_name = unique_app_name("conformance");
-    support::write_app(
-        FUNCTION,
+    let state = if file_state { "file" } else { "blob" };
+    app_on(
+        url,
+        &unique_app_name("conformance"),
         function,
         trigger,
-        &[
-            ("PostgresConnectionString", url),
-            ("TargetDb", url),
-            ("AzureWebJobsStorage", azurite.as_str()),
-            ("Sql_Trigger_StateStore", if file_state { "file" } else { "blob" }),
-            ("Sql_Trigger_AppName", app_name.as_str()),
-            ("Sql_Trigger_ProofWindowMs", "0"),
-        ],
+        &[("TargetDb", url), ("Sql_Trigger_StateStore", state)],
     )
 }
 

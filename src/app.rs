@@ -225,7 +225,7 @@ pub enum ScaleUnit {
 /// The change source a function watches (no connection is opened here).
 fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
     Ok(match &f.source.options {
-        SourceOptions::PostgresCursor(_) => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
+        SourceOptions::PostgresCursor(o) => Arc::new(PostgresCursor::new(f.source.clone(), o.clone(), postgres_tls)?),
         SourceOptions::PostgresLogical(_) => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
         SourceOptions::MssqlChangeTracking(_) => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
         SourceOptions::MssqlRowversion(_) => Arc::new(MssqlRowversion::new(f.source.clone())?),

@@ -6,7 +6,7 @@
 use crate::common::{orders_app, shared_blob_store, start, trigger_json, unique_app_name, Orders, FUNCTION};
 use crate::support;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::config::{Env, Partition, SourceSpec};
+use sql_pseudo_trigger::config::{Env, Partition, SourceOptions, SourceSpec};
 use sql_pseudo_trigger::source::postgres::PostgresCursor;
 use sql_pseudo_trigger::state::StateStore;
 use std::collections::{BTreeMap, BTreeSet};
@@ -266,7 +266,13 @@ fn partition_source(orders: &Orders, index: u32) -> PostgresCursor {
     let env = Env::from_pairs([("PostgresConnectionString".to_string(), orders.url.clone())]);
     let mut spec = SourceSpec::from_json(&trigger_json(json!({})), &env).unwrap_or_else(|e| panic!("spec: {e}"));
     spec.partition = Partition::new(index, NonZeroU32::new(COUNT).expect("count"));
-    PostgresCursor::new(spec, &Default::default()).expect("source")
+    new_cursor(spec)
+}
+
+/// A cursor source built from `spec` as the handler builds it (`app.rs`): with its kind's options.
+fn new_cursor(spec: SourceSpec) -> PostgresCursor {
+    let SourceOptions::PostgresCursor(options) = spec.options.clone() else { panic!("{:?}", spec.options) };
+    PostgresCursor::new(spec, options, &Default::default()).expect("source")
 }
 
 /// Every node of a plan, depth first.
@@ -414,7 +420,7 @@ async fn tied_checkpoints_of_a_millisecond_timestamp_cursor_merge_strictly_befor
         "cursorColumn": "updated_at", "startFrom": "earliest"
     });
     let spec = SourceSpec::from_json(&trigger, &env).unwrap_or_else(|e| panic!("spec: {e}"));
-    let source = PostgresCursor::new(spec, &Default::default()).expect("source");
+    let source = new_cursor(spec);
 
     // WHEN two old partitions stopped at one cursor value, at keys 12 and 4, merge
     let cursor = "2026-01-01 00:00:00.123+00";

@@ -10,21 +10,16 @@
 //!
 //! Kept apart from `sql.rs` (the live statements) so the two evolve without touching each other.
 
+use super::connection::{db_error, Connection};
+use super::position;
 use super::sql::Shape;
-use super::{db_error, position, PostgresCursor};
 use crate::change::{Change, Operation};
 use crate::ident::Ident;
 use crate::source::{
     backfill_key_misfit, backfill_key_texts, BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError,
 };
+use tokio::sync::OnceCell;
 use tokio_postgres::types::ToSql;
-
-/// The statement of one chunk, with its parameters in order (all text but the limit, which is last).
-#[derive(Debug, PartialEq)]
-pub(super) struct Chunk {
-    pub sql: String,
-    pub params: Vec<String>,
-}
 
 /// A filter and how to find each of its columns' types.
 pub(super) type Bound<'a> = (&'a Filter, &'a dyn Fn(&Ident) -> Option<String>);
@@ -51,17 +46,40 @@ fn key_columns(shape: &Shape) -> String {
     shape.key.iter().map(|(k, _)| format!("t.{}", k.pg())).collect::<Vec<_>>().join(", ")
 }
 
-/// The chunk statement: rows after `after` (key texts; none: from the first key), up to `upto` when given,
-/// whose cursor is at most `bound`, not soft-deleted, below the guard, matching `filter`; in key order, at
-/// most the limit. Columns: the key's texts, then the item JSON.
+/// The bound and key texts `r` holds, checked against the key and the session contract (a stored value that does
+/// not fit is refused with the fix); `None` when the backfill has no bound (nothing to backfill).
+#[allow(clippy::type_complexity)]
+fn stored<'r>(
+    shape: &Shape,
+    r: &ChunkRequest<'r>,
+    table: &str,
+) -> Result<Option<(&'r str, Option<Vec<String>>, Option<Vec<String>>)>, SourceError> {
+    let Some(bound) = r.bound.as_str() else { return Ok(None) };
+    let arity = shape.key.len();
+    position::check_iso(position::Stored::Backfill, table, [&shape.cursor_type], &[bound.to_string()])
+        .map_err(SourceError::Invalid)?;
+    let after = key_texts(shape, r.after, table)?;
+    // A chunk delivered before ends at its last row's key: a stored `Null` there is refused, not read unbounded.
+    let upto = match r.upto {
+        Some(u) => Some(key_texts(shape, u, table)?.ok_or_else(|| backfill_key_misfit(u, arity, table))?),
+        None => None,
+    };
+    Ok(Some((bound, after, upto)))
+}
+
+/// The statement of the chunk `r` asks for, with its parameters in order (all text; the limit is the last
+/// placeholder and not among them); `None` when the backfill has no bound. Rows after `r.after` (`Null`: from
+/// the first key), up to `r.upto` when given, whose cursor is at most the bound, not soft-deleted, below the
+/// guard, matching `r.filter` (its columns' types from `type_of`); in key order, at most the limit. Columns: the
+/// key's texts, then the item JSON.
 pub(super) fn chunk(
     shape: &Shape,
-    bound: &str,
-    after: Option<Vec<String>>,
-    upto: Option<Vec<String>>,
-    filter: Option<Bound<'_>>,
-) -> Chunk {
-    let (preds, params) = predicates(shape, bound, after, upto, filter);
+    r: &ChunkRequest<'_>,
+    table: &str,
+    type_of: &dyn Fn(&Ident) -> Option<String>,
+) -> Result<Option<(String, Vec<String>)>, SourceError> {
+    let Some((bound, after, upto)) = stored(shape, r, table)? else { return Ok(None) };
+    let (preds, params) = predicates(shape, bound, after, upto, r.filter.map(|f| (f, type_of)));
     let keys = key_columns(shape);
     let texts: Vec<String> = shape.key.iter().map(|(k, _)| format!("t.{}::text", k.pg())).collect();
     let sql = format!(
@@ -70,13 +88,13 @@ pub(super) fn chunk(
         shape.row_source(),
         params.len() + 1
     );
-    Chunk { sql, params }
+    Ok(Some((sql, params)))
 }
 
 /// The count of the rows a backfill will deliver (what `chunk` walks from the beginning): its estimate.
-pub(super) fn estimate(shape: &Shape, bound: &str, filter: Option<Bound<'_>>) -> Chunk {
+pub(super) fn estimate(shape: &Shape, bound: &str, filter: Option<Bound<'_>>) -> (String, Vec<String>) {
     let (preds, params) = predicates(shape, bound, None, None, filter);
-    Chunk { sql: format!("SELECT count(*) FROM {} t WHERE {preds}", shape.table), params }
+    (format!("SELECT count(*) FROM {} t WHERE {preds}", shape.table), params)
 }
 
 /// The conditions of a chunk over alias `t`, and their parameters (`$1` the bound).
@@ -141,61 +159,63 @@ pub(super) fn newest_guarded(shape: &Shape) -> String {
     format!("SELECT {} FROM {} t{guard} ORDER BY {} LIMIT 1", texts.join(", "), shape.table, desc.join(", "))
 }
 
-impl PostgresCursor {
+/// A backfill of the cursor source: what it keeps between chunks is only the table's column types, read on the
+/// first use of a filter. Owned by `PostgresCursor`, which lends it the connection and the shape.
+#[derive(Debug, Default)]
+pub(super) struct Backfill {
+    /// Every column and its type, read on a backfill's first use of a filter.
+    column_types: OnceCell<Vec<(String, String)>>,
+}
+
+impl Backfill {
     /// The backfill's bound is the live checkpoint's cursor (`Null`: nothing delivered yet, so the live path
     /// delivers every row and there is nothing to backfill).
-    pub(super) async fn start_backfill(
+    pub async fn start(
         &self,
+        conn: &Connection,
+        shape: &Shape,
         checkpoint: &Position,
         filter: Option<&Filter>,
     ) -> Result<BackfillPlan, SourceError> {
-        let shape = self.shape().await?;
+        let table = conn.table().to_string();
         if let Some(filter) = filter {
-            let columns = self.column_types().await?;
-            let table = self.spec.table.to_string();
+            let columns = self.column_types(conn).await?;
             filter.check_columns(&table, columns.iter().map(|(n, _)| n.as_str())).map_err(SourceError::Invalid)?;
         }
         let bound = match checkpoint {
             Position::Null => return Ok(BackfillPlan { bound: Position::Null, estimate: Some(0) }),
-            other => self.position_texts(shape, other)?.remove(0),
+            other => position::checkpoint_texts(shape, &table, other)?.remove(0),
         };
-        let columns = self.column_types().await?;
+        let columns = self.column_types(conn).await?;
         let type_of = |c: &Ident| columns.iter().find(|(n, _)| n == c.as_str()).map(|(_, t)| t.clone());
-        let Chunk { sql, params } = estimate(shape, &bound, filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
-        let client = self.client().await?;
+        let (sql, params) = estimate(shape, &bound, filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
+        let client = conn.client().await?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
-        let row = client.query_one(&sql, &refs).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let row = client.query_one(&sql, &refs).await.map_err(|e| conn.error(e))?;
         let count: i64 = row.get(0);
         Ok(BackfillPlan { bound: Position::String(bound), estimate: Some(count.max(0) as u64) })
     }
 
     /// The chunk `r` asks for; its rule needs no live position (`r.live`): the bound excludes every row written
     /// since the start.
-    pub(super) async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
-        let shape = self.shape().await?;
-        let Some(bound) = r.bound.as_str() else { return Ok(Fetched::default()) };
-        let (arity, table) = (shape.key.len(), self.spec.table.to_string());
-        position::check_iso(position::Stored::Backfill, &table, [&shape.cursor_type], &[bound.to_string()])
-            .map_err(SourceError::Invalid)?;
-        let after = key_texts(shape, r.after, &table)?;
-        // A chunk delivered before ends at its last row's key: a stored `Null` there is refused, not read unbounded.
-        let upto = match r.upto {
-            Some(u) => Some(key_texts(shape, u, &table)?.ok_or_else(|| backfill_key_misfit(u, arity, &table))?),
-            None => None,
-        };
+    pub async fn chunk(&self, conn: &Connection, shape: &Shape, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
+        let table = conn.table().to_string();
+        // The stored keys are checked before the catalog is read for a filter's column types.
+        if stored(shape, r, &table)?.is_none() {
+            return Ok(Fetched::default());
+        }
         let columns: &[(String, String)] = match r.filter {
-            Some(_) => self.column_types().await?,
+            Some(_) => self.column_types(conn).await?,
             None => &[],
         };
         let type_of = |c: &Ident| columns.iter().find(|(n, _)| n == c.as_str()).map(|(_, t)| t.clone());
-        let Chunk { sql, params } =
-            chunk(shape, bound, after, upto, r.filter.map(|f| (f, &type_of as &dyn Fn(&Ident) -> _)));
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&sql).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let Some((sql, params)) = chunk(shape, r, &table, &type_of)? else { return Ok(Fetched::default()) };
+        let client = conn.client().await?;
+        let stmt = client.prepare_cached(&sql).await.map_err(|e| conn.error(e))?;
         let limit = r.limit as i64;
         let mut refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
         refs.push(&limit);
-        let rows = client.query(&stmt, &refs).await.map_err(|e| db_error(e, &self.spec.table))?;
+        let rows = client.query(&stmt, &refs).await.map_err(|e| conn.error(e))?;
         let arity = shape.key.len();
         let mut changes = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -211,26 +231,13 @@ impl PostgresCursor {
         Ok(Fetched { changes, last, advance: None })
     }
 
-    /// The guarded newest position (`startFrom: snapshot`).
-    pub(super) async fn snapshot_position(&self) -> Result<Position, SourceError> {
-        let shape = self.shape().await?;
-        let client = self.client().await?;
-        let rows = client.query(&newest_guarded(shape), &[]).await.map_err(|e| db_error(e, &self.spec.table))?;
-        Ok(match rows.first() {
-            Some(row) => Position::Array(
-                (0..shape.position_arity()).map(|c| Position::String(row.get::<_, String>(c))).collect(),
-            ),
-            None => Position::Null,
-        })
-    }
-
     /// Every column of the table with the type a filter's literal is cast to, read once: what a filter's
     /// columns are checked against (see [`FILTER_COLUMNS`]).
-    async fn column_types(&self) -> Result<&Vec<(String, String)>, SourceError> {
+    async fn column_types(&self, conn: &Connection) -> Result<&Vec<(String, String)>, SourceError> {
         self.column_types
             .get_or_try_init(|| async {
-                let client = self.client().await?;
-                let table = &self.spec.table;
+                let client = conn.client().await?;
+                let table = conn.table();
                 let oid: Option<u32> = client
                     .query_one(super::sql::TABLE_OID, &[&table.pg()])
                     .await
@@ -242,6 +249,18 @@ impl PostgresCursor {
             })
             .await
     }
+}
+
+/// The guarded newest position (`startFrom: snapshot`).
+pub(super) async fn snapshot_position(conn: &Connection, shape: &Shape) -> Result<Position, SourceError> {
+    let client = conn.client().await?;
+    let rows = client.query(&newest_guarded(shape), &[]).await.map_err(|e| conn.error(e))?;
+    Ok(match rows.first() {
+        Some(row) => {
+            Position::Array((0..shape.position_arity()).map(|c| Position::String(row.get::<_, String>(c))).collect())
+        }
+        None => Position::Null,
+    })
 }
 
 #[cfg(test)]
@@ -265,6 +284,34 @@ mod tests {
         }
     }
 
+    /// The tests' backfill bound: cursor 900.
+    const BOUND: &str = "900";
+
+    /// A chunk request under `bound`.
+    fn request<'a>(
+        bound: &'a Position,
+        after: &'a Position,
+        upto: Option<&'a Position>,
+        filter: Option<&'a Filter>,
+    ) -> ChunkRequest<'a> {
+        ChunkRequest { bound, after, upto, filter, limit: 10, live: &Position::Null }
+    }
+
+    /// A statement and its parameters.
+    struct Sql {
+        sql: String,
+        params: Vec<String>,
+    }
+
+    fn sql((sql, params): (String, Vec<String>)) -> Sql {
+        Sql { sql, params }
+    }
+
+    /// The statement `r` asks for, without a filter.
+    fn statement(shape: &Shape, r: ChunkRequest<'_>) -> Sql {
+        sql(chunk(shape, &r, "public.orders", &|_| None).expect("fits").expect("bounded"))
+    }
+
     #[test]
     fn a_stored_chunk_key_of_a_time_written_in_another_date_style_is_refused_naming_it_and_the_fix() {
         let mut shape = shape();
@@ -283,7 +330,8 @@ mod tests {
 
     #[test]
     fn a_chunk_walks_the_key_below_the_bound_and_the_guard() {
-        let c = chunk(&shape(), "900", Some(vec!["1".into(), "7".into()]), None, None);
+        let (bound, after) = (Position::from(BOUND), serde_json::json!(["1", "7"]));
+        let c = statement(&shape(), request(&bound, &after, None, None));
         assert_eq!(
             c.sql,
             "SELECT t.\"tenant\"::text, t.\"id\"::text, row_to_json(r.*)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL (SELECT t.\"id\" AS \"id\") r \
@@ -297,7 +345,9 @@ AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS
     fn a_re_read_is_bounded_on_both_sides_and_a_filter_is_bound() {
         let filter = Filter::parse("region = 'eu' OR id IN (1, 2)").expect("parses");
         let type_of = |c: &Ident| Some(if c.as_str() == "region" { "text".to_string() } else { "bigint".into() });
-        let c = chunk(&shape(), "900", None, Some(vec!["2".into(), "9".into()]), Some((&filter, &type_of)));
+        let (bound, upto) = (Position::from(BOUND), serde_json::json!(["2", "9"]));
+        let r = request(&bound, &Position::Null, Some(&upto), Some(&filter));
+        let c = sql(chunk(&shape(), &r, "public.orders", &type_of).expect("fits").expect("bounded"));
         assert!(
             c.sql.contains("AND (t.\"tenant\", t.\"id\") <= (($2::text)::integer, ($3::text)::bigint) AND"),
             "{}",
@@ -312,7 +362,7 @@ AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS
         );
         assert!(c.sql.ends_with("LIMIT $7"));
         assert_eq!(c.params, ["900", "2", "9", "eu", "1", "2"]);
-        let e = estimate(&shape(), "900", Some((&filter, &type_of)));
+        let e = sql(estimate(&shape(), BOUND, Some((&filter, &type_of))));
         assert!(
             e.sql.starts_with(
                 "SELECT count(*) FROM \"public\".\"orders\" t WHERE t.\"version\" <= ($1::text)::xid8 AND"
@@ -327,7 +377,8 @@ AND t.\"version\" < pg_snapshot_xmin(pg_current_snapshot()) AND t.\"deleted\" IS
     fn a_partitions_chunk_reads_only_its_keys() {
         let partition = crate::config::Partition::new(1, std::num::NonZeroU32::new(4).expect("4"));
         let s = Shape { partition, ..shape() };
-        let c = chunk(&s, "900", None, None, None);
+        let bound = Position::from(BOUND);
+        let c = statement(&s, request(&bound, &Position::Null, None, None));
         let expected = format!("{} = 1", s.partition_expression(4, "t."));
         assert!(c.sql.contains(&format!("AND {expected} AND")), "{}", c.sql);
     }

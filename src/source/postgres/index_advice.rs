@@ -14,8 +14,8 @@
 //!   does not run itself: on a big table when to read the sample is the operator's call. With statistics, the
 //!   planner passing over the index is its informed choice (a small table), and nothing is said.
 
+use super::connection::{db_error, Connection};
 use super::sql::{PlanCheck, Shape};
-use super::{db_error, PostgresCursor};
 use crate::config::Partition;
 use crate::source::SourceError;
 
@@ -101,68 +101,66 @@ pub(super) fn advice(found: &Found, p: Partition, table: &str, ddl: &str, cost: 
 static WARNED: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-impl PostgresCursor {
-    /// Checks the plan of partition `p`'s first fetch and, when it is not a range scan, warns once per process
-    /// for the table and partition count (every partition needs the same index) with the fix the catalog points
-    /// to (the module docs). `oid`: the table's.
-    pub(super) async fn check_partition_index(
-        &self,
-        shape: &Shape,
-        (p, oid): (Partition, u32),
-        keyset_indexed: bool,
-    ) -> Result<(), SourceError> {
-        let table = &self.spec.table;
-        let limit = 100i64;
-        let read = |plan: serde_json::Value| PlanCheck::read(&plan);
-        let Some(forced) = read(self.explain(&shape.fetch_first(), &[&limit], true).await?) else {
-            tracing::debug!(table = %table, "the plan of a partition's fetch could not be read; index not checked");
-            return Ok(());
-        };
-        // An index serves when the planner is made to use one; whether it does on its own is the real plan's.
-        let chosen = forced.is_range_scan()
-            && read(self.explain(&shape.fetch_first(), &[&limit], false).await?).is_none_or(|c| c.is_range_scan());
-        if chosen {
-            return Ok(());
-        }
-        let client = self.client().await?;
-        let indexes: Vec<Index> = client
-            .query(INDEXES, &[&oid])
-            .await
-            .map_err(|e| db_error(e, table))?
-            .iter()
-            // An index dropped while this reads (`DROP INDEX CONCURRENTLY`, which this very advice may name) has
-            // no definition left (NULL columns): it is passed over, not a panic.
-            .filter_map(|r| {
-                Some(Index {
-                    name: r.try_get(0).ok()?,
-                    valid: r.try_get(1).ok()?,
-                    columns: r.try_get(2).ok()?,
-                    statistics: r.try_get(3).ok()?,
-                })
-            })
-            .collect();
-        let found = find(&indexes, shape, p.count.get());
-        // The planner passing over a usable index with statistics in hand is its informed choice (a small table).
-        if forced.is_range_scan() && !matches!(found, Found::Unused { statistics: false, .. }) {
-            return Ok(());
-        }
-        let first =
-            WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert((table.to_string(), p.count.get()));
-        if !first {
-            return Ok(());
-        }
-        let cost = if keyset_indexed {
-            format!(
-                "walks the ({}, key) index and reads and discards the other partitions' rows: about {} times the rows of a batch per fetch",
-                shape.cursor, p.count
-            )
-        } else {
-            "reads every row of the table and sorts this partition's rows, every batch".to_string()
-        };
-        let ddl = shape.partition_index_ddl().unwrap_or_default();
-        tracing::warn!(table = %table, partitions = p.count.get(), "{}", advice(&found, p, &table.to_string(), &ddl, &cost));
-        Ok(())
+/// Checks the plan of partition `p`'s first fetch and, when it is not a range scan, warns once per process
+/// for the table and partition count (every partition needs the same index) with the fix the catalog points
+/// to (the module docs). `oid`: the table's.
+pub(super) async fn check_partition_index(
+    conn: &Connection,
+    shape: &Shape,
+    (p, oid): (Partition, u32),
+    keyset_indexed: bool,
+) -> Result<(), SourceError> {
+    let table = conn.table();
+    let limit = 100i64;
+    let read = |plan: serde_json::Value| PlanCheck::read(&plan);
+    let Some(forced) = read(conn.explain(&shape.fetch_first(), &[&limit], true).await?) else {
+        tracing::debug!(table = %table, "the plan of a partition's fetch could not be read; index not checked");
+        return Ok(());
+    };
+    // An index serves when the planner is made to use one; whether it does on its own is the real plan's.
+    let chosen = forced.is_range_scan()
+        && read(conn.explain(&shape.fetch_first(), &[&limit], false).await?).is_none_or(|c| c.is_range_scan());
+    if chosen {
+        return Ok(());
     }
+    let client = conn.client().await?;
+    let indexes: Vec<Index> = client
+        .query(INDEXES, &[&oid])
+        .await
+        .map_err(|e| db_error(e, table))?
+        .iter()
+        // An index dropped while this reads (`DROP INDEX CONCURRENTLY`, which this very advice may name) has
+        // no definition left (NULL columns): it is passed over, not a panic.
+        .filter_map(|r| {
+            Some(Index {
+                name: r.try_get(0).ok()?,
+                valid: r.try_get(1).ok()?,
+                columns: r.try_get(2).ok()?,
+                statistics: r.try_get(3).ok()?,
+            })
+        })
+        .collect();
+    let found = find(&indexes, shape, p.count.get());
+    // The planner passing over a usable index with statistics in hand is its informed choice (a small table).
+    if forced.is_range_scan() && !matches!(found, Found::Unused { statistics: false, .. }) {
+        return Ok(());
+    }
+    let first =
+        WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert((table.to_string(), p.count.get()));
+    if !first {
+        return Ok(());
+    }
+    let cost = if keyset_indexed {
+        format!(
+            "walks the ({}, key) index and reads and discards the other partitions' rows: about {} times the rows of a batch per fetch",
+            shape.cursor, p.count
+        )
+    } else {
+        "reads every row of the table and sorts this partition's rows, every batch".to_string()
+    };
+    let ddl = shape.partition_index_ddl().unwrap_or_default();
+    tracing::warn!(table = %table, partitions = p.count.get(), "{}", advice(&found, p, &table.to_string(), &ddl, &cost));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -69,6 +69,29 @@ pub(crate) fn check_iso<'a>(
     }
 }
 
+/// The texts of a stored checkpoint of a table of `shape` (`table`, as messages name it), checked against the
+/// position's arity (the cursor and the key) and the session contract ([`check_iso`]).
+pub(super) fn checkpoint_texts(
+    shape: &super::sql::Shape,
+    table: &str,
+    p: &crate::source::Position,
+) -> Result<Vec<String>, crate::source::SourceError> {
+    use crate::source::SourceError;
+    let texts: Option<Vec<String>> =
+        p.as_array().and_then(|a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+    match texts {
+        Some(t) if t.len() == shape.position_arity() => {
+            let types = std::iter::once(&shape.cursor_type).chain(shape.key.iter().map(|(_, ty)| ty));
+            check_iso(Stored::Checkpoint, table, types, &t).map_err(SourceError::Invalid)?;
+            Ok(t)
+        }
+        _ => Err(SourceError::Invalid(format!(
+            "stored position {p} does not fit {table} (expected {} values); reset the function's state",
+            shape.position_arity()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,8 +15,9 @@
 //!
 //! [`Source::no_later_than`]: crate::source::Source::no_later_than
 
+use super::connection::Connection;
+use super::position::checkpoint_texts;
 use super::sql::Shape;
-use super::{db_error, PostgresCursor};
 use crate::source::{Position, SourceError};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -68,31 +69,26 @@ fn as_position(texts: &[String]) -> Position {
     Value::Array(texts.iter().cloned().map(Value::String).collect())
 }
 
-impl PostgresCursor {
-    /// See the module docs. A `null` position (before everything) is the answer when there is one.
-    pub(super) async fn no_later_than_all(&self, positions: &[Position]) -> Result<Option<Position>, SourceError> {
-        if positions.iter().any(Value::is_null) {
-            return Ok(Some(Position::Null));
-        }
-        let shape = self.shape().await?;
-        let texts: Vec<Vec<String>> =
-            positions.iter().map(|p| self.position_texts(shape, p)).collect::<Result<_, _>>()?;
-        if texts.is_empty() {
-            return Ok(None);
-        }
-        let cursors: Vec<&String> = texts.iter().filter_map(|t| t.first()).collect();
-        let params: Vec<&(dyn ToSql + Sync)> = cursors.iter().map(|c| *c as &(dyn ToSql + Sync)).collect();
-        let client = self.client().await?;
-        let rows = client
-            .query(&rank_cursors(shape, cursors.len()), &params)
-            .await
-            .map_err(|e| db_error(e, &self.spec.table))?;
-        let ranked: Vec<Ranked> = rows
-            .iter()
-            .map(|r| (usize::try_from(r.get::<_, i32>(0)).unwrap_or(usize::MAX), r.get(1), r.get(2)))
-            .collect();
-        Ok(choose(&ranked, &texts))
+/// See the module docs. Every position is a stored checkpoint (the caller answers `null`, before everything,
+/// itself, before the table's shape is discovered).
+pub(super) async fn no_later_than(
+    conn: &Connection,
+    shape: &Shape,
+    positions: &[Position],
+) -> Result<Option<Position>, SourceError> {
+    let table = conn.table().to_string();
+    let texts: Vec<Vec<String>> =
+        positions.iter().map(|p| checkpoint_texts(shape, &table, p)).collect::<Result<_, _>>()?;
+    if texts.is_empty() {
+        return Ok(None);
     }
+    let cursors: Vec<&String> = texts.iter().filter_map(|t| t.first()).collect();
+    let params: Vec<&(dyn ToSql + Sync)> = cursors.iter().map(|c| *c as &(dyn ToSql + Sync)).collect();
+    let client = conn.client().await?;
+    let rows = client.query(&rank_cursors(shape, cursors.len()), &params).await.map_err(|e| conn.error(e))?;
+    let ranked: Vec<Ranked> =
+        rows.iter().map(|r| (usize::try_from(r.get::<_, i32>(0)).unwrap_or(usize::MAX), r.get(1), r.get(2))).collect();
+    Ok(choose(&ranked, &texts))
 }
 
 #[cfg(test)]

@@ -227,8 +227,8 @@ fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Resu
     Ok(match &f.source.options {
         SourceOptions::PostgresCursor(o) => Arc::new(PostgresCursor::new(f.source.clone(), o.clone(), postgres_tls)?),
         SourceOptions::PostgresLogical(_) => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
-        SourceOptions::MssqlChangeTracking(_) => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
-        SourceOptions::MssqlRowversion(_) => Arc::new(MssqlRowversion::new(f.source.clone())?),
+        SourceOptions::MssqlChangeTracking(o) => Arc::new(MssqlChangeTracking::new(f.source.clone(), o.clone())?),
+        SourceOptions::MssqlRowversion(o) => Arc::new(MssqlRowversion::new(f.source.clone(), o.clone())?),
     })
 }
 

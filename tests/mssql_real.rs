@@ -20,7 +20,7 @@
 //! fence, exactly once and what sink mode resumes from.
 
 use serde_json::{json, Value};
-use sql_pseudo_trigger::config::{Env, Partition, SourceKind, SourceSpec};
+use sql_pseudo_trigger::config::{Env, Partition, SourceKind, SourceOptions, SourceSpec};
 use sql_pseudo_trigger::source::mssql::{MssqlChangeTracking, MssqlRowversion};
 use sql_pseudo_trigger::source::{Fetched, Lag, Position, Source, SourceError, StartFrom};
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
@@ -74,7 +74,7 @@ impl Ctx {
     }
 
     fn ct(&self, table: &str, options: Value) -> MssqlChangeTracking {
-        MssqlChangeTracking::new(self.spec(SourceKind::MssqlChangeTracking, table, options)).expect("source builds")
+        new_change_tracking(self.spec(SourceKind::MssqlChangeTracking, table, options)).expect("source builds")
     }
 }
 
@@ -390,7 +390,7 @@ async fn metadata_names_changed_columns(ctx: &mut Ctx) {
 async fn rowversion_source_reads_updates_and_soft_deletes(ctx: &mut Ctx) {
     let t = ctx.table("rv");
     ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, Title nvarchar(20), Deleted bit NOT NULL DEFAULT 0, RV rowversion)")).await;
-    let source = MssqlRowversion::new(ctx.spec(
+    let source = new_rowversion(ctx.spec(
         SourceKind::MssqlRowversion,
         &format!("dbo.{t}"),
         json!({"softDeleteColumn": "Deleted", "columns": ["Id", "Title", "Deleted"]}),
@@ -499,7 +499,7 @@ async fn metadata_of_a_table_wider_than_253_columns(ctx: &mut Ctx) {
 }
 
 fn rowversion(ctx: &Ctx, table: &str, options: Value) -> MssqlRowversion {
-    MssqlRowversion::new(ctx.spec(SourceKind::MssqlRowversion, table, options)).expect("source")
+    new_rowversion(ctx.spec(SourceKind::MssqlRowversion, table, options)).expect("source")
 }
 
 async fn rowversion_inserted_column_labels_inserts_across_pages(ctx: &mut Ctx) {
@@ -594,7 +594,7 @@ async fn change_tracking_partitions_split_keys_by_hash_in_walk_and_changes_alike
             i,
             4,
         );
-        let source = MssqlChangeTracking::new(spec).expect("source");
+        let source = new_change_tracking(spec).expect("source");
         let start = source.start_position(StartFrom::Earliest).await.expect("start");
         let (b, pos) = drain(&source, &start, 3).await;
         walked.push(b);
@@ -616,7 +616,7 @@ async fn rowversion_partitions_read_through_the_partition_column_and_inline_alik
     // catalog read finds, and partitions that split the keys as the inline hash does.
     let t = ctx.table("rvpart");
     ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, V int, RV rowversion)")).await;
-    let inline = MssqlRowversion::new(partitioned(
+    let inline = new_rowversion(partitioned(
         ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), json!({"partitions": 4, "columns": ["Id", "V"]})),
         0,
         4,
@@ -632,12 +632,9 @@ async fn rowversion_partitions_read_through_the_partition_column_and_inline_alik
     let mut through_column = Vec::new();
     for i in 0..4 {
         let options = json!({"partitions": 4, "partitionColumn": "sqltrigger_p4", "columns": ["Id", "V"]});
-        let source = MssqlRowversion::new(partitioned(
-            ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), options),
-            i,
-            4,
-        ))
-        .expect("source");
+        let source =
+            new_rowversion(partitioned(ctx.spec(SourceKind::MssqlRowversion, &format!("dbo.{t}"), options), i, 4))
+                .expect("source");
         source.validate().await.expect("the column the handler's DDL makes passes the handler's check");
         assert_eq!(
             source.pending(&Value::Null).await.expect("pending"),
@@ -651,7 +648,7 @@ async fn rowversion_partitions_read_through_the_partition_column_and_inline_alik
     let inline_ids: std::collections::BTreeSet<i64> =
         b.iter().flat_map(payload).map(|(_, v)| v["Id"].as_i64().expect("Id")).collect();
     assert_eq!(inline_ids, through_column[0], "the inline hash and the column agree");
-    let wrong = MssqlRowversion::new(partitioned(
+    let wrong = new_rowversion(partitioned(
         ctx.spec(
             SourceKind::MssqlRowversion,
             &format!("dbo.{t}"),
@@ -663,4 +660,16 @@ async fn rowversion_partitions_read_through_the_partition_column_and_inline_alik
     .expect("source");
     let err = wrong.validate().await.expect_err("a column for 4 partitions under 8");
     assert!(err.to_string().contains("but 8 partitions of the key need"), "{err}");
+}
+
+/// A change-tracking source built from `spec` as the handler builds it (`app.rs`): with its kind's options.
+fn new_change_tracking(spec: SourceSpec) -> Result<MssqlChangeTracking, SourceError> {
+    let SourceOptions::MssqlChangeTracking(options) = spec.options.clone() else { panic!("{:?}", spec.options) };
+    MssqlChangeTracking::new(spec, options)
+}
+
+/// A rowversion source built from `spec` as the handler builds it (`app.rs`): with its kind's options.
+fn new_rowversion(spec: SourceSpec) -> Result<MssqlRowversion, SourceError> {
+    let SourceOptions::MssqlRowversion(options) = spec.options.clone() else { panic!("{:?}", spec.options) };
+    MssqlRowversion::new(spec, options)
 }

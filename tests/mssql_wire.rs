@@ -23,7 +23,7 @@ use mssql_mock_tds::{
 use serde_json::{json, Value};
 use sql_pseudo_trigger::change::encode_batch;
 use sql_pseudo_trigger::clock::ManualClock;
-use sql_pseudo_trigger::config::{AppConfig, Env, Partition, Secret, SourceKind, SourceSpec};
+use sql_pseudo_trigger::config::{AppConfig, Env, Partition, Secret, SourceKind, SourceOptions, SourceSpec};
 use sql_pseudo_trigger::engine::{OutcomeKind, Trigger};
 use sql_pseudo_trigger::ident::Ident;
 use sql_pseudo_trigger::protocol::{Attempt, RetryContext};
@@ -459,7 +459,7 @@ const ORDER_LINES: &[ColumnRow] = &[
 /// The change-tracking source on the order lines with every option: context filter ("MYAPP"), metadata,
 /// column selection. Its catalog must be registered with `database_with(.., false)` and `ORDER_LINES`.
 fn order_lines_source(mock: &Mock) -> MssqlChangeTracking {
-    MssqlChangeTracking::new(spec(
+    new_change_tracking(spec(
         mock,
         SourceKind::MssqlChangeTracking,
         "[Sales Ünïcode].[Order]] Lines]",
@@ -594,14 +594,8 @@ async fn catalog(mock: &mut Mock) {
 }
 
 fn ct_source(mock: &Mock, options: Value) -> MssqlChangeTracking {
-    MssqlChangeTracking::new(spec(
-        mock,
-        SourceKind::MssqlChangeTracking,
-        "[DBO].[ORDERS]",
-        options,
-        "ConnectRetryCount=1",
-    ))
-    .expect("source builds")
+    new_change_tracking(spec(mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", options, "ConnectRetryCount=1"))
+        .expect("source builds")
 }
 
 #[tokio::test]
@@ -884,7 +878,7 @@ async fn a_hostile_table_and_key_name_are_quoted_in_the_statement_the_server_rec
     let item = format!(r#"{{"id]; --":"{guid}","v":"2026-01-02T00:00:00"}}"#);
     mock.register("ct_hostile_fetch_after_key", changes(60, 10, &[(12, 0, &item, &guid.to_uppercase())])).await;
     let source =
-        MssqlChangeTracking::new(spec(&mock, SourceKind::MssqlChangeTracking, "[x]]; DROP TABLE y;--]", json!({}), ""))
+        new_change_tracking(spec(&mock, SourceKind::MssqlChangeTracking, "[x]]; DROP TABLE y;--]", json!({}), ""))
             .expect("source builds");
     let after = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": [guid.to_uppercase()]}});
 
@@ -1048,7 +1042,7 @@ async fn a_quiet_table_outlives_its_retention_because_empty_ticks_record_the_ver
     let store = Arc::new(MemoryStore::new());
     let clock = ManualClock::default();
     let process = |function: &sql_pseudo_trigger::config::FunctionConfig| {
-        let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+        let source = Arc::new(new_change_tracking(function.source.clone()).expect("source"));
         Trigger::new(function.clone(), "wire-app", source, store.clone(), "owner-1".into())
             .with_clock(Arc::new(clock.clone()))
     };
@@ -1085,7 +1079,7 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
     mock.register("ct_versions", versions(10, 42)).await;
     mock.register("ct_fetch_start", changes(42, 10, &[(11, 0, INSERTED, "1"), (13, 2, DELETED, "3")])).await;
     let (root, function) = orders_function(&mock);
-    let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+    let source = Arc::new(new_change_tracking(function.source.clone()).expect("source"));
     let store = Arc::new(MemoryStore::new());
     let trigger = Trigger::new(function, "wire-app", source, store, "owner-1".into());
 
@@ -1129,7 +1123,7 @@ async fn items_source(mock: &mut Mock) -> MssqlRowversion {
         Ident::new("TITLE").expect("id"),
         Ident::new("IS_DELETED").expect("id"),
     ]);
-    MssqlRowversion::new(s).expect("source")
+    new_rowversion(s).expect("source")
 }
 
 /// A rowversion read: `(rowversion, operation, item json, key texts)` rows.
@@ -1259,7 +1253,7 @@ async fn inserts_are_labelled_from_the_backlogs_base_not_the_moving_position() {
     mock.register("catalog_database", database_with(None, false)).await;
     mock.register("catalog_table", table(None, false)).await;
     mock.register("catalog_columns", columns(ITEM_LOG)).await;
-    let source = MssqlRowversion::new(spec(
+    let source = new_rowversion(spec(
         &mock,
         SourceKind::MssqlRowversion,
         "[app].[Item Log]",
@@ -1397,7 +1391,7 @@ async fn without_view_database_state_the_lag_is_unknown_and_names_the_grant() {
 async fn the_rowversion_source_says_it_cannot_date_changes() {
     let mock = Mock::start().await;
     let source =
-        MssqlRowversion::new(spec(&mock, SourceKind::MssqlRowversion, "[DBO].[ITEMS]", json!({}), "")).expect("source");
+        new_rowversion(spec(&mock, SourceKind::MssqlRowversion, "[DBO].[ITEMS]", json!({}), "")).expect("source");
     let Ok(Lag::Unknown(reason)) = source.oldest_pending_age(&Value::Null).await else {
         panic!("a rowversion has no time")
     };
@@ -1457,7 +1451,7 @@ async fn a_pooled_connection_cut_while_idle_is_replaced_and_without_connect_retr
         s.connection = Secret::new(
             mock.connection_string(retry_count).replace(&format!(",{};", mock.port), &format!(",{};", relay.port)),
         );
-        let source = MssqlChangeTracking::new(s).expect("source builds");
+        let source = new_change_tracking(s).expect("source builds");
         source.start_position(StartFrom::Earliest).await.expect("first statement");
         assert_eq!(relay.accepted(), 1, "{retry_count}: one connection served the catalog and the first read");
 
@@ -1536,7 +1530,7 @@ async fn a_partitioned_change_tracking_function_filters_every_read_by_its_partit
     mock.register("ct_part_oldest_after_key", oldest(13, Some(30))).await;
     let spec = generated_partition_spec(&mock, 2, 4);
     assert_eq!(spec.partition, partition(2, 4));
-    let source = MssqlChangeTracking::new(spec).expect("source builds");
+    let source = new_change_tracking(spec).expect("source builds");
 
     // WHEN it starts, fetches two batches, reads the second again, counts and dates what waits
     let start = source.start_position(StartFrom::Earliest).await.expect("start");
@@ -1584,7 +1578,7 @@ async fn a_partitioned_walk_walks_and_counts_only_its_partitions_rows() {
     mock.register("ct_part_walk_pending_first", count(25)).await;
     let mut spec = spec(&mock, SourceKind::MssqlChangeTracking, "[DBO].[ORDERS]", json!({}), "");
     spec.partition = partition(0, 8);
-    let source = MssqlChangeTracking::new(spec).expect("source builds");
+    let source = new_change_tracking(spec).expect("source builds");
 
     // A walk recorded before backfills existed (or a resync's) goes on in its partition.
     let start = json!({"phase": "snapshot", "base": 42});
@@ -1611,7 +1605,7 @@ async fn a_partitioned_composite_key_is_hashed_over_every_key_column_after_the_c
         "",
     );
     spec.partition = partition(5, 16);
-    let source = MssqlChangeTracking::new(spec).expect("source builds");
+    let source = new_change_tracking(spec).expect("source builds");
     let at = json!({"phase": "changes", "base": 10, "last": {"version": 11, "key": ["7", "a"]}});
     let fetched = source.fetch(&at, 1).await.expect("fetch");
     assert_eq!(fetched.changes.len(), 1);
@@ -1675,7 +1669,7 @@ async fn partitioned_items_source(mock: &mut Mock, index: u32, column: bool) -> 
     };
     let mut s = spec(mock, SourceKind::MssqlRowversion, "[DBO].[ITEMS]", options, "ConnectRetryCount=0");
     s.partition = partition(index, 8);
-    MssqlRowversion::new(s).expect("source")
+    new_rowversion(s).expect("source")
 }
 
 /// How SQL Server stores `(CHECKSUM([ID]) & 2147483647) % 8` as a computed column's definition.
@@ -1789,4 +1783,16 @@ async fn without_a_partition_column_the_rowversion_source_hashes_each_key_inline
     assert_eq!(pending, 4);
     assert_eq!(mock.values("rv_part_inline_fetch_start"), vec![Wire::Int(100), Wire::Int(8), Wire::Int(7)]);
     assert_eq!(mock.values("rv_part_inline_pending_start"), vec![Wire::Int(8), Wire::Int(7)]);
+}
+
+/// A change-tracking source built from `spec` as the handler builds it (`app.rs`): with its kind's options.
+fn new_change_tracking(spec: SourceSpec) -> Result<MssqlChangeTracking, SourceError> {
+    let SourceOptions::MssqlChangeTracking(options) = spec.options.clone() else { panic!("{:?}", spec.options) };
+    MssqlChangeTracking::new(spec, options)
+}
+
+/// A rowversion source built from `spec` as the handler builds it (`app.rs`): with its kind's options.
+fn new_rowversion(spec: SourceSpec) -> Result<MssqlRowversion, SourceError> {
+    let SourceOptions::MssqlRowversion(options) = spec.options.clone() else { panic!("{:?}", spec.options) };
+    MssqlRowversion::new(spec, options)
 }

@@ -3,10 +3,9 @@
 //! `CHANGETABLE(VERSION ...)`, the rowversion's comparison), that a filter's literals convert to each column's
 //! type (neither cut to a column's length nor rounded to its scale), and that a re-read stops at its chunk's last key.
 
-use super::{drain, payload, tracked, Ctx};
+use super::{drain, new_rowversion, payload, tracked, Ctx};
 use serde_json::{json, Value};
 use sql_pseudo_trigger::config::SourceKind;
-use sql_pseudo_trigger::source::mssql::MssqlRowversion;
 use sql_pseudo_trigger::source::{Filter, Position, Source, StartFrom};
 use testbed::chunks::ChunkRows;
 
@@ -63,7 +62,7 @@ pub(super) async fn rowversion_backfill_leaves_rows_changed_since_its_start_to_t
     let t = ctx.table("rvbf");
     ctx.exec(&format!("CREATE TABLE [dbo].[{t}] (Id int PRIMARY KEY, Title nvarchar(3), Price decimal(9,2), Deleted bit NOT NULL DEFAULT 0, RV rowversion)")).await;
     ctx.exec(&format!("INSERT INTO [dbo].[{t}] (Id, Title, Price) VALUES (1, N'a', 10.55), (2, N'b', 1), (3, N'abc', 10.56), (4, N'd', 1); UPDATE [dbo].[{t}] SET Deleted = 1 WHERE Id = 4")).await;
-    let source = MssqlRowversion::new(ctx.spec(
+    let source = new_rowversion(ctx.spec(
         SourceKind::MssqlRowversion,
         &format!("dbo.{t}"),
         json!({"startFrom": "snapshot", "softDeleteColumn": "Deleted", "columns": ["Id", "Title", "Deleted"]}),

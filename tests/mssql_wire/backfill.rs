@@ -150,7 +150,7 @@ async fn a_change_tracking_snapshot_start_backfills_in_key_order_beside_live_cha
             "connectionStringSetting": "SqlConnectionString", "startFrom": "snapshot"}),
     );
     assert_eq!(function.source.start_from, StartFrom::Snapshot);
-    let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+    let source = Arc::new(new_change_tracking(function.source.clone()).expect("source"));
     let consumer = Arc::new(Consumer::default());
     let trigger = Trigger::new(function, "wire-app", source, Arc::new(MemoryStore::new()), "owner-1".into())
         .with_sink(consumer.clone());
@@ -237,7 +237,7 @@ async fn a_rowversion_snapshot_start_backfills_below_the_start_and_a_row_changed
         json!({"source": "mssql-rowversion", "tableName": "[DBO].[ITEMS]", "connectionStringSetting": "SqlConnectionString",
             "startFrom": "snapshot", "softDeleteColumn": "IS_DELETED", "columns": ["ID", "TITLE", "IS_DELETED"]}),
     );
-    let source = Arc::new(MssqlRowversion::new(function.source.clone()).expect("source"));
+    let source = Arc::new(new_rowversion(function.source.clone()).expect("source"));
     let consumer = Arc::new(Consumer::default());
     let trigger = Trigger::new(function, "wire-app", source, Arc::new(MemoryStore::new()), "owner-1".into())
         .with_sink(consumer.clone());
@@ -303,7 +303,7 @@ async fn an_operators_filtered_backfill_of_a_running_change_tracking_function_de
         "OrdersChanged",
         json!({"source": "mssql-change-tracking", "tableName": "[DBO].[ORDERS]", "connectionStringSetting": "SqlConnectionString"}),
     );
-    let source = Arc::new(MssqlChangeTracking::new(function.source.clone()).expect("source"));
+    let source = Arc::new(new_change_tracking(function.source.clone()).expect("source"));
     let consumer = Arc::new(Consumer::default());
     let trigger = Trigger::new(function, "wire-app", source, Arc::new(MemoryStore::new()), "owner-1".into())
         .with_sink(consumer.clone());
@@ -408,7 +408,7 @@ async fn a_rowversion_backfill_binds_its_bound_keys_and_filter_values_for_a_comp
     mock.register("catalog_database", database_with(None, false)).await;
     mock.register("catalog_table", table(None, false)).await;
     mock.register("catalog_columns", columns(ITEM_LOG)).await;
-    let log = MssqlRowversion::new(spec(
+    let log = new_rowversion(spec(
         &mock,
         SourceKind::MssqlRowversion,
         "[app].[Item Log]",
@@ -482,7 +482,7 @@ async fn a_partitions_backfill_reads_and_counts_only_its_own_keys() {
     catalog(&mut mock).await;
     mock.register("ct_part_backfill_estimate", estimate(25)).await;
     mock.register("ct_part_backfill_first", chunk(&[(ONE, &["1"])], 1)).await;
-    let orders = MssqlChangeTracking::new(generated_partition_spec(&mock, 2, 4)).expect("source builds");
+    let orders = new_change_tracking(generated_partition_spec(&mock, 2, 4)).expect("source builds");
     let plan = orders.backfill_start(&json!({"phase": "changes", "base": 42}), None).await.expect("starts");
     let fetched = orders.chunk_rows(&json!(42), &Value::Null, None, None, 100).await.expect("chunk");
     assert_eq!((plan.bound, plan.estimate, fetched.changes.len()), (json!(42), Some(25), 1));

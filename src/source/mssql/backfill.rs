@@ -8,47 +8,12 @@
 use super::catalog::{big, one_row, required, text};
 use super::read::Reads;
 use super::schema::ColumnFacts;
-use super::sql::{KeyRange, MssqlFilter, Slot, Statement};
+use super::sql::{MssqlFilter, Slot, Statement};
 use super::types::SqlType;
 use crate::change::{Change, Operation};
 use crate::config::Partition;
 use crate::db::mssql::{Param, Pool};
 use crate::source::{backfill_key_texts as key_texts, ChunkRequest, Fetched, Filter, Position, SourceError};
-
-/// A chunk to read: after and up to which keys, under which bound, at most how many rows.
-#[derive(Debug)]
-pub(super) struct Chunk<'a> {
-    pub bound: i64,
-    pub after: Option<Vec<String>>,
-    pub upto: Option<Vec<String>>,
-    pub limit: usize,
-    pub filter: Option<&'a MssqlFilter>,
-}
-
-impl Chunk<'_> {
-    pub fn range(&self) -> KeyRange {
-        KeyRange { after: self.after.is_some(), upto: self.upto.is_some() }
-    }
-}
-
-/// The chunk `r` asks for, over a key of `key_len` columns, under `filter` (the request's, checked by
-/// [`check_filter`]); `None` when the backfill has no bound (nothing to backfill). Both sources read a chunk so;
-/// only the statement differs.
-pub(super) fn requested<'a>(
-    r: &ChunkRequest<'_>,
-    key_len: usize,
-    table: &str,
-    filter: Option<&'a MssqlFilter>,
-) -> Result<Option<Chunk<'a>>, SourceError> {
-    let Some(bound) = bound(r.bound, table)? else { return Ok(None) };
-    Ok(Some(Chunk {
-        bound,
-        after: key_texts(r.after, key_len, table)?,
-        upto: r.upto.map(|u| key_texts(u, key_len, table)).transpose()?.flatten(),
-        limit: r.limit.max(1),
-        filter,
-    }))
-}
 
 /// The bound a backfill stored (`BackfillPlan::bound`): `None` for `Null`, nothing to backfill.
 pub(super) fn bound(b: &Position, table: &str) -> Result<Option<i64>, SourceError> {
@@ -73,20 +38,34 @@ pub(super) fn check_filter(
     MssqlFilter::new(filter, table, &columns).map(Some).map_err(|e| SourceError::Invalid(format!("--where: {e}")))
 }
 
-/// The values of a backfill statement's parameters, in its slots' order.
-pub(super) fn bind(s: &Statement, c: &Chunk<'_>, partition: Option<Partition>) -> Result<Vec<Param>, SourceError> {
+/// The values of a backfill statement's parameters, in its slots' order: for the chunk `r` asks for (its
+/// statement built from `r` too, `sql::backfill`) over a key of `key_len` columns of `table`, under `filter` (the
+/// request's, checked by [`check_filter`]), for `partition`. `None` when the backfill has no bound (nothing to
+/// backfill). A stored bound or key that does not fit is refused with the fix. Both sources bind a chunk (and
+/// their estimate, a request from the first key) so; only the statement differs.
+pub(super) fn bind(
+    s: &Statement,
+    r: &ChunkRequest<'_>,
+    (key_len, table): (usize, &str),
+    filter: Option<&MssqlFilter>,
+    partition: Option<Partition>,
+) -> Result<Option<Vec<Param>>, SourceError> {
+    let Some(bound) = bound(r.bound, table)? else { return Ok(None) };
+    let after = key_texts(r.after, key_len, table)?;
+    let upto = r.upto.map(|u| key_texts(u, key_len, table)).transpose()?.flatten();
+    let limit = r.limit.max(1);
     let missing = |what: &str| SourceError::Invalid(format!("internal error: statement parameter {what} has no value"));
-    let filter = c.filter.map(MssqlFilter::values).unwrap_or_default();
+    let filter = filter.map(MssqlFilter::values).unwrap_or_default();
     let key = |k: Option<&Vec<String>>, i: usize, what: &str| {
         k.and_then(|k| k.get(i)).cloned().map(Param::Text).ok_or_else(|| missing(what))
     };
     s.slots
         .iter()
         .map(|slot| match slot {
-            Slot::Limit => Ok(Param::Int(c.limit as i64)),
-            Slot::Bound => Ok(Param::Int(c.bound)),
-            Slot::AfterKey(i) => key(c.after.as_ref(), *i, "after key"),
-            Slot::UptoKey(i) => key(c.upto.as_ref(), *i, "upto key"),
+            Slot::Limit => Ok(Param::Int(limit as i64)),
+            Slot::Bound => Ok(Param::Int(bound)),
+            Slot::AfterKey(i) => key(after.as_ref(), *i, "after key"),
+            Slot::UptoKey(i) => key(upto.as_ref(), *i, "upto key"),
             Slot::Filter(i) => filter.get(*i).cloned().map(Param::Text).ok_or_else(|| missing("filter value")),
             Slot::PartitionIndex => {
                 partition.map(|p| Param::Int(i64::from(p.index))).ok_or_else(|| missing("partition"))
@@ -96,11 +75,26 @@ pub(super) fn bind(s: &Statement, c: &Chunk<'_>, partition: Option<Partition>) -
             }
             _ => Err(missing("of another statement")),
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
-/// Reads one chunk: every row an insert (operation 0), `last` the last row's key texts.
-pub(super) async fn read(pool: &Pool, s: &Statement, params: &[Param], key_len: usize) -> Result<Fetched, SourceError> {
+/// A request for the whole walk under `bound`, from the first key: what an estimate counts.
+pub(super) fn whole<'a>(bound: &'a Position, filter: Option<&'a Filter>) -> ChunkRequest<'a> {
+    const NULL: &Position = &Position::Null;
+    ChunkRequest { bound, after: NULL, upto: None, filter, limit: 0, live: NULL }
+}
+
+/// Reads one chunk: every row an insert (operation 0), `last` the last row's key texts; `None` (no bound):
+/// nothing to read.
+pub(super) async fn read(
+    pool: &Pool,
+    s: &Statement,
+    params: Option<Vec<Param>>,
+    key_len: usize,
+) -> Result<Fetched, SourceError> {
+    let Some(params) = params else { return Ok(Fetched::default()) };
+    let params = params.as_slice();
     let ctx = "reading a backfill chunk";
     let rows = pool.query(&s.sql, params, ctx).await?;
     let mut changes = Vec::with_capacity(rows.len());
@@ -118,8 +112,10 @@ pub(super) async fn read(pool: &Pool, s: &Statement, params: &[Param], key_len: 
     Ok(Fetched { changes, last, advance: None })
 }
 
-/// Runs an estimate statement (one row, `ESTIMATE`).
-pub(super) async fn estimate(pool: &Pool, s: &Statement, params: &[Param]) -> Result<u64, SourceError> {
+/// Runs an estimate statement (one row, `ESTIMATE`); `None` (no bound): nothing to count.
+pub(super) async fn estimate(pool: &Pool, s: &Statement, params: Option<Vec<Param>>) -> Result<u64, SourceError> {
+    let Some(params) = params else { return Ok(0) };
+    let params = params.as_slice();
     let ctx = "counting the rows to backfill";
     let row = one_row(pool.query(&s.sql, params, ctx).await?, ctx)?;
     Ok(big(&row, 0, ctx)?.unwrap_or(0).max(0) as u64)

@@ -15,12 +15,17 @@ use super::read::Reads;
 use super::schema::{self, ColumnFacts};
 use super::sql::{After, Labels, PartitionFilter, RvShape, Slot, Statement};
 use crate::change::{Change, Operation};
-use crate::config::{RowversionOptions, SourceKind, SourceOptions, SourceSpec};
+use crate::config::{RowversionOptions, SourceSpec};
 use crate::db::mssql::{Param, Pool, Settings};
 use crate::ident::Ident;
-use crate::source::{BackfillPlan, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
+use crate::source::{
+    BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom,
+};
 use tokio::sync::OnceCell;
 
+/// The rowversion source of one function: its configuration, its pool, and the table's shape (discovered on
+/// first use). Built by `app.rs` from the `mssql-rowversion` variant of `SourceOptions`; called by the engine
+/// through [`Source`].
 #[derive(Debug)]
 pub struct MssqlRowversion {
     spec: SourceSpec,
@@ -31,10 +36,8 @@ pub struct MssqlRowversion {
 }
 
 impl MssqlRowversion {
-    pub fn new(spec: SourceSpec) -> Result<Self, SourceError> {
-        let SourceOptions::MssqlRowversion(options) = spec.options.clone() else {
-            return Err(crate::source::wrong_kind(&spec, SourceKind::MssqlRowversion));
-        };
+    /// Parses the connection string; connects on first use.
+    pub fn new(spec: SourceSpec, options: RowversionOptions) -> Result<Self, SourceError> {
         let settings = Settings::parse(&spec.connection_setting, &spec.connection).map_err(SourceError::Invalid)?;
         Ok(Self { spec, options, pool: Pool::new(settings), shape: OnceCell::new() })
     }
@@ -258,23 +261,23 @@ impl Source for MssqlRowversion {
         filter: Option<&Filter>,
     ) -> Result<BackfillPlan, SourceError> {
         let (shape, columns) = self.discovered().await?;
-        let filter = backfill::check_filter(filter, &self.spec.table.to_string(), columns)?;
+        let table = self.spec.table.to_string();
+        let checked = backfill::check_filter(filter, &table, columns)?;
         let Some(at) = self.parse(checkpoint, shape)? else {
             return Ok(BackfillPlan { bound: Position::Null, estimate: Some(0) });
         };
-        let chunk = backfill::Chunk { bound: at.rv, after: None, upto: None, limit: 0, filter: filter.as_ref() };
-        let s = shape.backfill_estimate(filter.as_ref());
-        let estimate = backfill::estimate(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?).await?;
-        Ok(BackfillPlan { bound: Position::from(at.rv), estimate: Some(estimate) })
+        let bound = Position::from(at.rv);
+        let s = shape.backfill_estimate(checked.as_ref());
+        let whole = backfill::whole(&bound, filter);
+        let params = backfill::bind(&s, &whole, (shape.key.len(), &table), checked.as_ref(), self.spec.partition)?;
+        let estimate = backfill::estimate(&self.pool, &s, params).await?;
+        Ok(BackfillPlan { bound, estimate: Some(estimate) })
     }
 
     /// Its rule needs no live position: the rowversion bound leaves every row written since the start to the
     /// live path.
-    async fn backfill_chunk(
-        &self,
-        r: crate::source::ChunkRequest<'_>,
-    ) -> Result<crate::source::ChunkRead, SourceError> {
-        self.read_chunk(&r).await.map(crate::source::ChunkRead::Rows)
+    async fn backfill_chunk(&self, r: ChunkRequest<'_>) -> Result<ChunkRead, SourceError> {
+        self.read_chunk(&r).await.map(ChunkRead::Rows)
     }
 
     /// A rowversion is a counter, not a time, and SQL Server keeps no commit time for it: the lag is unknown.
@@ -287,14 +290,12 @@ impl Source for MssqlRowversion {
 
 impl MssqlRowversion {
     /// A chunk of the backfill bounded by `bound` (see docs/architecture.md, "Backfill").
-    async fn read_chunk(&self, r: &crate::source::ChunkRequest<'_>) -> Result<Fetched, SourceError> {
+    async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
         let (shape, columns) = self.discovered().await?;
         let table = self.spec.table.to_string();
         let filter = backfill::check_filter(r.filter, &table, columns)?;
-        let Some(chunk) = backfill::requested(r, shape.key.len(), &table, filter.as_ref())? else {
-            return Ok(Fetched::default());
-        };
-        let s = shape.backfill_chunk(chunk.range(), filter.as_ref());
-        backfill::read(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?, shape.key.len()).await
+        let s = shape.backfill_chunk(r, filter.as_ref());
+        let params = backfill::bind(&s, r, (shape.key.len(), &table), filter.as_ref(), self.spec.partition)?;
+        backfill::read(&self.pool, &s, params, shape.key.len()).await
     }
 }

@@ -11,48 +11,55 @@
 //! backfills existed, and `onPositionLost: resync`, which replaces a lost live position rather than
 //! accompanying one.
 
-use super::MssqlChangeTracking;
-use crate::source::mssql::backfill::{self, Chunk};
+use super::changes;
+use super::tracked::Tracked;
+use crate::source::mssql::backfill;
 use crate::source::mssql::position::CtPosition;
 use crate::source::{BackfillPlan, ChunkRequest, Fetched, Filter, Position, SourceError};
 
-impl MssqlChangeTracking {
-    /// The version the checkpoint covers: its last delivered change's, or its base; before everything (nothing
-    /// recorded yet), the current version, since the live path then starts at the minimum valid version and
-    /// delivers every change after it.
-    async fn covered(&self, checkpoint: &Position) -> Result<i64, SourceError> {
-        let shape = self.shape().await?;
-        Ok(match CtPosition::parse(checkpoint, shape.key.len(), &self.table_text())? {
-            Some(CtPosition::Changes { last: Some(last), .. }) => last.version,
-            Some(CtPosition::Changes { base, last: None }) => base,
-            // A walk in progress delivers what the backfill would too: duplicates, never a gap.
-            Some(CtPosition::Snapshot { base, .. }) => base,
-            None => self.versions().await?.1,
-        })
-    }
+/// The version the checkpoint covers: its last delivered change's, or its base; before everything (nothing
+/// recorded yet), the current version, since the live path then starts at the minimum valid version and
+/// delivers every change after it.
+async fn covered(t: &Tracked, checkpoint: &Position) -> Result<i64, SourceError> {
+    let shape = t.shape().await?;
+    Ok(match CtPosition::parse(checkpoint, shape.key.len(), &t.table_text())? {
+        Some(CtPosition::Changes { last: Some(last), .. }) => last.version,
+        Some(CtPosition::Changes { base, last: None }) => base,
+        // A walk in progress delivers what the backfill would too: duplicates, never a gap.
+        Some(CtPosition::Snapshot { base, .. }) => base,
+        None => changes::versions(t).await?.1,
+    })
+}
 
-    pub(super) async fn start_backfill(
-        &self,
-        checkpoint: &Position,
-        filter: Option<&Filter>,
-    ) -> Result<BackfillPlan, SourceError> {
-        let (shape, _, columns) = self.facts().await?;
-        let filter = backfill::check_filter(filter, &self.table_text(), columns)?;
-        let bound = self.covered(checkpoint).await?;
-        let chunk = Chunk { bound, after: None, upto: None, limit: 0, filter: filter.as_ref() };
-        let s = shape.backfill_estimate(filter.as_ref());
-        let estimate = backfill::estimate(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?).await?;
-        Ok(BackfillPlan { bound: Position::from(bound), estimate: Some(estimate) })
-    }
+/// Starts a backfill while the live checkpoint is `checkpoint`: its bound is the version the checkpoint covers.
+pub(super) async fn start(
+    t: &Tracked,
+    checkpoint: &Position,
+    filter: Option<&Filter>,
+) -> Result<BackfillPlan, SourceError> {
+    let (shape, _, columns) = t.facts().await?;
+    let table = t.table_text();
+    let checked = backfill::check_filter(filter, &table, columns)?;
+    let bound = Position::from(covered(t, checkpoint).await?);
+    let s = shape.backfill_estimate(checked.as_ref());
+    let params = backfill::bind(
+        &s,
+        &backfill::whole(&bound, filter),
+        (shape.key.len(), &table),
+        checked.as_ref(),
+        t.spec.partition,
+    )?;
+    let estimate = backfill::estimate(&t.pool, &s, params).await?;
+    Ok(BackfillPlan { bound, estimate: Some(estimate) })
+}
 
-    pub(super) async fn read_chunk(&self, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
-        let (shape, _, columns) = self.facts().await?;
-        let table = self.table_text();
-        let filter = backfill::check_filter(r.filter, &table, columns)?;
-        let Some(chunk) = backfill::requested(r, shape.key.len(), &table, filter.as_ref())? else {
-            return Ok(Fetched::default());
-        };
-        let s = shape.backfill_chunk(chunk.range(), filter.as_ref());
-        backfill::read(&self.pool, &s, &backfill::bind(&s, &chunk, self.spec.partition)?, shape.key.len()).await
-    }
+/// The chunk `r` asks for. Its rule needs no live position: the version bound leaves every key the live path
+/// owes to it.
+pub(super) async fn chunk(t: &Tracked, r: &ChunkRequest<'_>) -> Result<Fetched, SourceError> {
+    let (shape, _, columns) = t.facts().await?;
+    let table = t.table_text();
+    let filter = backfill::check_filter(r.filter, &table, columns)?;
+    let s = shape.backfill_chunk(r, filter.as_ref());
+    let params = backfill::bind(&s, r, (shape.key.len(), &table), filter.as_ref(), t.spec.partition)?;
+    backfill::read(&t.pool, &s, params, shape.key.len()).await
 }

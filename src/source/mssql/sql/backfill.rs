@@ -9,26 +9,23 @@
 use super::{
     isolation, json_object, keyset, CtShape, KeyColumn, MssqlFilter, Params, PartitionFilter, RvShape, Slot, Statement,
 };
+use crate::source::ChunkRequest;
 
-/// Which sides of the key walk a chunk is bounded on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyRange {
-    /// After a key (`Slot::AfterKey`); without it, from the first key.
-    pub after: bool,
-    /// Up to and including a key (`Slot::UptoKey`): re-reading a chunk delivered before.
-    pub upto: bool,
-}
-
-/// The key-walk predicates over `T`: after and up to a key, as the walk's keyset.
-fn walk(p: &mut Params, key: &[KeyColumn], range: KeyRange) -> Vec<String> {
+/// The key-walk predicates over `T` of the chunk `r` asks for (`None`: no chunk, the whole walk, as an estimate
+/// counts it): after a key when `r.after` holds one (`Slot::AfterKey`; `Null`: from the first key), and up to and
+/// including a key when `r.upto` holds one (`Slot::UptoKey`: re-reading a chunk delivered before), as the walk's
+/// keyset. Which key the slots take is `backfill::bind`'s.
+fn walk(p: &mut Params, key: &[KeyColumn], r: Option<&ChunkRequest<'_>>) -> Vec<String> {
+    let after = r.is_some_and(|r| !r.after.is_null());
+    let upto = r.and_then(|r| r.upto).is_some_and(|u| !u.is_null());
     let cols = |p: &mut Params, slot: fn(usize) -> Slot| -> Vec<(String, String)> {
         key.iter().enumerate().map(|(i, k)| (format!("T.{}", k.name.mssql()), k.ty.parse_text(&p.p(slot(i))))).collect()
     };
     let mut preds = Vec::new();
-    if range.after {
+    if after {
         preds.push(format!("({})", keyset(&cols(p, Slot::AfterKey), false)));
     }
-    if range.upto {
+    if upto {
         preds.push(format!("({})", keyset(&cols(p, Slot::UptoKey), true)));
     }
     preds
@@ -61,9 +58,14 @@ impl RvShape {
     ///
     /// No `MIN_ACTIVE_ROWVERSION()` here: the bound was below it when the live path read it, so every rowversion
     /// at or below the bound belongs to a transaction that had ended then (docs/architecture.md, "Backfill").
-    fn backfill_predicates(&self, p: &mut Params, range: KeyRange, filter: Option<&MssqlFilter>) -> Vec<String> {
+    fn backfill_predicates(
+        &self,
+        p: &mut Params,
+        r: Option<&ChunkRequest<'_>>,
+        filter: Option<&MssqlFilter>,
+    ) -> Vec<String> {
         let mut preds = vec![format!("T.{} <= {}", self.version.mssql(), Self::rv_param(p, Slot::Bound))];
-        preds.extend(walk(p, &self.key, range));
+        preds.extend(walk(p, &self.key, r));
         preds.extend(self.partition.as_ref().map(|f: &PartitionFilter| f.predicate(p, "T", &self.key)));
         preds.extend(self.soft_delete.as_ref().map(|(c, is_bit)| {
             if *is_bit {
@@ -79,10 +81,10 @@ impl RvShape {
     /// One chunk of a backfill, in key order. Row shape: `ITEM, K1..Kn`. Read under the isolation live reads
     /// use: either is sound here (a row the chunk may read was committed before the backfill started, and one
     /// written since has a rowversion above the bound, whichever version of it a statement sees).
-    pub fn backfill_chunk(&self, range: KeyRange, filter: Option<&MssqlFilter>) -> Statement {
+    pub fn backfill_chunk(&self, r: &ChunkRequest<'_>, filter: Option<&MssqlFilter>) -> Statement {
         let mut p = Params::default();
         let limit = p.p(Slot::Limit);
-        let preds = self.backfill_predicates(&mut p, range, filter);
+        let preds = self.backfill_predicates(&mut p, Some(r), filter);
         let item = json_object("T", self.item.iter().map(|c| (&c.name, &c.ty)));
         let sql = chunk(self.snapshot, &limit, item, &self.key, format!("{} AS T", self.table.mssql()), &preds);
         Statement { sql, slots: p.0 }
@@ -91,7 +93,7 @@ impl RvShape {
     /// How many rows the backfill will deliver, counted when it starts (its estimate). Row shape: `ESTIMATE`.
     pub fn backfill_estimate(&self, filter: Option<&MssqlFilter>) -> Statement {
         let mut p = Params::default();
-        let preds = self.backfill_predicates(&mut p, KeyRange { after: false, upto: false }, filter);
+        let preds = self.backfill_predicates(&mut p, None, filter);
         Statement { sql: count(self.table.mssql(), &preds), slots: p.0 }
     }
 }
@@ -104,12 +106,12 @@ impl CtShape {
     ///
     /// `OUTER APPLY`, not the documentation's `CROSS APPLY`: a row for which the function returned no row at all
     /// would otherwise be dropped, while NULL is exactly "nothing tracked since", which the chunk must keep.
-    pub fn backfill_chunk(&self, range: KeyRange, filter: Option<&MssqlFilter>) -> Statement {
+    pub fn backfill_chunk(&self, r: &ChunkRequest<'_>, filter: Option<&MssqlFilter>) -> Statement {
         let mut p = Params::default();
         let limit = p.p(Slot::Limit);
         let mut preds =
             vec![format!("(CT.SYS_CHANGE_VERSION IS NULL OR CT.SYS_CHANGE_VERSION <= {})", p.p(Slot::Bound))];
-        preds.extend(walk(&mut p, &self.key, range));
+        preds.extend(walk(&mut p, &self.key, Some(r)));
         preds.extend(self.backfill_filters(&mut p, filter));
         let table = self.table.mssql();
         let names: Vec<String> = self.key.iter().map(|k| k.name.mssql()).collect();

@@ -23,7 +23,6 @@ mod filter;
 mod partition;
 mod rowversion;
 
-pub use backfill::KeyRange;
 pub use change_tracking::CtShape;
 pub use filter::MssqlFilter;
 pub use partition::partition_column;

@@ -3,6 +3,7 @@
 
 use super::super::*;
 use super::{items, items_partition_column, items_with_options, order_lines, orders, orders_partitioned};
+use crate::source::{ChunkRequest, Position};
 
 /// A backfill filter checked against `shape_columns` (name, type), as the sources check it at the start.
 fn filter(text: &str, columns: &[ItemColumn]) -> MssqlFilter {
@@ -22,9 +23,9 @@ pub(super) fn statements() -> Vec<(&'static str, Statement)> {
     let (o, l, r, ro) = (orders(), order_lines(), items(), items_with_options());
     let (fo, fl) = (filter(ORDERS_FILTER, &o.item), filter(ORDER_LINES_FILTER, &l.item));
     let (fr, fro) = (filter(ITEMS_FILTER, &r.item), filter(ITEM_LOG_FILTER, &ro.item));
-    let first = KeyRange { after: false, upto: false };
-    let after = KeyRange { after: true, upto: false };
-    let range = KeyRange { after: true, upto: true };
+    let (bound, key, null) = (Position::from(1), serde_json::json!(["1"]), Position::Null);
+    let (first, after, range) = requests(&bound, &key, &null);
+    let (first, after, range) = (&first, &after, &range);
     vec![
         ("ct_backfill_first", o.backfill_chunk(first, None)),
         ("ct_backfill_after", o.backfill_chunk(after, None)),
@@ -54,9 +55,22 @@ pub(super) fn statements() -> Vec<(&'static str, Statement)> {
     ]
 }
 
+/// Chunk requests under `bound`: for the first chunk, for the one after `key`, and for a re-read of the range
+/// after `key` up to it (the statement's text depends only on which of them a request holds).
+fn requests<'a>(
+    bound: &'a Position,
+    key: &'a Position,
+    null: &'a Position,
+) -> (ChunkRequest<'a>, ChunkRequest<'a>, ChunkRequest<'a>) {
+    let first = ChunkRequest { bound, after: null, upto: None, filter: None, limit: 10, live: null };
+    (first, ChunkRequest { after: key, ..first }, ChunkRequest { after: key, upto: Some(key), ..first })
+}
+
 #[test]
 fn a_backfill_chunk_walks_the_key_below_its_bound_and_binds_the_filter_last() {
-    let after = KeyRange { after: true, upto: false };
+    let (bound, key, null) = (Position::from(1), serde_json::json!(["1"]), Position::Null);
+    let (_, after, range) = requests(&bound, &key, &null);
+    let after = &after;
     let f = filter(ITEMS_FILTER, &items().item);
     let rv = items().backfill_chunk(after, Some(&f));
     assert_eq!(
@@ -80,7 +94,7 @@ AND (T.[TITLE] <> CONVERT(NVARCHAR(MAX), @P4) AND T.[ID] IN (CONVERT(INT, @P5), 
     );
     assert!(!rv.sql.contains("MIN_ACTIVE_ROWVERSION"), "the bound is below the guard already: {}", rv.sql);
 
-    let ct = order_lines().backfill_chunk(KeyRange { after: true, upto: true }, None);
+    let ct = order_lines().backfill_chunk(&range, None);
     assert!(
         ct.sql.contains(
             "FROM [Sales Ünïcode].[Order]] Lines] AS T OUTER APPLY CHANGETABLE(VERSION [Sales Ünïcode].[Order]] Lines], \

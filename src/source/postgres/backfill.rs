@@ -46,14 +46,12 @@ fn key_columns(shape: &Shape) -> String {
     shape.key.iter().map(|(k, _)| format!("t.{}", k.pg())).collect::<Vec<_>>().join(", ")
 }
 
+/// A chunk's bound and its key positions' texts (after, up to), as a request stored them.
+type Keys<'r> = (&'r str, Option<Vec<String>>, Option<Vec<String>>);
+
 /// The bound and key texts `r` holds, checked against the key and the session contract (a stored value that does
 /// not fit is refused with the fix); `None` when the backfill has no bound (nothing to backfill).
-#[allow(clippy::type_complexity)]
-fn stored<'r>(
-    shape: &Shape,
-    r: &ChunkRequest<'r>,
-    table: &str,
-) -> Result<Option<(&'r str, Option<Vec<String>>, Option<Vec<String>>)>, SourceError> {
+fn stored<'r>(shape: &Shape, r: &ChunkRequest<'r>, table: &str) -> Result<Option<Keys<'r>>, SourceError> {
     let Some(bound) = r.bound.as_str() else { return Ok(None) };
     let arity = shape.key.len();
     position::check_iso(position::Stored::Backfill, table, [&shape.cursor_type], &[bound.to_string()])

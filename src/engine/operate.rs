@@ -10,7 +10,7 @@
 mod backfill;
 mod retry;
 
-use super::document::{Origin, StateDoc};
+use super::document::{Origin, StateDoc, Stopped};
 use super::error::TickError;
 use super::ledger::Ledger;
 use super::parts::Trigger;
@@ -124,8 +124,13 @@ impl Trigger {
             Action::Resume => {
                 // A retired document's checkpoint lives on in the new layout's documents: resuming it would deliver
                 // its keys a second time, from a stale position, beside the partitions that now own them.
-                if let Some(reason) = self.load().await?.and_then(|(doc, _)| doc.retired_into().and(doc.halted)) {
-                    return Err(OpsError::Invalid(format!("{} is not resumed: its state was {reason}", self.name())));
+                if let Some((doc, _)) = self.load().await? {
+                    if let Some(Stopped::Retired { reason, .. }) = doc.stopped() {
+                        return Err(OpsError::Invalid(format!(
+                            "{} is not resumed: its state was {reason}",
+                            self.name()
+                        )));
+                    }
                 }
                 change(self, who, "resume", StateDoc::resume).await?;
                 Ok(json!({ "function": self.name(), "paused": false }))
@@ -301,8 +306,8 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         function: t.name().to_string(),
         source: t.source.name(),
         delivery_mode: t.config.settings.delivery_mode,
-        paused: doc.as_ref().is_some_and(|d| d.paused),
-        halted: doc.as_ref().and_then(|d| d.halted.clone()),
+        paused: doc.as_ref().is_some_and(|d| d.paused()),
+        halted: doc.as_ref().and_then(|d| d.halted()).map(str::to_string),
         pending,
         target_workers: pending.div_ceil(per_worker),
         lag_seconds,

@@ -145,6 +145,97 @@ impl StateDoc {
         self.updated_by = by.to_string();
     }
 
+    // -- Readers (status, `handler state show`, the tick's decisions, tests) ------------------------------------
+
+    /// The schema version the document was written with ([`SCHEMA`]).
+    pub fn schema(&self) -> u32 {
+        self.schema
+    }
+
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// `kind:table`, for people reading the document.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The source's fingerprint when the document was written (`Source::fingerprint`).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Everything at or before this position was delivered and acknowledged (`null`: nothing yet).
+    pub fn checkpoint(&self) -> &Position {
+        &self.checkpoint
+    }
+
+    /// The batch (in deferred delivery, the span) answered and not yet acknowledged.
+    pub fn in_flight(&self) -> Option<&InFlight> {
+        self.in_flight.as_ref()
+    }
+
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// The id the next batch gets.
+    pub fn next_batch_id(&self) -> u64 {
+        self.next_batch_id
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The most recent quarantined batches, newest last.
+    pub fn quarantine(&self) -> &[QuarantineEntry] {
+        &self.quarantine
+    }
+
+    /// Quarantined batches an operator queued for re-delivery, oldest first.
+    pub fn retry_quarantined(&self) -> &[u64] {
+        &self.retry_quarantined
+    }
+
+    /// When the checkpoint last moved (or a batch was last acknowledged).
+    pub fn progress_at(&self) -> Option<OffsetDateTime> {
+        self.progress_at
+    }
+
+    pub fn pace(&self) -> Option<&Pace> {
+        self.pace.as_ref()
+    }
+
+    /// The last write's id (see [`StateDoc::stamp`]).
+    pub fn write_id(&self) -> &str {
+        &self.write_id
+    }
+
+    pub fn updated_at(&self) -> OffsetDateTime {
+        self.updated_at
+    }
+
+    pub fn updated_by(&self) -> &str {
+        &self.updated_by
+    }
+
+    /// The document's identity (see the field); empty in documents written before it existed.
+    pub fn lineage(&self) -> &str {
+        &self.lineage
+    }
+
+    /// Where a re-partitioned document's checkpoint came from.
+    pub fn seeded(&self) -> Option<&Seeded> {
+        self.seeded.as_ref()
+    }
+
+    /// The current or the last backfill.
+    pub fn backfill(&self) -> Option<&Backfill> {
+        self.backfill.as_ref()
+    }
+
     // -- Operators (`ops`: the CLI and the admin routes) ------------------------------------------------------
     // (pause and resume: `stopped.rs`; backfills: `backfill.rs`; the quarantine queue: `quarantine.rs`)
 

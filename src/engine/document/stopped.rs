@@ -25,7 +25,8 @@ pub enum Stopped {
     /// Set by an operator's change of the partition count (`handler partitions change`) on each document of the
     /// layout it replaced: the checkpoint lives on in the new layout's `into` partitions, so ticks refuse and a
     /// resume is refused. `reason` is the stored halt reason, `re-partitioned into {into} partitions {detail}`
-    /// (kept whole, so a hand-edited one reads back as it was written). `paused`: an operator paused it as well.
+    /// (kept whole, so a hand-edited one reads back as it was written). An operator's reset clears it, as it
+    /// clears a halt. `paused`: an operator paused it as well.
     Retired { into: u32, reason: String, paused: bool },
 }
 

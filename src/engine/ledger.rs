@@ -113,7 +113,7 @@ impl Ledger {
     pub async fn find_own_write(&self, doc: &StateDoc) -> Option<Etag> {
         let stored = self.store.load(&self.key).await.ok()??;
         let parsed = parse(&self.key, &stored.bytes).ok()?;
-        (parsed.write_id == doc.write_id).then_some(stored.etag)
+        (parsed.write_id() == doc.write_id()).then_some(stored.etag)
     }
 
     /// Marks a write of `doc` by `by` (a fresh `write_id`, so no two writes are byte-identical and content-hash

@@ -10,7 +10,7 @@
 mod backfill;
 mod retry;
 
-use super::document::{Origin, StateDoc};
+use super::document::{Origin, StateDoc, Stopped};
 use super::error::TickError;
 use super::ledger::Ledger;
 use super::parts::Trigger;
@@ -124,8 +124,13 @@ impl Trigger {
             Action::Resume => {
                 // A retired document's checkpoint lives on in the new layout's documents: resuming it would deliver
                 // its keys a second time, from a stale position, beside the partitions that now own them.
-                if let Some(reason) = self.load().await?.and_then(|(doc, _)| doc.retired_into().and(doc.halted)) {
-                    return Err(OpsError::Invalid(format!("{} is not resumed: its state was {reason}", self.name())));
+                if let Some((doc, _)) = self.load().await? {
+                    if let Some(Stopped::Retired { reason, .. }) = doc.stopped() {
+                        return Err(OpsError::Invalid(format!(
+                            "{} is not resumed: its state was {reason}",
+                            self.name()
+                        )));
+                    }
                 }
                 change(self, who, "resume", StateDoc::resume).await?;
                 Ok(json!({ "function": self.name(), "paused": false }))
@@ -264,19 +269,19 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
     let doc = t.load().await?.map(|(doc, _)| doc);
     // A function that never ran starts where its first tick will: `startFrom`, not the beginning of the table.
     let checkpoint = match doc.as_ref() {
-        Some(d) => d.checkpoint.clone(),
+        Some(d) => d.checkpoint().clone(),
         None => t.source.start_position(t.config.source.start_from).await.map_err(TickError::from)?,
     };
     let pending = t.source.pending(&checkpoint).await.map_err(TickError::from)?;
     let per_worker = t.config.settings.max_changes_per_worker.max(1);
     let now = t.ledger.clock().now();
     let heard = t.heard();
-    let since = doc.as_ref().and_then(|d| d.progress_at.or(Some(d.updated_at)));
+    let since = doc.as_ref().and_then(|d| d.progress_at().or(Some(d.updated_at())));
     let seconds_since_progress = match (pending, since) {
         (0, _) | (_, None) => 0.0,
         (_, Some(at)) => (now - at).as_seconds_f64().max(0.0),
     };
-    let pace_per_second = doc.as_ref().and_then(|d| d.pace.as_ref()).and_then(|p| p.per_second(now));
+    let pace_per_second = doc.as_ref().and_then(|d| d.pace()).and_then(|p| p.per_second(now));
     let seconds_to_drain = match (pending, pace_per_second) {
         (0, _) => Some(0.0),
         (_, Some(pace)) if pace > 0.0 => Some(pending as f64 / pace),
@@ -301,8 +306,8 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         function: t.name().to_string(),
         source: t.source.name(),
         delivery_mode: t.config.settings.delivery_mode,
-        paused: doc.as_ref().is_some_and(|d| d.paused),
-        halted: doc.as_ref().and_then(|d| d.halted.clone()),
+        paused: doc.as_ref().is_some_and(|d| d.paused()),
+        halted: doc.as_ref().and_then(|d| d.halted()).map(str::to_string),
         pending,
         target_workers: pending.div_ceil(per_worker),
         lag_seconds,
@@ -311,7 +316,7 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         pace_per_second,
         seconds_to_drain,
         ceiling_per_second,
-        in_flight: doc.as_ref().and_then(|d| d.in_flight.as_ref()).map(|f| {
+        in_flight: doc.as_ref().and_then(|d| d.in_flight()).map(|f| {
             json!({
                 "batch_id": f.range.batch_id, "batches": f.batches, "rows": f.range.rows, "deliveries": f.deliveries,
                 "failures": f.failures, "owner": f.owner,
@@ -320,8 +325,8 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         }),
         proof_window_ms: (t.config.settings.delivery_mode == crate::config::DeliveryMode::Deferred)
             .then_some(t.config.proof_window.as_millis() as u64),
-        counters: doc.as_ref().map(|d| serde_json::to_value(&d.counters).unwrap_or(Value::Null)).unwrap_or(Value::Null),
-        quarantined: doc.as_ref().map_or(0, |d| d.counters.quarantined as usize),
+        counters: doc.as_ref().map_or(Value::Null, |d| serde_json::to_value(d.counters()).unwrap_or(Value::Null)),
+        quarantined: doc.as_ref().map_or(0, |d| d.counters().quarantined as usize),
         store_operations: t.ledger.store_operations(),
         last_tick: t.last_tick(),
         seconds_since_last_invocation: heard.map(|h| h.seconds_since_invocation(now)),
@@ -329,7 +334,7 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
         consecutive_failures: heard.map(|h| h.consecutive_failures),
         source_health,
         partition: t.config.partition().map(|p| {
-            let lease = doc.as_ref().and_then(|d| d.lease.as_ref()).filter(|l| l.expires_at > now);
+            let lease = doc.as_ref().and_then(|d| d.lease()).filter(|l| l.expires_at > now);
             PartitionView {
                 group: t.config.partitioning.group.clone(),
                 index: p.index,
@@ -339,7 +344,7 @@ async fn status(t: &Trigger) -> Result<Status, OpsError> {
                 partition_owner: None,
             }
         }),
-        backfill: doc.as_ref().and_then(|d| d.backfill.as_ref()).map(|b| backfill_progress(b, now)),
+        backfill: doc.as_ref().and_then(|d| d.backfill()).map(|b| backfill_progress(b, now)),
     })
 }
 
@@ -418,7 +423,8 @@ async fn replay(t: &Trigger, from: Position, who: &str) -> Result<Value, OpsErro
 
 async fn quarantine_list(t: &Trigger) -> Result<Value, OpsError> {
     let keys = t.ledger.list_quarantine().await?;
-    let recent = t.load().await?.map(|(d, _)| d.quarantine).unwrap_or_default();
+    let doc = t.load().await?.map(|(d, _)| d);
+    let recent = doc.as_ref().map_or(&[][..], |d| d.quarantine());
     Ok(json!({ "function": t.name(), "documents": keys, "recent": recent }))
 }
 
@@ -437,5 +443,5 @@ async fn quarantine_retry(t: &Trigger, batch_id: u64, who: &str) -> Result<Value
         Ok((doc, Some(etag), ()))
     })
     .await?;
-    Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined }))
+    Ok(json!({ "function": t.name(), "queued": doc.retry_quarantined() }))
 }

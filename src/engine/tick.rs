@@ -61,14 +61,14 @@ impl<'a> Tick<'a> {
             return Err(TickError::CorruptState { function, key, detail });
         }
         memory.lineage = Some(decide::Lineage::of(&doc));
-        if let (Some(_), Some(reason)) = (doc.retired_into(), &doc.halted) {
-            return Err(TickError::Retired { function: name.clone(), reason: reason.clone() });
+        if let (Some(_), Some(reason)) = (doc.retired_into(), doc.halted()) {
+            return Err(TickError::Retired { function: name.clone(), reason: reason.to_string() });
         }
-        if let Some(reason) = &doc.halted {
-            return Err(TickError::Halted { function: name.clone(), reason: reason.clone() });
+        if let Some(reason) = doc.halted() {
+            return Err(TickError::Halted { function: name.clone(), reason: reason.to_string() });
         }
         let mut out = TickOutcome::default();
-        if doc.paused {
+        if doc.paused() {
             out.kind = OutcomeKind::Paused;
             out.logs.push("function is paused by an operator; answering an empty batch".into());
             return Ok(Opened::Answered(Box::new(out)));

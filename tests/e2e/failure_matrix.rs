@@ -513,7 +513,7 @@ async fn case_i_with_poison_action_halt_the_function_stops_at_the_poison_batch()
     assert!(host.delivered("changes").is_empty());
     assert!(store.list(&quarantine_prefix(&app_name)).await.expect("list").is_empty());
     let (doc, _) = state(&store, &app_name).await;
-    assert!(doc.halted.as_deref().is_some_and(|h| h.contains("halt")), "{:?}", doc.halted);
+    assert!(doc.halted().is_some_and(|h| h.contains("halt")), "{:?}", doc.halted());
     assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
     assert_eq!(doc.in_flight.as_ref().map(|f| f.range.batch_id), Some(1));
 }

@@ -521,7 +521,7 @@ async fn concurrent_actions_and_ticks_conflict_cleanly_and_never_lose_a_write() 
         }
         // ...and every action that reported success is in the final state (a tick never touches either field)
         let (doc, _) = state(&store, &app_name).await;
-        assert_eq!(doc.paused, pause.ok, "round {round}: pause answered {pause:?} but paused = {}", doc.paused);
+        assert_eq!(doc.paused(), pause.ok, "round {round}: pause answered {pause:?} but paused = {}", doc.paused());
         let expected_checkpoint = if replay.ok { Value::Null } else { end.clone() };
         assert_eq!(doc.checkpoint, expected_checkpoint, "round {round}: replay answered {replay:?}");
 
@@ -542,7 +542,7 @@ async fn concurrent_actions_and_ticks_conflict_cleanly_and_never_lose_a_write() 
     for answer in [&a, &b].into_iter().filter(|a| !a.ok) {
         assert!(answer.error.contains("run it again"), "{}", answer.error);
     }
-    assert!(state(&store, &app_name).await.0.paused);
+    assert!(state(&store, &app_name).await.0.paused());
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -573,7 +573,7 @@ async fn a_direct_admin_request_without_the_key_or_with_a_wrong_key_is_401_and_c
         let body: Value = response.json().await.expect("JSON");
         assert!(body["error"].as_str().is_some_and(|m| m.contains("x-functions-key")), "{body}");
     }
-    assert!(!state(&store, &app_name).await.0.paused);
+    assert!(!state(&store, &app_name).await.0.paused());
     // AND the key in `code` works as well as in the header
     let listed = direct(&host, "GET", "", &code(ADMIN_KEY), None).await;
     assert_eq!(listed.status().as_u16(), 200);

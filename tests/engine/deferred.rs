@@ -691,7 +691,7 @@ async fn case_i_with_poison_action_halt_a_poison_batch_stops_the_function() {
     // AND the liveness watchdog takes the quiet that follows as expected: the function is halted
     assert_eq!(p.trigger.liveness().stopped, Some("halted"));
     let doc = world.state().await;
-    assert!(doc.halted.is_some());
+    assert!(doc.halted().is_some());
     assert_eq!((checkpoint(&doc), doc.counters.quarantined), (None, 0));
 
     // AND nothing after the batch is delivered, by this process or another
@@ -923,7 +923,7 @@ async fn after_an_operator_resumes_a_halted_function_its_batch_is_delivered_once
     // WHEN an operator resumes it (`handler state resume`: the halt and the batch's failures cleared)
     world
         .edit_state(|doc| {
-            doc.halted = None;
+            doc.stopped = None;
             if let Some(f) = doc.in_flight.as_mut() {
                 (f.failures, f.failing_since) = (0, None);
             }
@@ -933,7 +933,7 @@ async fn after_an_operator_resumes_a_halted_function_its_batch_is_delivered_once
     // THEN the same process delivers the batch once more instead of halting again at once
     let again = p.answer(NORMAL, Output::Written).await;
     assert_answer(&again, OutcomeKind::Redelivered, Some(1), &rows(1..=2, v1));
-    assert!(world.state().await.halted.is_none());
+    assert!(world.state().await.halted().is_none());
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1089,13 +1089,13 @@ async fn an_operators_write_is_seen_at_the_next_tick_although_the_process_rememb
 
     // WHEN an operator pauses the function while a batch is in flight and rows wait
     world.upsert([3]);
-    world.edit_state(|doc| doc.paused = true).await;
+    world.edit_state(|doc| doc.pause()).await;
     // THEN the next tick's write from the remembered document is refused, and it answers paused
     let paused = p.answer(NORMAL, Output::Written).await;
     assert_answer(&paused, OutcomeKind::Paused, None, &[]);
 
     // WHEN the operator resumes it
-    world.edit_state(|doc| doc.paused = false).await;
+    world.edit_state(|doc| doc.stopped = None).await;
     // THEN batch 2 is acknowledged and row 3 follows
     let next = p.answer(NORMAL, Output::Written).await;
     assert_eq!((next.kind, next.batch_id), (OutcomeKind::Delivered, Some(3)));
@@ -1112,7 +1112,7 @@ async fn a_paused_function_answers_empty_and_writes_nothing() {
     let v1 = world.upsert(1..=2);
     p.answer(NORMAL, Output::Written).await;
     world.upsert([3]);
-    world.edit_state(|doc| doc.paused = true).await;
+    world.edit_state(|doc| doc.pause()).await;
     let before = world.state().await;
 
     // WHEN it is invoked

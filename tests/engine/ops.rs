@@ -102,7 +102,7 @@ async fn an_action_that_loses_the_race_to_another_operator_applies_itself_again_
 
     // THEN both writes hold: the replay that won, and the pause on top of it
     let doc = w.doc().await;
-    assert!(doc.paused);
+    assert!(doc.paused());
     assert_eq!(doc.checkpoint, Position::Null);
     assert!(doc.in_flight.is_none());
 }
@@ -130,7 +130,7 @@ async fn an_action_that_loses_the_race_to_a_tick_applies_itself_again_and_leaves
     // THEN the pause holds, and the tick's batch (rows 4, 5) stays recorded in flight
     assert_eq!(*answered.lock().expect("answered"), vec![4, 5]);
     let doc = w.doc().await;
-    assert!(doc.paused);
+    assert!(doc.paused());
     let in_flight = doc.in_flight.expect("the tick's batch is in flight");
     assert_eq!((in_flight.range.batch_id, in_flight.range.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
 }
@@ -374,13 +374,13 @@ async fn reset_drops_the_batch_in_flight_and_clears_a_halt() {
     w.tick(NORMAL).await;
     let store = w.inner.clone();
     let (mut doc, etag) = w.trigger.load().await.expect("load").expect("state");
-    doc.halted = Some("test halt".into());
+    doc.halt("test halt".into());
     store.save_if(w.trigger.state_key(), &serde_json::to_vec(&doc).expect("json"), Some(&etag)).await.expect("save");
 
     reset(&w.trigger, ResetTo::Earliest, true, "op").await.expect("reset");
 
     let doc = w.doc().await;
-    assert!(doc.in_flight.is_none() && doc.halted.is_none());
+    assert!(doc.in_flight.is_none() && doc.halted().is_none());
     assert_eq!(doc.checkpoint, Position::Null);
     assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
 }
@@ -457,14 +457,14 @@ async fn resume_clears_a_halt_and_the_failure_count_of_the_halting_batch() {
     w.source.upsert(1..=2, 1);
     w.tick(NORMAL).await;
     let (mut doc, etag) = w.trigger.load().await.expect("load").expect("state");
-    doc.halted = Some("poison".into());
+    doc.halt("poison".into());
     doc.in_flight.as_mut().expect("in flight").failures = 5;
     w.inner.save_if(w.trigger.state_key(), &serde_json::to_vec(&doc).expect("json"), Some(&etag)).await.expect("save");
 
     resume(&w.trigger, "op").await.expect("resume");
 
     let doc = w.doc().await;
-    assert!(doc.halted.is_none() && !doc.paused);
+    assert!(doc.halted().is_none() && !doc.paused());
     assert_eq!(doc.in_flight.map(|f| f.failures), Some(0));
     assert!(doc.updated_by.contains("op"), "{}", doc.updated_by);
 }

@@ -115,7 +115,7 @@ impl World {
             let seeded = doc.seeded.as_ref().expect("seeded");
             assert_eq!(seeded.from_partitions, n);
             assert_eq!(doc.next_batch_id, 7, "batch ids continue after the old ones");
-            assert!(doc.halted.is_none() && doc.lease.is_none() && doc.in_flight.is_none());
+            assert!(doc.halted().is_none() && doc.lease.is_none() && doc.in_flight.is_none());
             assert_eq!(doc.fingerprint, "memory-v1");
             let function = if m == 1 { GROUP.to_string() } else { format!("{GROUP}-p{j}") };
             assert_eq!(doc.function, function);
@@ -123,8 +123,8 @@ impl World {
         for i in 0..n {
             // A partition without a document (--missing-from-earliest) has nothing to retire.
             let Some(doc) = self.doc(i, n).await else { continue };
-            assert_eq!(doc.retired_into(), Some(m), "old partition {i} of {n} retired: {:?}", doc.halted);
-            let reason = doc.halted.as_deref().unwrap_or_default();
+            assert_eq!(doc.retired_into(), Some(m), "old partition {i} of {n} retired: {:?}", doc.halted());
+            let reason = doc.halted().unwrap_or_default();
             assert!(reason.contains("by alice@ops") && reason.contains("do not resume"), "{reason}");
         }
     }
@@ -413,7 +413,7 @@ async fn a_crash_between_writes_is_finished_by_running_the_change_again() {
         "{text}"
     );
     // The old deployment, had it come back now, would still run: nothing is retired.
-    assert!(w.doc(0, 4).await.expect("old").halted.is_none());
+    assert!(w.doc(0, 4).await.expect("old").halted().is_none());
     // WHEN run again, failing once more after eight writes
     w.store.fail_next(StoreOp::Save, Fault::Pass, 8);
     w.store.fail_next(StoreOp::Save, Fault::Ambiguous, 1);

@@ -731,20 +731,20 @@ async fn a_pause_between_two_chained_batches_acknowledges_the_batch_in_hand_hold
     p.trigger.tick_into(&sink).await.expect("tick");
 
     // WHEN an operator pauses the function
-    w.edit_state(|doc| doc.paused = true).await;
+    w.edit_state(|doc| doc.pause()).await;
     // THEN the chained batch is delivered, and its acknowledgement, which lost its compare-and-swap to the pause,
     // is applied again on top of it (the pause left the batch, the lease and the checkpoint alone)
     let chained = p.trigger.tick_into(&sink).await.expect("tick");
     assert_eq!((chained.kind, chained.batch_id), (OutcomeKind::Delivered, Some(2)));
     let doc = w.state().await;
-    assert!(doc.paused, "the pause was overwritten");
+    assert!(doc.paused(), "the pause was overwritten");
     assert!(doc.in_flight.is_none(), "batch 2 was not acknowledged: {:?}", doc.in_flight);
     // AND the next tick reads the pause and delivers nothing
     assert_eq!(p.trigger.tick_into(&sink).await.expect("tick").kind, OutcomeKind::Paused);
     assert_eq!(sink.taken(), ids(1..=200));
 
     // WHEN the operator resumes it THEN the rest follows, and no row is sent twice
-    w.edit_state(|doc| doc.paused = false).await;
+    w.edit_state(|doc| doc.stopped = None).await;
     while p.trigger.tick_into(&sink).await.expect("tick").kind != OutcomeKind::Empty {}
     assert_eq!(sink.taken(), ids(1..=250));
     assert!(w.state().await.in_flight.is_none());

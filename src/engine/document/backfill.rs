@@ -1,7 +1,9 @@
-//! A function's backfill as the state document records it (docs/operations.md, "Backfill"). Its transitions
-//! are [`super::StateDoc`]'s, in `mod.rs`, like every other field's.
+//! A function's backfill as the state document records it (docs/operations.md, "Backfill"), and the state
+//! document's transitions of it: an operator starts, pauses, resumes and cancels it; a tick finishes it and counts
+//! a chunk delivered again (a tick's acknowledgement moves its position: `flight.rs`).
 
-use crate::source::Position;
+use super::StateDoc;
+use crate::source::{BatchRange, Position};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
@@ -72,5 +74,64 @@ impl Backfill {
     /// Whether it still has chunks to deliver (running or paused).
     pub fn open(&self) -> bool {
         matches!(self.state, BackfillState::Running | BackfillState::Paused)
+    }
+}
+
+/// The backfill's transitions.
+impl StateDoc {
+    pub(super) fn count_chunk_redone(&mut self, range: &BatchRange) {
+        if let Some(b) = self.backfill.as_mut().filter(|b| range.backfill.as_ref() == Some(&b.id)) {
+            b.redone += 1;
+        }
+    }
+
+    /// The open backfill has no rows left: it is done. Who: a tick whose chunk read found nothing after the
+    /// backfill's position, with no chunk of it in flight.
+    pub fn finish_backfill(&mut self, now: OffsetDateTime) {
+        if let Some(b) = self.backfill.as_mut().filter(|b| b.state == BackfillState::Running) {
+            b.state = BackfillState::Done;
+            b.finished_at = Some(now);
+        }
+    }
+
+    /// Starts `backfill` (replacing a finished or cancelled one). Refused while one is running or paused. Who: an
+    /// operator; the first tick of a `startFrom: snapshot` function.
+    pub fn start_backfill(&mut self, backfill: Backfill) -> Result<(), String> {
+        if let Some(b) = self.backfill.as_ref().filter(|b| b.open()) {
+            return Err(format!(
+                "backfill {} of {} is {} since {} ({} row(s) delivered); cancel it first (--cancel)",
+                b.id,
+                self.function,
+                if b.state == BackfillState::Paused { "paused" } else { "running" },
+                b.started_at,
+                b.rows
+            ));
+        }
+        self.backfill = Some(backfill);
+        Ok(())
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the open backfill. Who: an operator.
+    pub fn pause_backfill(&mut self, pause: bool) -> Result<(), String> {
+        let function = self.function.clone();
+        let Some(b) = self.backfill.as_mut().filter(|b| b.open()) else {
+            return Err(format!(
+                "{function} has no backfill running or paused; start one with `handler state backfill {function}`"
+            ));
+        };
+        b.state = if pause { BackfillState::Paused } else { BackfillState::Running };
+        Ok(())
+    }
+
+    /// Cancels the open backfill: no further chunk; a chunk in flight is delivered but moves nothing. Who: an
+    /// operator.
+    pub fn cancel_backfill(&mut self, now: OffsetDateTime) -> Result<(), String> {
+        let function = self.function.clone();
+        let Some(b) = self.backfill.as_mut().filter(|b| b.open()) else {
+            return Err(format!("{function} has no backfill running or paused to cancel"));
+        };
+        b.state = BackfillState::Cancelled;
+        b.finished_at = Some(now);
+        Ok(())
     }
 }

@@ -1,5 +1,8 @@
-//! A poison batch set aside: its entry in the state document and its own quarantine document.
+//! A poison batch set aside: its entry in the state document, its own quarantine document, and the state
+//! document's transitions of the quarantine list and of the operator's queue of batches to retry.
 
+use super::flight::InFlight;
+use super::StateDoc;
 use crate::source::BatchRange;
 use crate::source::Position;
 use serde::{Deserialize, Serialize};
@@ -43,5 +46,49 @@ impl QuarantineDoc {
 
     pub fn decode_changes(&self) -> Result<Vec<crate::change::Change>, String> {
         serde_json::from_str(self.changes.get()).map_err(|e| format!("the stored changes do not decode: {e}"))
+    }
+}
+
+/// The quarantine's transitions: a tick setting a batch aside, and the queue of quarantined batches to retry.
+impl StateDoc {
+    /// Lists a batch written to its quarantine document (the newest [`QUARANTINE_KEPT`] are kept). Who: a tick
+    /// quarantining a poison batch.
+    pub fn record_quarantined(&mut self, entry: QuarantineEntry) {
+        self.counters.quarantined += 1;
+        self.quarantine.push(entry);
+        if self.quarantine.len() > QUARANTINE_KEPT {
+            let excess = self.quarantine.len() - QUARANTINE_KEPT;
+            self.quarantine.drain(..excess);
+        }
+    }
+
+    /// Moves past a quarantined batch in flight: the checkpoint to its end (unless it was itself a retry of a
+    /// quarantined batch, which lies before the checkpoint), nothing in flight. Who: a sink or immediate tick,
+    /// after quarantining it.
+    pub fn pass_quarantined(&mut self, flight: &InFlight) {
+        if flight.quarantined.is_none() {
+            self.pass(&flight.range);
+        }
+        self.in_flight = None;
+    }
+
+    /// The first quarantined batch an operator asked to retry, taken off the list. Who: a sink or immediate tick.
+    pub fn take_quarantine_retry(&mut self) -> Option<u64> {
+        (!self.retry_quarantined.is_empty()).then(|| self.retry_quarantined.remove(0))
+    }
+
+    /// Puts a quarantined batch back at the head of the operator's retry list (unless listed). Who: the deferred
+    /// tick, adopting a retry that sink delivery had recorded in flight.
+    pub fn requeue_quarantine_retry(&mut self, batch_id: u64) {
+        if !self.retry_quarantined.contains(&batch_id) {
+            self.retry_quarantined.insert(0, batch_id);
+        }
+    }
+
+    /// Queues a quarantined batch for re-delivery before new changes. Who: an operator.
+    pub fn queue_quarantine_retry(&mut self, batch_id: u64) {
+        if !self.retry_quarantined.contains(&batch_id) {
+            self.retry_quarantined.push(batch_id);
+        }
     }
 }

@@ -20,16 +20,16 @@ pub(super) async fn start(t: &Trigger, filter: Option<String>, who: &str) -> Res
         async move {
             let (mut doc, etag) = load(t).await?;
             let cached = planned.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let b = match cached.filter(|(at, _)| *at == doc.checkpoint) {
+            let checkpoint = doc.checkpoint();
+            let b = match cached.filter(|(at, _)| at == checkpoint) {
                 Some((_, b)) => b,
                 None => {
-                    let b = super::super::backfill::plan(t, &doc.checkpoint, filter, by, now).await.map_err(
-                        |e| match e {
+                    let b =
+                        super::super::backfill::plan(t, checkpoint, filter, by, now).await.map_err(|e| match e {
                             TickError::Source(SourceError::Invalid(m)) => OpsError::Invalid(m),
                             other => OpsError::Tick(other),
-                        },
-                    )?;
-                    *planned.lock().unwrap_or_else(|p| p.into_inner()) = Some((doc.checkpoint.clone(), b.clone()));
+                        })?;
+                    *planned.lock().unwrap_or_else(|p| p.into_inner()) = Some((checkpoint.clone(), b.clone()));
                     b
                 }
             };
@@ -60,7 +60,7 @@ pub(super) async fn control(t: &Trigger, control: BackfillControl, who: &str) ->
         Ok((doc, Some(etag), ()))
     })
     .await?;
-    let progress = doc.backfill.as_ref().map(|b| backfill_progress(b, now));
+    let progress = doc.backfill().map(|b| backfill_progress(b, now));
     Ok(json!({ "function": t.name(), "backfill": progress }))
 }
 

@@ -494,12 +494,12 @@ impl Repartition {
                 rfc3339(lease.expires_at)
             ));
         }
-        if doc.paused {
+        if doc.paused() {
             problems.push(format!(
                 "partition {i} of {n} is paused by an operator, and a pause is not carried over to new partitions: resume it (`handler state resume {function}`) and stop the function instead, then run this again"
             ));
         }
-        if let Some(reason) = &doc.halted {
+        if let Some(reason) = doc.halted() {
             problems.push(format!(
                 "partition {i} of {n} is halted ({reason}): deal with that batch and `handler state resume {function}`, let it deliver, stop the function, then run this again"
             ));

@@ -93,7 +93,7 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Tic
     let flight = doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
     let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
     let left = lease.expires_at - trigger.ledger.clock().now();
-    if left < trigger.config.settings.lease_duration / 2 || doc.paused || doc.halted.is_some() {
+    if left < trigger.config.settings.lease_duration / 2 || doc.paused() || doc.halted().is_some() {
         return None;
     }
     let mut out = TickOutcome {
@@ -213,7 +213,7 @@ pub(super) async fn deliver(
             let chunk_turn = super::decide::backfill::turn(ack.doc.backfill.as_ref(), ack.memory.live_in_a_row)
                 == super::decide::backfill::Turn::ChunkThenLive;
             let chainable =
-                ack.doc.retry_quarantined.is_empty() && !ack.doc.paused && ack.doc.halted.is_none() && !chunk_turn;
+                ack.doc.retry_quarantined.is_empty() && !ack.doc.paused() && ack.doc.halted().is_none() && !chunk_turn;
             let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
             let mut next = chain.map(|fetched| {
                 let last = fetched.last.clone().unwrap_or(Position::Null);

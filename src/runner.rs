@@ -302,11 +302,10 @@ mod tests {
     fn a_loop_waits_the_polling_interval_only_without_a_backlog_and_never_after_a_delivering_tick_of_a_backfill() {
         let second = Duration::from_secs(1);
         let change = || crate::change::Change::from_json(crate::change::Operation::Insert, "{}".into()).expect("json");
-        let outcome = |rows: usize, backfill_running| {
-            let mut outcome = TickOutcome::default();
-            outcome.changes = (0..rows).map(|_| change()).collect();
-            outcome.backfill_running = backfill_running;
-            outcome
+        let outcome = |rows: usize, backfill_running| TickOutcome {
+            changes: (0..rows).map(|_| change()).collect(),
+            backfill_running,
+            ..TickOutcome::default()
         };
         assert_eq!(pause_after(&outcome(10, false), 10, second), Duration::ZERO, "a full batch");
         assert_eq!(pause_after(&outcome(3, false), 10, second), second, "a live trickle without a backfill");

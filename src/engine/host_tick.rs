@@ -9,10 +9,10 @@
 //! 4. One conditional write records all of it (nothing to record, no write). Only then does this process
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
-use super::backfill;
-use super::decide::backfill::Turn;
-use super::decide::{self, Answered, Next, Sent};
+use super::decide::serve::{Fresh, Serve};
+use super::decide::{self, Answered, Sent};
 use super::error::TickError;
+use super::fetch::{self, Batch};
 use super::ledger::Ledger;
 use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
@@ -39,7 +39,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     let owner = trigger.owner.as_str();
     // Worked on as a copy, kept only if the tick's write goes through (each batch is shared, so the copy is
     // cheap, see `Answered`).
-    let mut answered = tick.memory.answered.clone();
+    let mut answered = tick.memory.unproven().clone();
 
     // 1. Batches in flight this process does not remember were answered elsewhere (another instance, or this
     //    one before a restart): nobody can prove them, so the whole span is owed, delivered again in pages of
@@ -79,14 +79,14 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
         let poison = decide::poison_of(sent);
         if settings.poison_action == PoisonAction::Halt {
             tick.doc.record_span(decide::span_of(&answered, owner));
-            tick.memory.answered = answered;
+            tick.memory.answered(answered);
             return tick.halt(&poison).await;
         }
         sent.settled = true;
         let live = answered.frontier(&tick.doc.checkpoint).clone();
         let changes = match &poison.quarantined {
             Some(_) => Vec::new(),
-            None => tick.changes_of(&poison.range, None, &live).await?,
+            None => fetch::again(tick, &poison.range, None, &live).await?,
         };
         tick.quarantine(&poison, changes).await?;
     }
@@ -94,11 +94,14 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     // (Proven late batches lie before the checkpoint and were counted when first proven.)
     tick.dirty |= tick.doc.acknowledge_proven(&ranges(&proven), &ranges(&proven_retries), tick.now);
 
-    // 3. What to answer: an owed batch first, then an operator's retry, then new changes.
-    let reply = match decide::next_answer(&answered, &tick.doc) {
-        Next::Owed => owed_reply(tick, &mut answered, attempt).await?,
-        Next::QuarantineRetry(batch_id) => Some(retry_reply(tick, &mut answered, attempt, batch_id).await?),
-        Next::Fetch(from) => fetch_reply(tick, &mut answered, attempt, from).await?,
+    // 3. What to answer (`decide::serve`): an owed batch first, then an operator's retry, then new changes.
+    let reply = match tick.serve(Some(&answered)) {
+        Serve::Owed => owed_reply(tick, &mut answered, attempt).await?,
+        Serve::QuarantineRetry(batch_id) => Some(retry_reply(tick, &mut answered, attempt, batch_id).await?),
+        Serve::New(fresh) => fetch_reply(tick, &mut answered, attempt, fresh).await?,
+        Serve::InFlight { .. } => {
+            unreachable!("deferred delivery keeps its batches in flight in memory: decide::serve owes them")
+        }
     };
 
     // 4. The document records the span under this process's lease, renewed while anything is unproven.
@@ -116,7 +119,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
             Arc::make_mut(first).failures_recorded = flight.failures;
         }
     }
-    tick.memory.answered = answered;
+    tick.memory.answered(answered);
     let Some(Reply { batch_id, changes, kind, why }) = reply else { return Ok(()) };
     failpoint::hit("after-commit");
     let line = match (kind, why) {
@@ -160,7 +163,7 @@ async fn owed_reply(
     let Some(sent) = answered.owed() else { return Ok(None) };
     let changes = match page {
         Some(changes) => changes,
-        None => tick.changes_of(&sent.range, sent.quarantined.as_deref(), &live).await?,
+        None => fetch::again(tick, &sent.range, sent.quarantined.as_deref(), &live).await?,
     };
     if sent.answered_on_final() && sent.failures > 0 {
         // Its earlier answers failed, and the last one, on the host's final attempt, is assumed to.
@@ -186,44 +189,25 @@ async fn retry_reply(
     attempt: &Attempt,
     batch_id: u64,
 ) -> Result<Reply, TickError> {
-    let key = tick.trigger.ledger.quarantine_key(batch_id);
-    let (q, changes) = tick.trigger.ledger.load_quarantined_batch(&key).await?;
-    let range = BatchRange::new(batch_id, q.from, q.to, changes.len() as u64);
+    let Batch { fetched, from, quarantined, .. } = fetch::quarantined(tick, batch_id).await?;
+    let (changes, to) = (fetched.changes, fetched.last.unwrap_or(Position::Null));
+    let range = BatchRange::new(batch_id, from, to, changes.len() as u64);
     let mut sent = Sent::new(range, attempt, tick.now);
-    sent.quarantined = Some(key);
+    sent.quarantined = quarantined;
     answered.retries.push(Arc::new(sent));
     let why = Some("an operator asked to retry this quarantined batch".to_string());
     Ok(Reply { batch_id, changes, kind: OutcomeKind::Delivered, why })
 }
 
-/// Nothing owed nor queued: the next batch, live changes after the span (from `from`) or a backfill's chunk
-/// after the chunks answered (`decide::backfill` shares the ticks).
+/// Nothing owed nor queued: the next batch, live changes after the span or a backfill's chunk after the chunks
+/// answered, as `fresh` says (`decide::serve`, which shares the ticks by `decide::backfill`).
 async fn fetch_reply(
     tick: &mut Tick<'_>,
     answered: &mut Answered,
     attempt: &Attempt,
-    from: Position,
+    fresh: Fresh,
 ) -> Result<Option<Reply>, TickError> {
-    let turn = backfill::turn(tick);
-    // Chunks of this backfill answered and not yet proven: the next starts after the last of them.
-    let current = tick.doc.backfill.as_ref().map(|b| b.id.clone());
-    let ours = |s: &&Arc<Sent>| s.range.backfill.is_some() && s.range.backfill == current;
-    let unproven = answered.chunks.iter().rfind(ours).map(|s| s.range.to.clone());
-    let after = unproven.clone().or_else(|| tick.doc.backfill.as_ref().map(|b| b.after.clone())).unwrap_or_default();
-    let first = match turn {
-        Turn::ChunkThenLive => backfill::next_chunk(tick, &after, unproven.is_some(), &from).await?,
-        _ => None,
-    };
-    let (mut fetched, mut chunk) = match first {
-        Some((fetched, id)) => (fetched, Some(id)),
-        None => (tick.trigger.source.fetch(&from, tick.trigger.config.settings.max_batch_size).await?, None),
-    };
-    if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
-        if let Some((read, id)) = backfill::next_chunk(tick, &after, unproven.is_some(), &from).await? {
-            fetched = read;
-            chunk = Some(id);
-        }
-    }
+    let Batch { mut fetched, from, chunk, .. } = fetch::fresh(tick, &fresh).await?;
     if fetched.changes.is_empty() {
         if let Some(advance) = fetched.advance.take().filter(|_| answered.is_empty()) {
             tick.dirty |= tick.doc.advance_quiet(advance, tick.now, ADVANCE_EVERY);
@@ -233,13 +217,14 @@ async fn fetch_reply(
     failpoint::hit("after-fetch");
     let to = fetched.last.clone().unwrap_or(Position::Null);
     let (batch_id, rows) = (tick.doc.allocate_batch_id(), fetched.changes.len() as u64);
-    backfill::served(tick, chunk.is_some());
     match &chunk {
         Some(id) => {
-            let range = BatchRange::chunk(batch_id, after, to, rows, id);
+            tick.memory.served_chunk();
+            let range = BatchRange::chunk(batch_id, from, to, rows, id);
             answered.chunks.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
         }
         None => {
+            tick.memory.served_live();
             let range = BatchRange::new(batch_id, from, to, rows);
             answered.span.push_back(Arc::new(Sent::new(range, attempt, tick.now)));
         }

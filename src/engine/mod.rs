@@ -5,9 +5,13 @@
 //! - [`document`]: the state document, every field, and who may set it;
 //! - [`Ledger`]: the only reader and writer of the state and quarantine documents (typed, stamped, CAS);
 //! - [`decide`]: the pure decisions, functions of the document, this process's memory, the invocation and
-//!   `now` from the engine's clock: acknowledge by proof, re-deliver, quarantine, lease, fence;
+//!   `now` from the engine's clock: what a tick serves (`decide::serve`), acknowledge by proof, re-deliver,
+//!   quarantine, lease, fence;
 //! - `tick`: a tick as a value ([`tick::Tick`]): the document it started from, its etag, `now` and its answer,
-//!   with the checks every delivery shares, `commit`, `quarantine` and `halt`;
+//!   with the checks every delivery shares, `serve`, `commit`, `quarantine` and `halt`, and its end
+//!   (`tick::Ended`: the answer and the document it wrote, what a sink's delivery goes on from);
+//! - `fetch`: reading what a tick serves (new changes, live or a backfill's chunk; an operator's retry; a batch
+//!   delivered before, again), for every delivery;
 //! - `host_tick`: deferred delivery over a tick, acknowledged by proof (docs/architecture.md, "Acknowledge by
 //!   proof");
 //! - `recorded`: immediate delivery, and the recording step of a sink's tick, over a tick;
@@ -16,17 +20,19 @@
 //! - [`scale`]: a partitioned function's status summed over its partitions, and the replicas its backlog asks for.
 //!
 //! One invocation reads downward: `server.rs` → [`Trigger::invoke`] (this file: which delivery, the remembered
-//! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `tick.rs` (`commit`) →
-//! `ledger.rs`. No file calls back into the one that called it.
+//! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `fetch.rs` (what
+//! `Tick::serve` said) → `tick.rs` (`commit`) → `ledger.rs`. No file calls back into the one that called it.
 //!
 //! A [`Trigger`] owns its delivery ([`Delivery`]): the host's output bindings (deferred or immediate), or a
 //! sink. What the process remembers between ticks (the document it wrote last, the batches it answered, a batch
-//! fetched ahead or chained) is one [`Memory`], held by the tick lock, so one tick at a time reads and changes it.
+//! fetched ahead or chained) is one [`Memory`], held by the tick lock, so one tick at a time reads and changes it,
+//! through its own methods only.
 
 mod backfill;
 pub mod decide;
 pub mod document;
 mod error;
+mod fetch;
 mod host_tick;
 mod ledger;
 mod observe;
@@ -59,7 +65,7 @@ use crate::state::{Etag, StateStore};
 use document::StateDoc;
 use recorded::Acknowledge;
 use std::sync::Arc;
-use tick::{Opened, Tick};
+use tick::{Ended, Opened, Tick};
 use tokio::sync::{Mutex, OnceCell};
 
 impl Trigger {
@@ -135,7 +141,7 @@ impl Trigger {
 
     /// The batches this process answered and has not proven written (deferred delivery).
     pub async fn unproven(&self) -> decide::Answered {
-        self.memory.lock().await.answered.clone()
+        self.memory.lock().await.unproven().clone()
     }
 
     /// Maps a batch onto this function's output bindings, counting the deletes a binding could not receive.
@@ -171,7 +177,7 @@ impl Trigger {
         // too (the store or the database is down), the batch it named stays owed in this process's memory, and
         // the next invocation answers it again.
         let named = match self.delivery {
-            Delivery::Deferred => memory.answered.note(attempt, self.ledger.clock().now()),
+            Delivery::Deferred => memory.invoked(attempt, self.ledger.clock().now()),
             _ => decide::Named::Nothing,
         };
         let line = decide::named_line(&named, attempt, self.config.proof_window);
@@ -182,7 +188,7 @@ impl Trigger {
             Delivery::Deferred => Mode::Deferred(attempt),
             _ => Mode::Recorded(Acknowledge::AtOnce),
         };
-        let mut result = self.timed(self.run(&mut memory, mode)).await;
+        let mut result = self.timed(async { Ok(self.run(&mut memory, mode).await?.out) }).await;
         if let (Ok(out), Some(line)) = (result.as_mut(), line) {
             out.logs.insert(0, line);
         }
@@ -198,22 +204,21 @@ impl Trigger {
 
     async fn deliver_into(&self, memory: &mut Memory, sink: &dyn Sink) -> Result<TickOutcome, TickError> {
         let mut out = match sink_tick::take_chained(self, memory) {
-            Some(out) => sink_tick::deliver(self, memory, sink, out).await?,
+            Some(chained) => sink_tick::deliver(self, memory, sink, chained).await?,
             None => {
                 let mode = Mode::Recorded(Acknowledge::AfterSink);
-                let mut out = self.run(memory, mode).await?;
-                if let Some(logs) = sink_tick::reconcile(self, memory, sink, &mut out).await? {
+                let mut recorded = self.run(memory, mode).await?;
+                if let Some(logs) = sink_tick::reconcile(self, memory, sink, &mut recorded).await? {
                     // The document now starts where the destination ends: no second reconciliation.
-                    out = self.run(memory, mode).await?;
-                    out.logs.splice(0..0, logs);
+                    recorded = self.run(memory, mode).await?;
+                    recorded.out.logs.splice(0..0, logs);
                 }
-                sink_tick::deliver(self, memory, sink, out).await?
+                sink_tick::deliver(self, memory, sink, recorded).await?
             }
         };
         // Read off the document this process holds (written or read last): no store operation.
         out.backfill_running = memory
-            .written
-            .as_ref()
+            .last_written()
             .is_some_and(|(doc, _)| doc.backfill.as_ref().is_some_and(|b| b.state == document::BackfillState::Running));
         Ok(out)
     }
@@ -244,15 +249,15 @@ impl Trigger {
     /// discarded run is observable: it answered nothing and recorded nothing. A delivering tick in a drain then
     /// costs one write instead of a read and a write; an empty tick still costs one read, so a pause, resume,
     /// reset or replay by an operator is seen at the next tick even on a quiet table.
-    async fn run(&self, memory: &mut Memory, mode: Mode<'_>) -> Result<TickOutcome, TickError> {
+    async fn run(&self, memory: &mut Memory, mode: Mode<'_>) -> Result<Ended, TickError> {
         self.validated.get_or_try_init(|| self.source.validate()).await?;
-        let Some((doc, etag)) = memory.written.take() else {
+        let Some((doc, etag)) = memory.take_written() else {
             if let Some((doc, etag)) = self.load().await? {
                 return self.run_on(memory, doc, Some(etag), mode).await;
             }
             return self.run_on(memory, backfill::first_doc(self).await?, None, mode).await;
         };
-        let out = match self.run_on(memory, doc, Some(etag.clone()), mode).await {
+        let ended = match self.run_on(memory, doc, Some(etag.clone()), mode).await {
             // A refusal read off the remembered document (a halt this process recorded, say) is decided again on
             // the stored one: an operator may have lifted it since, or another instance may have moved on (a
             // source that releases what a checkpoint passed then refuses the older position).
@@ -265,47 +270,47 @@ impl Trigger {
                 if let Some((doc, fresh)) = self.load().await? {
                     return self.run_on(memory, doc, Some(fresh), mode).await;
                 }
-                TickOutcome::default()
+                Ended { out: TickOutcome::default(), written: None }
             }
             other => other?,
         };
-        if out.committed.is_some() {
-            return Ok(out);
+        if ended.written.is_some() {
+            return Ok(ended);
         }
         match self.load().await? {
             Some((doc, fresh)) if fresh == etag => {
-                memory.written = Some((doc, fresh));
-                Ok(out)
+                memory.unchanged(doc, fresh);
+                Ok(ended)
             }
             Some((doc, fresh)) => {
                 let line = "the state changed since this process last wrote it (another instance or an operator wrote); acting on the state as it is now";
                 tracing::info!(function = %self.config.name, "{line}");
-                let mut out = self.run_on(memory, doc, Some(fresh), mode).await?;
-                out.logs.insert(0, line.to_string());
-                Ok(out)
+                let mut ended = self.run_on(memory, doc, Some(fresh), mode).await?;
+                ended.out.logs.insert(0, line.to_string());
+                Ok(ended)
             }
             None => self.run_on(memory, backfill::first_doc(self).await?, None, mode).await,
         }
     }
 
     /// One tick on `doc` as read at `etag` (`None`: a document never written): the shared checks, then the
-    /// delivery.
+    /// delivery; its end is what it answers and what it wrote.
     async fn run_on(
         &self,
         memory: &mut Memory,
         doc: StateDoc,
         etag: Option<Etag>,
         mode: Mode<'_>,
-    ) -> Result<TickOutcome, TickError> {
+    ) -> Result<Ended, TickError> {
         let mut tick = match Tick::open(self, memory, doc, etag).await? {
             Opened::Ready(tick) => tick,
-            Opened::Answered(out) => return Ok(*out),
+            Opened::Answered(out) => return Ok(Ended { out: *out, written: None }),
         };
         match mode {
             Mode::Deferred(attempt) => host_tick::deferred(&mut tick, attempt).await?,
             Mode::Recorded(ack) => recorded::record(&mut tick, ack).await?,
         }
-        Ok(tick.out)
+        Ok(tick.end())
     }
 
     /// Runs a tick's work within the function's time budget and records what it did (stats, observer).

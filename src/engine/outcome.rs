@@ -1,9 +1,7 @@
 //! What a tick answers: its batch, what kind of answer it is, and for the host the output bindings' share.
 
-use super::document::StateDoc;
 use super::outputs::MappedOutputs;
 use crate::change::Change;
-use crate::state::Etag;
 
 /// What one tick produced.
 #[derive(Debug, Default)]
@@ -17,8 +15,6 @@ pub struct TickOutcome {
     pub store_operations: u64,
     /// The lease token this batch was answered under (0 when none); sinks use it as a fencing token.
     pub fence: u64,
-    /// The document this tick last wrote and its new etag: where sink mode's acknowledgement continues from.
-    pub(super) committed: Option<(StateDoc, Etag)>,
     /// After a sink tick (`Trigger::tick_into`): the function's backfill was running when the tick ended, so
     /// its chunks are a backlog. A loop that waits its polling interval after a batch smaller than
     /// `MaxBatchSize` must not wait after a delivering tick while this holds: a trickle of live changes would

@@ -12,6 +12,7 @@ use crate::sink::Sink;
 use crate::source::{BatchRange, Fetched, Position, Source};
 use crate::state::Etag;
 use std::sync::Arc;
+use time::OffsetDateTime;
 use tokio::sync::{Mutex, OnceCell};
 
 /// Where a trigger's batches go, and so how each is acknowledged: the one answer to "who drives a tick".
@@ -53,29 +54,162 @@ impl std::fmt::Debug for Delivery {
 }
 
 /// What this process remembers between ticks of one function. Held by the tick lock: a tick reads and changes
-/// it alone.
+/// it alone, and only through the methods below, each named for the event that changes it.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
     /// The document this process wrote last and its etag, so the next tick need not read it back (see
     /// `Trigger::run`). Taken at the start of a tick: any failure leaves it empty and the next tick reads.
-    pub(super) written: Option<(StateDoc, Etag)>,
+    written: Option<(StateDoc, Etag)>,
     /// Deferred delivery: the batches answered to the host and not proven written (`decide`).
-    pub(super) answered: decide::Answered,
+    answered: decide::Answered,
     /// Sink delivery: the batch after the one being delivered, fetched while the sink wrote.
-    pub(super) ahead: Option<Ahead>,
+    ahead: Option<Ahead>,
     /// The fencing token and settled batches of the document this process last read or wrote: a token that went
     /// back on the same document was edited by hand, and is refused (`decide::token_moved_back`).
-    pub(super) lineage: Option<decide::Lineage>,
+    lineage: Option<decide::Lineage>,
     /// Sink delivery: the batch recorded in flight by the previous tick's acknowledgement, to deliver next.
-    pub(super) chained: Option<Chained>,
+    chained: Option<Chained>,
     /// Live batches served in a row since the last backfill chunk (`decide::backfill`).
-    pub(super) live_in_a_row: u32,
+    live_in_a_row: u32,
     /// Why the source last could not place a backfill chunk (`ChunkRead::Later`), so the reason is said once.
-    pub(super) backfill_later: Option<String>,
+    backfill_later: Option<String>,
     /// Whether this process ever wrote the state document, or tried to and does not know whether it landed: only
     /// then can it hold the document's lease, so a clean stop that never wrote has nothing to release and does
     /// not touch the store (whose failure may be what stopped it).
-    pub(super) wrote: bool,
+    wrote: bool,
+}
+
+impl Memory {
+    // -- The state document (`Tick::open`, `Tick::commit`, `Trigger::run`) ------------------------------------
+
+    /// The document this process wrote (or read unchanged) last, and its etag.
+    pub(super) fn last_written(&self) -> Option<&(StateDoc, Etag)> {
+        self.written.as_ref()
+    }
+
+    /// Takes the remembered document at the start of a tick: a tick that fails leaves nothing remembered, and
+    /// the next one reads.
+    pub(super) fn take_written(&mut self) -> Option<(StateDoc, Etag)> {
+        self.written.take()
+    }
+
+    /// A tick wrote `doc`, now at `etag`.
+    pub(super) fn wrote(&mut self, doc: &StateDoc, etag: &Etag) {
+        self.wrote = true;
+        self.lineage = Some(decide::Lineage::of(doc));
+        self.written = Some((doc.clone(), etag.clone()));
+    }
+
+    /// A tick's write lost its compare-and-swap: what this process wrote last is stale.
+    pub(super) fn lost_write(&mut self) {
+        self.written = None;
+    }
+
+    /// A tick's write failed and may have landed (an answer lost): this process may hold the lease.
+    pub(super) fn write_unknown(&mut self) {
+        self.wrote = true;
+        self.written = None;
+    }
+
+    /// A read found the document this process wrote last unchanged (`doc` at `etag`): the next tick goes on
+    /// from it without reading.
+    pub(super) fn unchanged(&mut self, doc: StateDoc, etag: Etag) {
+        self.written = Some((doc, etag));
+    }
+
+    /// Whether this process ever wrote the state document (or may have): only then can it hold its lease.
+    pub(super) fn ever_wrote(&self) -> bool {
+        self.wrote
+    }
+
+    /// What this process last saw of the document's lineage (nothing yet: the default).
+    pub(super) fn lineage(&self) -> decide::Lineage {
+        self.lineage.clone().unwrap_or_default()
+    }
+
+    /// A tick opened on `doc`: its lineage is the one to go by.
+    pub(super) fn saw(&mut self, doc: &StateDoc) {
+        self.lineage = Some(decide::Lineage::of(doc));
+    }
+
+    // -- Deferred delivery (`host_tick`, `Trigger::tick`) ------------------------------------------------------
+
+    /// The batches answered to the host and not proven written.
+    pub(super) fn unproven(&self) -> &decide::Answered {
+        &self.answered
+    }
+
+    /// What a deferred tick answered, kept once its write went through (or at a halt).
+    pub(super) fn answered(&mut self, answered: decide::Answered) {
+        self.answered = answered;
+    }
+
+    /// An invocation arrived: what its retry says about earlier answers, taken in before anything can fail.
+    pub(super) fn invoked(&mut self, attempt: &crate::protocol::Attempt, now: OffsetDateTime) -> decide::Named {
+        self.answered.note(attempt, now)
+    }
+
+    /// Another instance took the batches in flight over: nothing answered is this process's to prove.
+    pub(super) fn lease_lost(&mut self) {
+        self.answered = decide::Answered::default();
+    }
+
+    // -- Sink delivery (`sink_tick`, `fetch`) -------------------------------------------------------------------
+
+    /// The acknowledgement recorded `next` in flight (or nothing) for the next tick to deliver.
+    pub(super) fn chain(&mut self, next: Option<Chained>) {
+        self.chained = next;
+    }
+
+    /// The chained batch, taken either way: one not used now goes the ordinary way.
+    pub(super) fn take_chained(&mut self) -> Option<Chained> {
+        self.chained.take()
+    }
+
+    /// A batch fetched ahead while the sink wrote, kept for the next tick.
+    pub(super) fn fetched_ahead(&mut self, ahead: Ahead) {
+        self.ahead = Some(ahead);
+    }
+
+    /// The batch fetched ahead, taken either way.
+    pub(super) fn take_ahead(&mut self) -> Option<Ahead> {
+        self.ahead.take()
+    }
+
+    // -- The share between live changes and a backfill's chunks (`decide::backfill`, `fetch`) -------------------
+
+    /// Live batches served in a row since the last chunk.
+    pub(super) fn live_in_a_row(&self) -> u32 {
+        self.live_in_a_row
+    }
+
+    /// A tick served a live batch.
+    pub(super) fn served_live(&mut self) {
+        self.live_in_a_row = decide::backfill::after_batch(self.live_in_a_row, false);
+    }
+
+    /// A tick served a backfill's chunk.
+    pub(super) fn served_chunk(&mut self) {
+        self.live_in_a_row = decide::backfill::after_batch(self.live_in_a_row, true);
+    }
+
+    /// The source placed a chunk: a later refusal is said again.
+    pub(super) fn chunk_read(&mut self) {
+        self.backfill_later = None;
+    }
+
+    /// The source could not place a chunk now, for `why`: the attempt counts as the backfill's turn. `true` when
+    /// the reason is new (said once per reason).
+    pub(super) fn chunk_later(&mut self, why: &str) -> bool {
+        // The attempt counts as the backfill's turn: under a live backlog, a source that waits (up to its poll
+        // bound) before refusing costs live changes one tick in `LIVE_PER_CHUNK + 1`, not every tick.
+        self.live_in_a_row = 0;
+        if self.backfill_later.as_deref() == Some(why) {
+            return false;
+        }
+        self.backfill_later = Some(why.to_string());
+        true
+    }
 }
 
 /// The trigger of one function: its configuration, source, ledger and delivery, and this process's memory of

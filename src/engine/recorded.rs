@@ -3,16 +3,16 @@
 //! acknowledges before answering (the mode's at-most-once promise). A batch found in flight (a sink tick that
 //! did not finish, another instance's) is always delivered again, unless it is poison.
 
-use super::backfill;
-use super::decide::backfill::Turn;
-use super::decide::{self, Stuck};
+use super::decide::serve::Serve;
+use super::decide::Stuck;
 use super::document::InFlight;
 use super::error::TickError;
+use super::fetch::{self, Batch};
 use super::outcome::OutcomeKind;
 use super::tick::{Tick, ADVANCE_EVERY};
 use crate::failpoint;
 use crate::source::BatchRange;
-use crate::source::{Fetched, Position};
+use crate::source::Position;
 
 /// How a recorded batch is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,61 +24,43 @@ pub(super) enum Acknowledge {
 }
 
 /// One recorded tick: resolve a batch left in flight, else take an operator's retry of a quarantined batch or
-/// fetch the next batch, and record it with one conditional write.
+/// fetch the next batch (what `decide::serve` says, read by `fetch`), and record it with one conditional write.
 pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), TickError> {
-    let settings = &tick.trigger.config.settings;
-    if let Some(flight) = tick.doc.in_flight.clone() {
-        match decide::stuck(&flight, settings.max_attempts, settings.poison_action) {
-            Stuck::Redeliver => return redeliver(tick, ack, flight).await,
+    let mut serve = tick.serve(None);
+    if let Serve::InFlight { flight, stuck } = serve {
+        match *stuck {
+            Stuck::Redeliver => return redeliver(tick, ack, *flight).await,
             Stuck::Halt(poison) => return tick.halt(&poison).await,
             Stuck::Quarantine(poison) => {
                 let live = tick.doc.checkpoint.clone();
-                let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref(), &live).await?;
+                let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
                 tick.quarantine(&poison, changes).await?;
                 tick.doc.pass_quarantined(&flight);
             }
         }
+        // Nothing is in flight now: what comes next is decided on the document as it is.
+        serve = tick.serve(None);
     }
 
     // A quarantined batch an operator asked to retry goes before new changes; it does not move the checkpoint,
     // which passed it when it was quarantined. Then live changes and a backfill's chunks share the tick
     // (`decide::backfill`); nothing is in flight here, so a chunk read that finds nothing ends the backfill.
-    let mut fetched_advance = None;
-    let (fetched, from, quarantined, chunk) = match tick.doc.take_quarantine_retry() {
-        Some(batch_id) => {
+    // The live changes handed over end at the checkpoint (a batch fetched ahead was not handed over, and goes
+    // after the chunk).
+    let Batch { mut fetched, from, chunk, quarantined } = match serve {
+        Serve::QuarantineRetry(batch_id) => {
+            tick.doc.take_quarantine_retry();
             tick.dirty = true;
-            let key = tick.trigger.ledger.quarantine_key(batch_id);
-            let (q, changes) = tick.trigger.ledger.load_quarantined_batch(&key).await?;
-            (Fetched { changes, last: Some(q.to.clone()), advance: None }, q.from, Some(key), None)
+            fetch::quarantined(tick, batch_id).await?
         }
-        None => {
-            let turn = backfill::turn(tick);
-            let after = tick.doc.backfill.as_ref().map(|b| b.after.clone()).unwrap_or_default();
-            // Nothing is in flight: the live changes handed over end at the checkpoint (a batch fetched ahead
-            // was not handed over, and goes after the chunk).
-            let checkpoint = tick.doc.checkpoint.clone();
-            let first = match turn {
-                Turn::ChunkThenLive => backfill::next_chunk(tick, &after, false, &checkpoint).await?,
-                _ => None,
-            };
-            let (mut fetched, mut chunk) = match first {
-                Some((fetched, id)) => (fetched, Some(id)),
-                None => match take_ahead(tick, &checkpoint) {
-                    Some(fetched) => (fetched, None),
-                    None => (tick.trigger.source.fetch(&checkpoint, settings.max_batch_size).await?, None),
-                },
-            };
-            if chunk.is_none() && fetched.changes.is_empty() && turn == Turn::LiveThenChunk {
-                if let Some((read, id)) = backfill::next_chunk(tick, &after, false, &checkpoint).await? {
-                    fetched = read;
-                    chunk = Some(id);
-                }
-            }
-            fetched_advance = fetched.advance.take();
-            let from = if chunk.is_some() { after } else { checkpoint };
-            (fetched, from, None, chunk)
+        Serve::New(fresh) => fetch::fresh(tick, &fresh).await?,
+        Serve::InFlight { .. } | Serve::Owed => {
+            unreachable!(
+                "a recorded tick decides with nothing in flight, and is owed nothing (that is deferred delivery)"
+            )
         }
     };
+    let fetched_advance = fetched.advance.take();
     if fetched.changes.is_empty() {
         if quarantined.is_none() && chunk.is_none() {
             tick.out.proven = Some(fetched_advance.clone().unwrap_or_else(|| tick.doc.checkpoint.clone()));
@@ -103,7 +85,10 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
         return Ok(());
     }
     failpoint::hit("after-commit");
-    backfill::served(tick, chunk.is_some());
+    match chunk {
+        Some(_) => tick.memory.served_chunk(),
+        None => tick.memory.served_live(),
+    }
     let line = match &chunk {
         Some(id) => {
             format!("delivering batch {batch_id}, a chunk of backfill {id}, with {} row(s)", fetched.changes.len())
@@ -130,7 +115,7 @@ fn record_delivery(tick: &mut Tick<'_>, flight: InFlight, ack: Acknowledge) {
 async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> Result<(), TickError> {
     // The batch in flight is the only one after the checkpoint handed over.
     let live = tick.doc.checkpoint.clone();
-    let changes = tick.changes_of(&flight.range, flight.quarantined.as_deref(), &live).await?;
+    let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
     let owner = tick.trigger.owner.clone();
     let why = if flight.owner != owner {
         format!("it was answered by {} and its outcome is unknown", flight.owner)
@@ -158,12 +143,4 @@ async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> R
     );
     tick.answer(OutcomeKind::Redelivered, flight.range.batch_id, changes, line);
     Ok(())
-}
-
-/// The batch a sink tick fetched ahead (while its sink wrote the batch before), if it starts at `checkpoint` and
-/// was fetched less than one lease duration ago on the engine's clock; taken either way.
-fn take_ahead(tick: &mut Tick<'_>, checkpoint: &Position) -> Option<Fetched> {
-    let ahead = tick.memory.ahead.take()?;
-    let fresh = tick.now - ahead.at < tick.trigger.config.settings.lease_duration;
-    (ahead.after == *checkpoint && fresh).then_some(ahead.fetched)
 }

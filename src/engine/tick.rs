@@ -1,9 +1,12 @@
 //! A tick as a value: the document it started from, its etag, `now`, and what it will answer. Opening one makes
 //! the checks every delivery shares (the source's fingerprint, a halt, a pause, another owner's lease); the
-//! delivery functions (`host_tick::deferred`, `recorded::record`, the sink tick) then change its document
-//! through the document's own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`] and
-//! [`Tick::halt`] on the way). Nothing here calls back into a delivery.
+//! delivery functions (`host_tick::deferred`, `recorded::record`, the sink tick) then ask it what it serves
+//! ([`Tick::serve`], `decide::serve`), read that through `fetch.rs`, change its document through the document's
+//! own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`] and [`Tick::halt`] on the way). A
+//! tick's [`Ended`] value carries what it answers and what it wrote to the next step. Nothing here calls back
+//! into a delivery.
 
+use super::decide::serve::{Facts, Serve};
 use super::decide::{self, Poison};
 use super::document::{Origin, QuarantineDoc, QuarantineEntry, StateDoc};
 use super::error::TickError;
@@ -34,6 +37,17 @@ pub(super) struct Tick<'a> {
     pub dirty: bool,
     /// What the tick answers.
     pub out: TickOutcome,
+    /// Whether the tick wrote the document (see [`Ended::written`]).
+    wrote: bool,
+}
+
+/// A tick's end, the value its steps hand on: what it answers and, when it wrote the state document, the
+/// document as written and its new etag. A sink's delivery and acknowledgement go on from that document
+/// (`sink_tick`); `Trigger::run` need not read back a document the tick wrote.
+#[derive(Debug)]
+pub(super) struct Ended {
+    pub out: TickOutcome,
+    pub written: Option<(StateDoc, Etag)>,
 }
 
 /// A tick after its shared checks: ready for its delivery, or already answered (paused, another owner's lease).
@@ -53,14 +67,14 @@ impl<'a> Tick<'a> {
         let name = &trigger.config.name;
         decide::check_fingerprint(&doc, name, &trigger.source.fingerprint())?;
         // A document edited by hand into one no handler writes is refused before anything acts on it.
-        let seen = memory.lineage.clone().unwrap_or_default();
+        let seen = memory.lineage();
         let edited = decide::token_moved_back(&doc, &seen)
             .or_else(|| decide::span_backward(&doc, |a, b| trigger.source.position_order(a, b)));
         if let Some(detail) = edited {
             let (function, key) = (name.clone(), trigger.ledger.key().to_string());
             return Err(TickError::CorruptState { function, key, detail });
         }
-        memory.lineage = Some(decide::Lineage::of(&doc));
+        memory.saw(&doc);
         if let (Some(_), Some(reason)) = (doc.retired_into(), doc.halted()) {
             return Err(TickError::Retired { function: name.clone(), reason: reason.to_string() });
         }
@@ -77,7 +91,7 @@ impl<'a> Tick<'a> {
         if let Some(lease) = decide::lease_held_by_another(&doc, &trigger.owner, now) {
             // Another instance took the batches in flight over (this process's lease lapsed): it delivers
             // them all again, so nothing this process remembers is still its to prove.
-            memory.answered = decide::Answered::default();
+            memory.lease_lost();
             out.kind = OutcomeKind::LeaseHeld;
             out.logs.push(format!(
                 "batch in flight belongs to {} until {}; answering an empty batch",
@@ -93,7 +107,7 @@ impl<'a> Tick<'a> {
             }
         }
         let dirty = etag.is_none();
-        Ok(Opened::Ready(Box::new(Tick { trigger, memory, doc, etag, now, dirty, out })))
+        Ok(Opened::Ready(Box::new(Tick { trigger, memory, doc, etag, now, dirty, out, wrote: false })))
     }
 
     /// Goes on from a document this process wrote (at `etag`) and still holds: the acknowledgement of a batch a
@@ -101,7 +115,7 @@ impl<'a> Tick<'a> {
     /// conditional write fails if anyone wrote since.
     pub fn on_written(trigger: &'a Trigger, memory: &'a mut Memory, doc: StateDoc, etag: Etag) -> Self {
         let now = trigger.ledger.clock().now();
-        Tick { trigger, memory, doc, etag: Some(etag), now, dirty: false, out: TickOutcome::default() }
+        Tick { trigger, memory, doc, etag: Some(etag), now, dirty: false, out: TickOutcome::default(), wrote: false }
     }
 
     /// A document never written, at `checkpoint`, for `trigger`'s function.
@@ -119,16 +133,14 @@ impl<'a> Tick<'a> {
         let trigger = self.trigger;
         match trigger.ledger.save(&mut self.doc, self.etag.as_ref(), &trigger.owner).await {
             Ok(Saved::Written(etag)) => {
-                self.memory.wrote = true;
-                self.memory.lineage = Some(decide::Lineage::of(&self.doc));
-                self.memory.written = Some((self.doc.clone(), etag.clone()));
-                self.out.committed = Some((self.doc.clone(), etag.clone()));
+                self.memory.wrote(&self.doc, &etag);
                 self.etag = Some(etag);
                 self.dirty = false;
+                self.wrote = true;
                 Ok(true)
             }
             Ok(Saved::Conflict) => {
-                self.memory.written = None;
+                self.memory.lost_write();
                 self.out.kind = OutcomeKind::Conflict;
                 self.out.batch_id = None;
                 self.out.changes.clear();
@@ -140,8 +152,7 @@ impl<'a> Tick<'a> {
             }
             Err(e) => {
                 // The write may have landed (an answer lost): this process may hold the lease.
-                self.memory.wrote = true;
-                self.memory.written = None;
+                self.memory.write_unknown();
                 Err(e)
             }
         }
@@ -205,22 +216,20 @@ impl<'a> Tick<'a> {
         Ok(())
     }
 
-    /// The changes of a batch delivered before, as they are now (or as quarantined, when `quarantined` names
-    /// its document). `live`: the end of the live changes handed over before it (a chunk is placed after them).
-    pub async fn changes_of(
-        &self,
-        range: &BatchRange,
-        quarantined: Option<&str>,
-        live: &Position,
-    ) -> Result<Vec<Change>, TickError> {
-        if let Some(key) = quarantined {
-            return Ok(self.trigger.ledger.load_quarantined_batch(key).await?.1);
-        }
-        let limit = (range.rows as usize).max(self.trigger.config.settings.max_batch_size);
-        if range.backfill.is_some() {
-            return Ok(super::backfill::reread(self.trigger, &self.doc, range, limit, live).await?.changes);
-        }
-        Ok(self.trigger.source.refetch(&range.from, &range.to, limit).await?.changes)
+    /// What this tick serves (`decide::serve`): `answered` is deferred delivery's batches answered and not
+    /// proven (`None` for the recorded deliveries).
+    pub fn serve(&self, answered: Option<&decide::Answered>) -> Serve {
+        let facts = Facts { answered, live_in_a_row: self.memory.live_in_a_row() };
+        decide::serve::serve(&self.doc, facts, &self.trigger.config.settings)
+    }
+
+    /// The tick's end: its answer and what it wrote, if it did (the document as written, at its etag).
+    pub fn end(self) -> Ended {
+        let written = match (self.wrote, self.etag) {
+            (true, Some(etag)) => Some((self.doc, etag)),
+            _ => None,
+        };
+        Ended { out: self.out, written }
     }
 
     /// Sets what the tick answers: a batch, its changes, and the lease token it goes under.

@@ -1,11 +1,12 @@
 //! The engine's decisions, as pure functions of the state document, this process's memory, the invocation and
 //! `now` (from the engine's clock, so tests move time by hand): acknowledgement by proof (`proof`), leases,
-//! poison, the span in flight. They return choices; the tick applies each as one transition of the document
-//! (`document`), which is the only code that changes it.
+//! poison, the span in flight, and what a tick serves (`serve`). They return choices; the tick applies each as
+//! one transition of the document (`document`), which is the only code that changes it.
 
 pub mod backfill;
 pub mod liveness;
 mod proof;
+pub mod serve;
 
 pub use super::document::{Pace, PACE_HORIZON};
 pub use proof::{Answered, Named, Sent, HISTORY_KEPT};
@@ -148,28 +149,6 @@ pub fn adopt(flight: &InFlight) -> Sent {
     adopted.failing_since = flight.failing_since;
     adopted.answered_by = Some(flight.owner.clone());
     adopted
-}
-
-/// What deferred delivery answers next, in this order: a batch owed again (a retry named it, or nobody would
-/// report its failure), an operator's retry of a quarantined batch not yet answered, or new changes after the
-/// span.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Next {
-    Owed,
-    QuarantineRetry(u64),
-    Fetch(crate::source::Position),
-}
-
-/// See [`Next`].
-pub fn next_answer(answered: &Answered, doc: &StateDoc) -> Next {
-    if answered.has_owed() {
-        return Next::Owed;
-    }
-    let unanswered = |id: &u64| !answered.retries.iter().any(|r| r.range.batch_id == *id);
-    match doc.retry_quarantined.iter().copied().find(unanswered) {
-        Some(batch_id) => Next::QuarantineRetry(batch_id),
-        None => Next::Fetch(answered.frontier(&doc.checkpoint).clone()),
-    }
 }
 
 /// What to do with a batch found in flight by a tick that does not wait for the host's proof (a sink tick, or

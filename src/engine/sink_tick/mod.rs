@@ -72,23 +72,24 @@ mod reconcile;
 
 pub(super) use reconcile::reconcile;
 
+use super::document::{InFlight, StateDoc};
 use super::error::TickError;
 use super::outcome::{OutcomeKind, TickOutcome};
 use super::parts::{Ahead, Chained, Memory, Trigger};
-use super::tick::Tick;
+use super::tick::{Ended, Tick};
 use crate::failpoint;
 use crate::sink::{Sink, SinkBatch, SinkError};
 use crate::source::BatchRange;
-use crate::source::Position;
+use crate::source::{Fetched, Position};
 use heartbeat::{Heartbeat, Heldover};
 
 /// The batch the previous tick recorded in flight together with its acknowledgement, ready to deliver without
 /// touching the state store, if the document this process wrote last still records it under this process's
 /// lease with at least half the lease left (so the heartbeat starts well before it could lapse). Taken either
 /// way: a chained batch not used now goes the ordinary way (re-fetched, re-recorded).
-pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<TickOutcome> {
-    let chained = memory.chained.take()?;
-    let (doc, etag) = memory.written.clone()?;
+pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Ended> {
+    let chained = memory.take_chained()?;
+    let (doc, etag) = memory.last_written().cloned()?;
     let owner = &trigger.owner;
     let flight = doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
     let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
@@ -108,8 +109,7 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Tic
         chained.changes.len()
     ));
     out.changes = chained.changes;
-    out.committed = Some((doc, etag));
-    Some(out)
+    Some(Ended { out, written: Some((doc, etag)) })
 }
 
 /// On a clean stop: a batch recorded in flight with the last acknowledgement and never delivered is withdrawn
@@ -117,8 +117,8 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<Tic
 /// one's lease. `Ok(false)`: there was none, or the state moved on (then nothing is written and the batch is
 /// delivered by whoever holds the state, as after a crash).
 pub(super) async fn withdraw_chained(trigger: &Trigger, memory: &mut Memory) -> Result<bool, TickError> {
-    let Some(chained) = memory.chained.take() else { return Ok(false) };
-    let Some((doc, etag)) = memory.written.clone() else { return Ok(false) };
+    let Some(chained) = memory.take_chained() else { return Ok(false) };
+    let Some((doc, etag)) = memory.last_written().cloned() else { return Ok(false) };
     let mut tick = Tick::on_written(trigger, memory, doc, etag);
     if !tick.doc.withdraw(chained.range.batch_id, &trigger.owner, tick.now) {
         return Ok(false);
@@ -131,11 +131,11 @@ pub(super) async fn withdraw_chained(trigger: &Trigger, memory: &mut Memory) -> 
 /// as stored; a write that loses its compare-and-swap is tried again on what is stored then, where the lease
 /// may be another owner's (then nothing is written). `Ok(false)`: no live lease of this process to release.
 pub(super) async fn release_lease(trigger: &Trigger, memory: &mut Memory) -> Result<bool, TickError> {
-    if !memory.wrote {
+    if !memory.ever_wrote() {
         return Ok(false);
     }
     for _ in 0..RELEASE_ATTEMPTS {
-        let (doc, etag) = match memory.written.clone() {
+        let (doc, etag) = match memory.last_written().cloned() {
             Some(written) => written,
             None => match trigger.ledger.load().await? {
                 Some(stored) => stored,
@@ -156,14 +156,16 @@ pub(super) async fn release_lease(trigger: &Trigger, memory: &mut Memory) -> Res
 /// How often [`release_lease`] reads and writes again after losing a compare-and-swap.
 const RELEASE_ATTEMPTS: usize = 3;
 
-/// Delivers the batch the recording tick put in flight, if any, and acknowledges it.
+/// Delivers the batch the recording tick put in flight (`recorded`), if any, from the document that tick wrote,
+/// and acknowledges it.
 pub(super) async fn deliver(
     trigger: &Trigger,
     memory: &mut Memory,
     sink: &dyn Sink,
-    mut out: TickOutcome,
+    recorded: Ended,
 ) -> Result<TickOutcome, TickError> {
-    let (Some(batch_id), Some((doc, etag))) = (out.batch_id, out.committed.take()) else { return Ok(out) };
+    let Ended { mut out, written } = recorded;
+    let (Some(batch_id), Some((doc, etag))) = (out.batch_id, written) else { return Ok(out) };
     let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
 
     let heartbeat = Heartbeat::start(trigger, doc, etag);
@@ -199,61 +201,7 @@ pub(super) async fn deliver(
     let mut ack = Tick::on_written(trigger, memory, doc, etag);
 
     match delivered {
-        Ok(()) => {
-            failpoint::hit("after-sink");
-            if flight.range.backfill.is_some() {
-                // The same point for a backfill's chunk only, so a test can crash inside a backfill while live
-                // batches interleave with its chunks.
-                failpoint::hit("after-sink-chunk");
-            }
-            ack.doc.acknowledge(&flight, ack.now);
-            // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the
-            // module docs), unless an operator queued quarantined batches, which go first.
-            // Nor while a running backfill is owed its turn (`decide::backfill`).
-            let chunk_turn = super::decide::backfill::turn(ack.doc.backfill.as_ref(), ack.memory.live_in_a_row)
-                == super::decide::backfill::Turn::ChunkThenLive;
-            let chainable =
-                ack.doc.retry_quarantined.is_empty() && !ack.doc.paused() && ack.doc.halted().is_none() && !chunk_turn;
-            let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
-            let mut next = chain.map(|fetched| {
-                let last = fetched.last.clone().unwrap_or(Position::Null);
-                let rows = fetched.changes.len() as u64;
-                let range = BatchRange::new(ack.doc.allocate_batch_id(), flight.range.to.clone(), last, rows);
-                let next = super::document::InFlight::first_delivery(range.clone(), &trigger.owner, ack.now);
-                ack.doc.record_in_flight(next);
-                ack.doc.take_lease(&trigger.owner, trigger.config.settings.lease_duration, ack.now);
-                Chained { range, changes: fetched.changes }
-            });
-            let mut acknowledged = ack.commit().await?;
-            if !acknowledged {
-                // An operator's write (a pause, a backfill action) landed during the delivery: acknowledge on
-                // top of it when it left this batch as it was, rather than deliver the batch again.
-                next = None;
-                acknowledged = reapply::acknowledge(&mut ack, &held, &flight).await?;
-            }
-            if acknowledged {
-                if next.is_some() {
-                    ack.memory.live_in_a_row = super::decide::backfill::after_batch(ack.memory.live_in_a_row, false);
-                }
-                ack.memory.chained = next;
-                if let Some(fetched) = keep {
-                    let after = flight.range.to.clone();
-                    ack.memory.ahead = Some(Ahead { after, fetched, at: ack.now });
-                }
-                out.logs.push(format!(
-                    "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
-                    out.changes.len(),
-                    sink.describe()
-                ));
-            } else {
-                let why = lost.map(|l| format!(" ({l})")).unwrap_or_default();
-                out.logs.push(format!(
-                    "batch {batch_id} was delivered to {}, but the state changed before its acknowledgement{why}; it will be delivered again and the sink absorbs the duplicate",
-                    sink.describe()
-                ));
-            }
-            Ok(out)
-        }
+        Ok(()) => acknowledge(&mut ack, sink, (&flight, &held), ahead, lost, out).await,
         Err(SinkError::Fenced { ours, stored }) => {
             if lost.is_none() {
                 // The destination's token may come from an earlier document of this function (see "Resuming
@@ -291,6 +239,72 @@ pub(super) async fn deliver(
             Err(TickError::Sink(e))
         }
     }
+}
+
+/// The sink took `flight`'s batch: acknowledges it from `ack` (on the document the heartbeat left, `held`) with
+/// one conditional write, which also records the batch fetched `ahead` in flight when the next tick would serve
+/// live changes first (see "Chaining" in the module docs); else the batch fetched ahead is kept for the next
+/// tick. `lost`: why the heartbeat stopped renewing early, if it did.
+async fn acknowledge(
+    ack: &mut Tick<'_>,
+    sink: &dyn Sink,
+    (flight, held): (&InFlight, &StateDoc),
+    ahead: Option<Fetched>,
+    lost: Option<String>,
+    mut out: TickOutcome,
+) -> Result<TickOutcome, TickError> {
+    let trigger = ack.trigger;
+    let batch_id = flight.range.batch_id;
+    failpoint::hit("after-sink");
+    if flight.range.backfill.is_some() {
+        // The same point for a backfill's chunk only, so a test can crash inside a backfill while live batches
+        // interleave with its chunks.
+        failpoint::hit("after-sink-chunk");
+    }
+    ack.doc.acknowledge(flight, ack.now);
+    // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the module
+    // docs) when the next tick would serve live changes first (`decide::serve`): not while an operator queued
+    // quarantined batches, which go first, nor while a running backfill is owed its turn.
+    let chainable = ack.serve(None).starts_live() && !ack.doc.paused() && ack.doc.halted().is_none();
+    let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
+    let mut next = chain.map(|fetched| {
+        let last = fetched.last.clone().unwrap_or(Position::Null);
+        let rows = fetched.changes.len() as u64;
+        let range = BatchRange::new(ack.doc.allocate_batch_id(), flight.range.to.clone(), last, rows);
+        let next = InFlight::first_delivery(range.clone(), &trigger.owner, ack.now);
+        ack.doc.record_in_flight(next);
+        ack.doc.take_lease(&trigger.owner, trigger.config.settings.lease_duration, ack.now);
+        Chained { range, changes: fetched.changes }
+    });
+    let mut acknowledged = ack.commit().await?;
+    if !acknowledged {
+        // An operator's write (a pause, a backfill action) landed during the delivery: acknowledge on top of it
+        // when it left this batch as it was, rather than deliver the batch again.
+        next = None;
+        acknowledged = reapply::acknowledge(ack, held, flight).await?;
+    }
+    if acknowledged {
+        if next.is_some() {
+            ack.memory.served_live();
+        }
+        ack.memory.chain(next);
+        if let Some(fetched) = keep {
+            let after = flight.range.to.clone();
+            ack.memory.fetched_ahead(Ahead { after, fetched, at: ack.now });
+        }
+        out.logs.push(format!(
+            "batch {batch_id} with {} change(s) delivered to {} and acknowledged",
+            out.changes.len(),
+            sink.describe()
+        ));
+    } else {
+        let why = lost.map(|l| format!(" ({l})")).unwrap_or_default();
+        out.logs.push(format!(
+            "batch {batch_id} was delivered to {}, but the state changed before its acknowledgement{why}; it will be delivered again and the sink absorbs the duplicate",
+            sink.describe()
+        ));
+    }
+    Ok(out)
 }
 
 /// A sink refused batch `batch_id`, delivered under lease token `ours`, as fenced by token `stored`: see

@@ -2,22 +2,22 @@
 //! recorded (see "Resuming from the destination" in the sink tick's module docs).
 
 use super::super::error::TickError;
-use super::super::outcome::TickOutcome;
 use super::super::parts::{Memory, Trigger};
-use super::super::tick::Tick;
+use super::super::tick::{Ended, Tick};
 use crate::sink::{Resume, Sink};
 use crate::source::BatchRange;
 
-/// See "Resuming from the destination" in the module docs. Leaves `out` to be delivered as it is (its lease
-/// token raised, or replaced by a conflict when another instance moved first), or answers the lines that say
-/// where the document was moved, after which the tick starts again.
+/// See "Resuming from the destination" in the module docs. Leaves the `recorded` tick to be delivered as it is
+/// (its lease token raised, or replaced by a conflict when another instance moved first), or answers the lines
+/// that say where the document was moved, after which the tick starts again.
 pub(in crate::engine) async fn reconcile(
     trigger: &Trigger,
     memory: &mut Memory,
     sink: &dyn Sink,
-    out: &mut TickOutcome,
+    recorded: &mut Ended,
 ) -> Result<Option<Vec<String>>, TickError> {
-    let Some((doc, _)) = out.committed.as_ref() else { return Ok(None) };
+    let out = &recorded.out;
+    let Some((doc, _)) = recorded.written.as_ref() else { return Ok(None) };
     let Some(flight) = doc.in_flight.as_ref() else { return Ok(None) };
     let acknowledged_nothing = doc.counters.batches == 0 && doc.counters.quarantined == 0;
     if out.batch_id.is_none() || !acknowledged_nothing || flight.quarantined.is_some() {
@@ -40,7 +40,7 @@ pub(in crate::engine) async fn reconcile(
         return Ok(None);
     }
 
-    let Some((doc, etag)) = out.committed.take() else { return Ok(None) };
+    let Some((doc, etag)) = recorded.written.take() else { return Ok(None) };
     let ours = out.fence;
     let mut tick = Tick::on_written(trigger, memory, doc, etag);
     let line = match &moved {
@@ -73,14 +73,14 @@ pub(in crate::engine) async fn reconcile(
     };
     tracing::warn!(function = %trigger.config.name, "{line}");
     if !tick.commit().await? {
-        *out = std::mem::take(&mut tick.out);
+        *recorded = tick.end();
         return Ok(None);
     }
     if moved.is_some() {
         return Ok(Some(vec![line]));
     }
-    out.fence = fence + 1;
-    out.committed = tick.out.committed.take();
-    out.logs.insert(0, line);
+    recorded.written = tick.end().written;
+    recorded.out.fence = fence + 1;
+    recorded.out.logs.insert(0, line);
     Ok(None)
 }

@@ -9,7 +9,7 @@
 //! 4. One conditional write records all of it (nothing to record, no write). Only then does this process
 //!    remember what it answered, so a tick that fails or loses the race leaves its memory as it was.
 
-use super::decide::serve::{Fresh, Serve};
+use super::decide::serve::{Deferred, Fresh, Next};
 use super::decide::{self, Answered, Sent};
 use super::error::TickError;
 use super::fetch::{self, Batch};
@@ -95,13 +95,12 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     tick.dirty |= tick.doc.acknowledge_proven(&ranges(&proven), &ranges(&proven_retries), tick.now);
 
     // 3. What to answer (`decide::serve`): an owed batch first, then an operator's retry, then new changes.
-    let reply = match tick.serve(Some(&answered)) {
-        Serve::Owed => owed_reply(tick, &mut answered, attempt).await?,
-        Serve::QuarantineRetry(batch_id) => Some(retry_reply(tick, &mut answered, attempt, batch_id).await?),
-        Serve::New(fresh) => fetch_reply(tick, &mut answered, attempt, fresh).await?,
-        Serve::InFlight { .. } => {
-            unreachable!("deferred delivery keeps its batches in flight in memory: decide::serve owes them")
+    let reply = match tick.serve_deferred(&answered) {
+        Deferred::Owed => owed_reply(tick, &mut answered, attempt).await?,
+        Deferred::Next(Next::QuarantineRetry(batch_id)) => {
+            Some(retry_reply(tick, &mut answered, attempt, batch_id).await?)
         }
+        Deferred::Next(Next::New(fresh)) => fetch_reply(tick, &mut answered, attempt, fresh).await?,
     };
 
     // 4. The document records the span under this process's lease, renewed while anything is unproven.

@@ -21,7 +21,7 @@
 //!
 //! One invocation reads downward: `server.rs` → [`Trigger::invoke`] (this file: which delivery, the remembered
 //! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `fetch.rs` (what
-//! `Tick::serve` said) → `tick.rs` (`commit`) → `ledger.rs`. No file calls back into the one that called it.
+//! `Tick::serve_*` said) → `tick.rs` (`commit`) → `ledger.rs`. No file calls back into the one that called it.
 //!
 //! A [`Trigger`] owns its delivery ([`Delivery`]): the host's output bindings (deferred or immediate), or a
 //! sink. What the process remembers between ticks (the document it wrote last, the batches it answered, a batch

@@ -3,7 +3,7 @@
 //! acknowledges before answering (the mode's at-most-once promise). A batch found in flight (a sink tick that
 //! did not finish, another instance's) is always delivered again, unless it is poison.
 
-use super::decide::serve::Serve;
+use super::decide::serve::{Next, Recorded};
 use super::decide::Stuck;
 use super::document::InFlight;
 use super::error::TickError;
@@ -26,39 +26,36 @@ pub(super) enum Acknowledge {
 /// One recorded tick: resolve a batch left in flight, else take an operator's retry of a quarantined batch or
 /// fetch the next batch (what `decide::serve` says, read by `fetch`), and record it with one conditional write.
 pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), TickError> {
-    let mut serve = tick.serve(None);
-    if let Serve::InFlight { flight, stuck } = serve {
-        match *stuck {
-            Stuck::Redeliver => return redeliver(tick, ack, *flight).await,
-            Stuck::Halt(poison) => return tick.halt(&poison).await,
-            Stuck::Quarantine(poison) => {
-                let live = tick.doc.checkpoint.clone();
-                let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
-                tick.quarantine(&poison, changes).await?;
-                tick.doc.pass_quarantined(&flight);
+    let next = match tick.serve_recorded() {
+        Recorded::Next(next) => next,
+        Recorded::InFlight { flight, stuck } => {
+            match *stuck {
+                Stuck::Redeliver => return redeliver(tick, ack, *flight).await,
+                Stuck::Halt(poison) => return tick.halt(&poison).await,
+                Stuck::Quarantine(poison) => {
+                    let live = tick.doc.checkpoint.clone();
+                    let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
+                    tick.quarantine(&poison, changes).await?;
+                    tick.doc.pass_quarantined(&flight);
+                }
             }
+            // Nothing is in flight now: what comes next is decided on the document as it is.
+            tick.serve_after_flight()
         }
-        // Nothing is in flight now: what comes next is decided on the document as it is.
-        serve = tick.serve(None);
-    }
+    };
 
     // A quarantined batch an operator asked to retry goes before new changes; it does not move the checkpoint,
     // which passed it when it was quarantined. Then live changes and a backfill's chunks share the tick
     // (`decide::backfill`); nothing is in flight here, so a chunk read that finds nothing ends the backfill.
     // The live changes handed over end at the checkpoint (a batch fetched ahead was not handed over, and goes
     // after the chunk).
-    let Batch { mut fetched, from, chunk, quarantined } = match serve {
-        Serve::QuarantineRetry(batch_id) => {
+    let Batch { mut fetched, from, chunk, quarantined } = match next {
+        Next::QuarantineRetry(batch_id) => {
             tick.doc.take_quarantine_retry();
             tick.dirty = true;
             fetch::quarantined(tick, batch_id).await?
         }
-        Serve::New(fresh) => fetch::fresh(tick, &fresh).await?,
-        Serve::InFlight { .. } | Serve::Owed => {
-            unreachable!(
-                "a recorded tick decides with nothing in flight, and is owed nothing (that is deferred delivery)"
-            )
-        }
+        Next::New(fresh) => fetch::fresh(tick, &fresh).await?,
     };
     let fetched_advance = fetched.advance.take();
     if fetched.changes.is_empty() {

@@ -1,12 +1,12 @@
 //! A tick as a value: the document it started from, its etag, `now`, and what it will answer. Opening one makes
 //! the checks every delivery shares (the source's fingerprint, a halt, a pause, another owner's lease); the
 //! delivery functions (`host_tick::deferred`, `recorded::record`, the sink tick) then ask it what it serves
-//! ([`Tick::serve`], `decide::serve`), read that through `fetch.rs`, change its document through the document's
-//! own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`] and [`Tick::halt`] on the way). A
+//! (`Tick::serve_deferred`, `serve_recorded`: `decide::serve`), read that through `fetch.rs`, change its
+//! document through the document's own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`] and [`Tick::halt`] on the way). A
 //! tick's [`Ended`] value carries what it answers and what it wrote to the next step. Nothing here calls back
 //! into a delivery.
 
-use super::decide::serve::{Facts, Serve};
+use super::decide::serve;
 use super::decide::{self, Poison};
 use super::document::{Origin, QuarantineDoc, QuarantineEntry, StateDoc};
 use super::error::TickError;
@@ -216,11 +216,19 @@ impl<'a> Tick<'a> {
         Ok(())
     }
 
-    /// What this tick serves (`decide::serve`): `answered` is deferred delivery's batches answered and not
-    /// proven (`None` for the recorded deliveries).
-    pub fn serve(&self, answered: Option<&decide::Answered>) -> Serve {
-        let facts = Facts { answered, live_in_a_row: self.memory.live_in_a_row() };
-        decide::serve::serve(&self.doc, facts, &self.trigger.config.settings)
+    /// What a deferred tick serves (`decide::serve::deferred`), given the batches answered and not proven.
+    pub fn serve_deferred(&self, answered: &decide::Answered) -> serve::Deferred {
+        serve::deferred(&self.doc, answered, self.memory.live_in_a_row())
+    }
+
+    /// What a recorded tick (immediate, a sink's) serves (`decide::serve::recorded`).
+    pub fn serve_recorded(&self) -> serve::Recorded {
+        serve::recorded(&self.doc, self.memory.live_in_a_row(), &self.trigger.config.settings)
+    }
+
+    /// What a recorded tick serves once its batch in flight was quarantined (`decide::serve::after_flight`).
+    pub fn serve_after_flight(&self) -> serve::Next {
+        serve::after_flight(&self.doc, self.memory.live_in_a_row())
     }
 
     /// The tick's end: its answer and what it wrote, if it did (the document as written, at its etag).

@@ -1,7 +1,8 @@
 //! What a tick serves, as one pure choice of the state document, this process's memory and the settings: a
 //! batch delivered before (the one in flight, or one owed again), an operator's retry of a quarantined batch,
-//! or new changes, live or a backfill's chunk in the order the share says (`decide::backfill`). Every delivery
-//! asks here (`Tick::serve`); `fetch.rs` reads what the answer names. No I/O.
+//! or new changes, live or a backfill's chunk in the order the share says (`decide::backfill`). Each delivery
+//! asks the question it can meet the answer of (`deferred`, `recorded`, `after_flight`, through `Tick`), so no
+//! delivery holds an answer it has no arm for; `fetch.rs` reads what the answer names. No I/O.
 
 use super::backfill::{self as share, Turn};
 use super::{stuck, Answered, Stuck};
@@ -9,25 +10,26 @@ use crate::config::TriggerSettings;
 use crate::engine::document::{InFlight, StateDoc};
 use crate::source::Position;
 
-/// What this process remembers that the choice depends on (read off `Memory` by the tick).
-#[derive(Debug, Clone, Copy)]
-pub struct Facts<'a> {
-    /// Deferred delivery: the batches answered and not proven yet. `None` for the recorded deliveries
-    /// (immediate, a sink's), whose batch in flight is on the document.
-    pub answered: Option<&'a Answered>,
-    /// Live batches served in a row since the last chunk (the share's count).
-    pub live_in_a_row: u32,
+/// Deferred delivery's answer: a batch answered before and owed again (a retry named it, or nobody would
+/// report a failure of its last answer), else what comes next.
+#[derive(Debug)]
+pub enum Deferred {
+    Owed,
+    Next(Next),
 }
 
-/// What a tick serves, first match first.
+/// A recorded delivery's answer (immediate, a sink's): the batch the document records in flight, delivered
+/// again or, poison, quarantined (then the tick asks [`after_flight`]) or halted at, else what comes next.
+/// (Boxed: the batch and the choice are large beside the rest.)
 #[derive(Debug)]
-pub enum Serve {
-    /// Recorded deliveries: the batch the document records in flight: delivered again, or, poison, quarantined
-    /// (then the tick asks again) or halted at. (Boxed: the batch and the choice are large beside the rest.)
+pub enum Recorded {
     InFlight { flight: Box<InFlight>, stuck: Box<Stuck> },
-    /// Deferred delivery: a batch answered before and owed again (a retry named it, or nobody would report a
-    /// failure of its last answer).
-    Owed,
+    Next(Next),
+}
+
+/// What a tick serves once nothing earlier is owed or in flight.
+#[derive(Debug)]
+pub enum Next {
     /// An operator's retry of the quarantined batch with this id, from its quarantine document.
     QuarantineRetry(u64),
     /// New changes, read by `fetch::fresh`.
@@ -48,31 +50,31 @@ pub struct Fresh {
     pub unacknowledged: bool,
 }
 
-impl Serve {
+impl Next {
     /// Whether the tick serves live changes before anything else: what a sink tick may fetch ahead and chain
-    /// (no batch in flight or owed, no operator's retry, no backfill chunk owed its turn).
+    /// (no operator's retry, no backfill chunk owed its turn).
     pub fn starts_live(&self) -> bool {
-        matches!(self, Serve::New(fresh) if fresh.turn != Turn::ChunkThenLive)
+        matches!(self, Next::New(fresh) if fresh.turn != Turn::ChunkThenLive)
     }
 }
 
-/// See [`Serve`]: the one place that decides what a tick serves.
-pub fn serve(doc: &StateDoc, memory: Facts<'_>, settings: &TriggerSettings) -> Serve {
-    match memory.answered {
-        Some(answered) => deferred(doc, answered, memory.live_in_a_row),
-        None => recorded(doc, memory.live_in_a_row, settings),
+impl Recorded {
+    /// Whether the tick serves live changes before anything else (nothing in flight, and [`Next::starts_live`]).
+    pub fn starts_live(&self) -> bool {
+        matches!(self, Recorded::Next(next) if next.starts_live())
     }
 }
 
 /// Deferred delivery: an owed batch first, then an operator's retry not answered yet, then new changes after
-/// the span (the document's batch in flight is the span's record, and `answered` its truth).
-fn deferred(doc: &StateDoc, answered: &Answered, live_in_a_row: u32) -> Serve {
+/// the span (the document's batch in flight is the span's record, and `answered` its truth). `live_in_a_row`:
+/// live batches served in a row since the last chunk (the share's count).
+pub fn deferred(doc: &StateDoc, answered: &Answered, live_in_a_row: u32) -> Deferred {
     if answered.has_owed() {
-        return Serve::Owed;
+        return Deferred::Owed;
     }
     let unanswered = |id: &u64| !answered.retries.iter().any(|r| r.range.batch_id == *id);
     if let Some(batch_id) = doc.retry_quarantined.iter().copied().find(unanswered) {
-        return Serve::QuarantineRetry(batch_id);
+        return Deferred::Next(Next::QuarantineRetry(batch_id));
     }
     // Chunks of this backfill answered and not yet proven: the next starts after the last of them.
     let current = doc.backfill.as_ref().map(|b| b.id.clone());
@@ -81,21 +83,26 @@ fn deferred(doc: &StateDoc, answered: &Answered, live_in_a_row: u32) -> Serve {
         .iter()
         .rfind(|s| s.range.backfill.is_some() && s.range.backfill == current)
         .map(|s| s.range.to.clone());
-    Serve::New(fresh(doc, live_in_a_row, answered.frontier(&doc.checkpoint).clone(), unproven))
+    Deferred::Next(Next::New(fresh(doc, live_in_a_row, answered.frontier(&doc.checkpoint).clone(), unproven)))
 }
 
-/// Immediate and sink delivery: the batch in flight first (nobody proved it delivered), then an operator's
-/// retry, then new changes after the checkpoint (nothing is in flight, so nothing of a backfill is
-/// unacknowledged).
-fn recorded(doc: &StateDoc, live_in_a_row: u32, settings: &TriggerSettings) -> Serve {
+/// Immediate and sink delivery: the batch in flight first (nobody proved it delivered), then
+/// [`after_flight`].
+pub fn recorded(doc: &StateDoc, live_in_a_row: u32, settings: &TriggerSettings) -> Recorded {
     if let Some(flight) = &doc.in_flight {
         let stuck = stuck(flight, settings.max_attempts, settings.poison_action);
-        return Serve::InFlight { flight: Box::new(flight.clone()), stuck: Box::new(stuck) };
+        return Recorded::InFlight { flight: Box::new(flight.clone()), stuck: Box::new(stuck) };
     }
+    Recorded::Next(after_flight(doc, live_in_a_row))
+}
+
+/// A recorded delivery with no batch in flight (none was, or it was just quarantined): an operator's retry,
+/// then new changes after the checkpoint (nothing of a backfill is unacknowledged then).
+pub fn after_flight(doc: &StateDoc, live_in_a_row: u32) -> Next {
     if let Some(&batch_id) = doc.retry_quarantined.first() {
-        return Serve::QuarantineRetry(batch_id);
+        return Next::QuarantineRetry(batch_id);
     }
-    Serve::New(fresh(doc, live_in_a_row, doc.checkpoint.clone(), None))
+    Next::New(fresh(doc, live_in_a_row, doc.checkpoint.clone(), None))
 }
 
 /// New changes after `live`, and a chunk after `unproven` (else the backfill's position).

@@ -265,7 +265,7 @@ async fn acknowledge(
     // Draining: the batch fetched ahead is recorded in flight by this same write (see "Chaining" in the module
     // docs) when the next tick would serve live changes first (`decide::serve`): not while an operator queued
     // quarantined batches, which go first, nor while a running backfill is owed its turn.
-    let chainable = ack.serve(None).starts_live() && !ack.doc.paused() && ack.doc.halted().is_none();
+    let chainable = ack.serve_recorded().starts_live() && !ack.doc.paused() && ack.doc.halted().is_none();
     let (chain, keep) = if chainable { (ahead, None) } else { (None, ahead) };
     let mut next = chain.map(|fetched| {
         let last = fetched.last.clone().unwrap_or(Position::Null);

@@ -32,12 +32,8 @@ fn with_backfill() -> StateDoc {
     doc
 }
 
-fn facts(answered: &Answered) -> Facts<'_> {
-    Facts { answered: Some(answered), live_in_a_row: 0 }
-}
-
-fn recorded(doc: &StateDoc, live_in_a_row: u32) -> Serve {
-    serve(doc, Facts { answered: None, live_in_a_row }, &settings())
+fn recorded_by_default(doc: &StateDoc, live_in_a_row: u32) -> Recorded {
+    recorded(doc, live_in_a_row, &settings())
 }
 
 #[test]
@@ -45,12 +41,14 @@ fn a_recorded_tick_serves_the_batch_in_flight_first_then_a_retry_then_new_change
     let mut doc = doc();
     doc.queue_quarantine_retry(7);
     doc.record_in_flight(InFlight::first_delivery(BatchRange::new(3, json!(["1"]), json!(["9"]), 4), "me", NOW));
-    assert!(matches!(recorded(&doc, 0), Serve::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Redeliver)));
+    assert!(
+        matches!(recorded_by_default(&doc, 0), Recorded::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Redeliver))
+    );
     doc.acknowledge(&InFlight::first_delivery(BatchRange::new(3, json!(["1"]), json!(["9"]), 4), "me", NOW), NOW);
-    assert!(matches!(recorded(&doc, 0), Serve::QuarantineRetry(7)));
-    assert!(!recorded(&doc, 0).starts_live(), "an operator's retry goes before anything fetched ahead");
+    assert!(matches!(recorded_by_default(&doc, 0), Recorded::Next(Next::QuarantineRetry(7))));
+    assert!(!recorded_by_default(&doc, 0).starts_live(), "an operator's retry goes before anything fetched ahead");
     doc.take_quarantine_retry();
-    let Serve::New(new) = recorded(&doc, 0) else { panic!("new changes") };
+    let Recorded::Next(Next::New(new)) = recorded_by_default(&doc, 0) else { panic!("new changes") };
     assert_eq!(new, Fresh { turn: Turn::Live, live: json!(["9"]), after: Position::Null, unacknowledged: false });
 }
 
@@ -61,22 +59,26 @@ fn a_poison_batch_in_flight_is_quarantined_or_halted_at_by_the_setting() {
     for _ in 0..settings().max_attempts {
         doc.record_failure("rejected");
     }
-    assert!(matches!(recorded(&doc, 0), Serve::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Quarantine(_))));
+    assert!(
+        matches!(recorded_by_default(&doc, 0), Recorded::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Quarantine(_)))
+    );
     let halt = TriggerSettings { poison_action: PoisonAction::Halt, ..settings() };
-    let decided = serve(&doc, Facts { answered: None, live_in_a_row: 0 }, &halt);
-    assert!(matches!(decided, Serve::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Halt(_))));
+    let decided = recorded(&doc, 0, &halt);
+    assert!(matches!(decided, Recorded::InFlight { ref stuck, .. } if matches!(**stuck, Stuck::Halt(_))));
 }
 
 #[test]
 fn a_running_backfill_gets_a_chunk_first_after_four_live_batches_in_a_row() {
     let doc = with_backfill();
-    let Serve::New(first) = recorded(&doc, 0) else { panic!("new changes") };
+    let Recorded::Next(Next::New(first)) = recorded_by_default(&doc, 0) else { panic!("new changes") };
     assert_eq!(first.turn, Turn::LiveThenChunk);
-    assert!(recorded(&doc, 0).starts_live(), "live first: a sink may chain a batch fetched ahead");
-    let Serve::New(owed) = recorded(&doc, share::LIVE_PER_CHUNK) else { panic!("new changes") };
+    assert!(recorded_by_default(&doc, 0).starts_live(), "live first: a sink may chain a batch fetched ahead");
+    let Recorded::Next(Next::New(owed)) = recorded_by_default(&doc, share::LIVE_PER_CHUNK) else {
+        panic!("new changes")
+    };
     assert_eq!(owed.turn, Turn::ChunkThenLive);
     assert_eq!(owed.live, json!(["1"]), "the chunk goes after the live changes handed over: the checkpoint");
-    assert!(!recorded(&doc, share::LIVE_PER_CHUNK).starts_live(), "the chunk's turn: nothing chained");
+    assert!(!recorded_by_default(&doc, share::LIVE_PER_CHUNK).starts_live(), "the chunk's turn: nothing chained");
 }
 
 #[test]
@@ -90,13 +92,13 @@ fn a_deferred_tick_serves_an_owed_batch_then_an_unanswered_retry_then_changes_af
     answered.span.push_back(Arc::new(Sent::new(BatchRange::new(3, json!(["1"]), json!(["9"]), 4), &attempt, NOW)));
     let chunk = BatchRange::chunk(4, json!(["0"]), json!(["50"]), 50, &id);
     answered.chunks.push_back(Arc::new(Sent::new(chunk, &attempt, NOW)));
-    let Serve::New(new) = serve(&doc, facts(&answered), &settings()) else { panic!("new changes") };
+    let Deferred::Next(Next::New(new)) = deferred(&doc, &answered, 0) else { panic!("new changes") };
     assert_eq!(new.live, json!(["9"]), "live changes after the span");
     assert_eq!(new.after, json!(["50"]), "a chunk after the last one answered");
     assert!(new.unacknowledged);
 
     doc.queue_quarantine_retry(2);
-    assert!(matches!(serve(&doc, facts(&answered), &settings()), Serve::QuarantineRetry(2)));
+    assert!(matches!(deferred(&doc, &answered, 0), Deferred::Next(Next::QuarantineRetry(2))));
     answered.span.push_back(Arc::new(Sent::owed_range(BatchRange::new(5, json!(["9"]), json!(["12"]), 2), NOW)));
-    assert!(matches!(serve(&doc, facts(&answered), &settings()), Serve::Owed));
+    assert!(matches!(deferred(&doc, &answered, 0), Deferred::Owed));
 }

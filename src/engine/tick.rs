@@ -2,9 +2,9 @@
 //! the checks every delivery shares (the source's fingerprint, a halt, a pause, another owner's lease); the
 //! delivery functions (`host_tick::deferred`, `recorded::record`, the sink tick) then ask it what it serves
 //! (`Tick::serve_deferred`, `serve_recorded`: `decide::serve`), read that through `fetch.rs`, change its
-//! document through the document's own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`] and [`Tick::halt`] on the way). A
-//! tick's [`Ended`] value carries what it answers and what it wrote to the next step. Nothing here calls back
-//! into a delivery.
+//! document through the document's own transitions and end with [`Tick::commit`] (or [`Tick::quarantine`]
+//! and [`Tick::halt`] on the way). A tick's [`Ended`] value carries what it answers and what it wrote to the
+//! next step. Nothing here calls back into a delivery.
 
 use super::decide::serve;
 use super::decide::{self, Poison};

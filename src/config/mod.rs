@@ -117,7 +117,7 @@ impl AppConfig {
         });
         let max_connections_per_database = settings::Resolver { env: &env, host_sql: None, function: None }.positive(
             &settings::MAX_CONNECTIONS_PER_DATABASE,
-            crate::db::pools::MOST_CONNECTIONS as u64,
+            settings::MOST_CONNECTIONS_PER_DATABASE as u64,
             &mut errors,
         ) as usize;
         // main refuses a bad level before logging starts; here too, for a level set in local.settings.json.

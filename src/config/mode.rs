@@ -1,7 +1,9 @@
 //! Who drives an app's ticks, chosen by the command that loads it (`handler serve`, `handler run`, the
 //! operator's commands).
 
-/// Who will drive the ticks.
+/// Who will drive the ticks: read by configuration loading (what a function folder must hold) and by the
+/// watchdog (the cadence a function is held to). How each batch is then acknowledged is the function's
+/// [`super::DeliveryMode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// The Functions host, through timer invocations and output bindings (`handler serve`).

@@ -260,7 +260,7 @@ async fn serve(env: Env, started: Instant) -> ExitCode {
     }
     // Only now, with the listener bound and readiness logged: metrics never delay the host's readiness probe.
     let telemetry = sql_pseudo_trigger::telemetry::start(&app);
-    let _watchdog = sql_pseudo_trigger::watchdog::start(&app, sql_pseudo_trigger::watchdog::Face::Host);
+    let _watchdog = sql_pseudo_trigger::watchdog::start(&app, sql_pseudo_trigger::config::Mode::Host);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, sql_pseudo_trigger::server::router(app.clone()))
@@ -353,7 +353,7 @@ async fn run(
         let _ = stop_tx.send(true);
     });
     let telemetry = sql_pseudo_trigger::telemetry::start(&app);
-    let _watchdog = sql_pseudo_trigger::watchdog::start(&app, sql_pseudo_trigger::watchdog::Face::Runner);
+    let _watchdog = sql_pseudo_trigger::watchdog::start(&app, sql_pseudo_trigger::config::Mode::Runner);
     let summary = sql_pseudo_trigger::runner::run(app, options, stop_rx).await;
     sql_pseudo_trigger::telemetry::stop(telemetry).await;
     tracing::info!(

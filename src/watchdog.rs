@@ -7,7 +7,7 @@
 //! second costs nothing and cannot be slowed by an outage.
 
 use crate::app::App;
-use crate::config::TriggerSettings;
+use crate::config::{Mode, TriggerSettings};
 use crate::engine::decide::liveness::{check, Cadence, Silence, Verdict};
 use crate::engine::Trigger;
 use std::collections::HashMap;
@@ -21,15 +21,6 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The runner's longest pause after a failed tick (`runner::backoff`).
 const RUNNER_BACKOFF_CAP: Duration = Duration::from_secs(60);
 
-/// Who invokes the functions: the cadence the watchdog expects depends on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Face {
-    /// The Functions host, on each function's timer schedule.
-    Host,
-    /// `handler run`'s own loop.
-    Runner,
-}
-
 /// The running watchdog; it stops when dropped.
 #[derive(Debug)]
 pub struct Watchdog(tokio::task::JoinHandle<()>);
@@ -40,17 +31,18 @@ impl Drop for Watchdog {
     }
 }
 
-/// Starts watching every function of `app`. Call from within the runtime.
-pub fn start(app: &App, face: Face) -> Watchdog {
+/// Starts watching every function of `app`, driven as `mode` says (the cadence the watchdog expects depends on
+/// who invokes the functions: the host's timer schedule, or `handler run`'s loop). Call from within the runtime.
+pub fn start(app: &App, mode: Mode) -> Watchdog {
     let triggers: Vec<Arc<Trigger>> = app.triggers().cloned().collect();
     // Fix each function's baseline now, so "never invoked" counts from the start of the process.
     for trigger in &triggers {
         trigger.liveness();
     }
-    Watchdog(tokio::spawn(watch(triggers, face)))
+    Watchdog(tokio::spawn(watch(triggers, mode)))
 }
 
-async fn watch(triggers: Vec<Arc<Trigger>>, face: Face) {
+async fn watch(triggers: Vec<Arc<Trigger>>, mode: Mode) {
     let mut reported: HashMap<String, OffsetDateTime> = HashMap::new();
     let mut every = tokio::time::interval(CHECK_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -58,7 +50,7 @@ async fn watch(triggers: Vec<Arc<Trigger>>, face: Face) {
         every.tick().await;
         for trigger in &triggers {
             let last = reported.get(trigger.name()).copied();
-            match look(trigger, face, last) {
+            match look(trigger, mode, last) {
                 Some(at) => reported.insert(trigger.name().to_string(), at),
                 None => reported.remove(trigger.name()),
             };
@@ -75,18 +67,20 @@ pub fn runner_period(settings: &TriggerSettings, failing: bool) -> Duration {
 
 /// Checks one function and logs what changed. `reported` is when its current silence was last logged; answers
 /// the same for the next check (`None` once it runs again, or when it is not watched).
-pub fn look(trigger: &Trigger, face: Face, reported: Option<OffsetDateTime>) -> Option<OffsetDateTime> {
+pub fn look(trigger: &Trigger, mode: Mode, reported: Option<OffsetDateTime>) -> Option<OffsetDateTime> {
     let heard = trigger.liveness();
-    let cadence = match (face, trigger.config().schedule.as_ref()) {
-        (Face::Host, Some(schedule)) => Cadence::Schedule(schedule),
+    let cadence = match (mode, trigger.config().schedule.as_ref()) {
+        (Mode::Host, Some(schedule)) => Cadence::Schedule(schedule),
         // A host-invoked function with no known schedule has no expected cadence to hold it to.
-        (Face::Host, None) => return None,
-        (Face::Runner, _) => Cadence::Every(runner_period(&trigger.config().settings, heard.consecutive_failures > 0)),
+        (Mode::Host, None) => return None,
+        (Mode::Runner, _) => Cadence::Every(runner_period(&trigger.config().settings, heard.consecutive_failures > 0)),
+        // An operator's command runs no ticks: there is no cadence to hold a function to.
+        (Mode::Operator, _) => return None,
     };
     let now = trigger.now();
     match check(cadence, &heard, reported, now) {
         Verdict::Silent { silence, report: true } => {
-            log_silence(trigger, face, &silence, heard.watched_since, now);
+            log_silence(trigger, cadence, &silence, heard.watched_since, now);
             Some(now)
         }
         Verdict::Silent { report: false, .. } => reported,
@@ -99,15 +93,23 @@ pub fn look(trigger: &Trigger, face: Face, reported: Option<OffsetDateTime>) -> 
     }
 }
 
-fn log_silence(trigger: &Trigger, face: Face, silence: &Silence, watched_since: OffsetDateTime, now: OffsetDateTime) {
+/// Logs a silence in the words of whoever drives the function: the host's timer (`cadence` a schedule) or the
+/// run loop.
+fn log_silence(
+    trigger: &Trigger,
+    cadence: Cadence<'_>,
+    silence: &Silence,
+    watched_since: OffsetDateTime,
+    now: OffsetDateTime,
+) {
     let stamp = |at: OffsetDateTime| at.format(&Rfc3339).unwrap_or_default();
     let last_invocation = match silence.last_invocation {
         Some(at) => stamp(at),
         None => format!("never since the handler started at {}", stamp(watched_since)),
     };
     let silent_for_s = (now - silence.last_invocation.unwrap_or(watched_since)).whole_seconds();
-    match face {
-        Face::Host => tracing::error!(
+    match cadence {
+        Cadence::Schedule(_) => tracing::error!(
             function = %trigger.name(),
             last_invocation = %last_invocation,
             silent_for_s,
@@ -115,7 +117,7 @@ fn log_silence(trigger: &Trigger, face: Face, silence: &Silence, watched_since: 
             expected_by = %stamp(silence.second_missed),
             "no invocation for more than two periods of the timer schedule; likely causes: the function is disabled (AzureWebJobs.<function>.Disabled), the host's timer stopped (after a deployment, or the app scaled in or is stopped), another instance holds the timer (a timer fires on one instance of the app: check the others), or the host cannot reach its storage (AzureWebJobsStorage) for the timer's lock"
         ),
-        Face::Runner => tracing::error!(
+        Cadence::Every(_) => tracing::error!(
             function = %trigger.name(),
             last_invocation = %last_invocation,
             silent_for_s,

@@ -1,7 +1,8 @@
 //! What the host does around an invocation, as function.json and host.json configure it: the retry policy,
 //! the invocation timeout, and the proof window the engine derives from both.
 
-use super::{ConfigError, Env};
+use super::env::Env;
+use super::error::ConfigError;
 use serde_json::Value;
 use std::time::Duration;
 

@@ -4,8 +4,14 @@
 //! to change, so a misconfigured app is fixed in one round trip instead of one per restart. No database or
 //! storage is contacted here; that happens lazily on the first tick.
 
+mod admin;
+mod env;
+mod error;
+mod folder;
 mod function;
 mod host_policy;
+mod mode;
+mod names;
 pub mod ncrontab;
 mod outputs;
 mod partition;
@@ -16,10 +22,16 @@ mod sink_spec;
 mod source_options;
 mod source_spec;
 
-pub use function::{AdminFunction, FunctionConfig, OutputBinding};
+pub use admin::AdminFunction;
+pub use env::Env;
+pub use error::{ConfigError, ConfigErrors};
+pub use function::FunctionConfig;
 pub use host_policy::{
     parse_timespan, proof_window, FunctionTimeout, RetryPolicy, RetryStrategy, PROOF_SLACK, UNBOUNDED_TIMEOUT_ASSUMED,
 };
+pub use mode::Mode;
+pub(crate) use names::valid_path_part;
+pub use outputs::OutputBinding;
 pub use outputs::{OutputRoute, OutputShape, OutputShapes};
 pub use partition::{Partition, Partitioning, MAX_PARTITIONS};
 pub use postgres_trust::PostgresTrust;
@@ -32,104 +44,9 @@ pub use source_options::{
 };
 pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};
 
-use std::collections::BTreeMap;
-use std::fmt;
+use folder::read_json;
+use names::valid_container_name;
 use std::path::{Path, PathBuf};
-
-/// The process environment, snapshotted (every app setting arrives as an environment variable).
-#[derive(Clone, Default)]
-pub struct Env(BTreeMap<String, String>);
-
-impl fmt::Debug for Env {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Values may be secrets: show names only.
-        f.debug_list().entries(self.0.keys()).finish()
-    }
-}
-
-impl Env {
-    pub fn from_process() -> Self {
-        Self(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect())
-    }
-
-    pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
-        Self(pairs.into_iter().collect())
-    }
-
-    /// Adds the `Values` of `<root>/local.settings.json` under the variables already set, as Core Tools does
-    /// for a local run. Used by the CLI and `handler run`; under the host the settings arrive as variables.
-    pub fn with_local_settings(mut self, root: &Path) -> Result<Self, ConfigError> {
-        let path = root.join("local.settings.json");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(self),
-            Err(e) => return Err(ConfigError::new(path.display().to_string(), format!("cannot be read: {e}"))),
-        };
-        let parsed: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ConfigError::new(path.display().to_string(), format!("is not valid JSON: {e}")))?;
-        if let Some(values) = parsed.get("Values").and_then(|v| v.as_object()) {
-            for (k, v) in values {
-                let v = match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                self.0.entry(k.clone()).or_insert(v);
-            }
-        }
-        Ok(self)
-    }
-
-    /// A non-empty value. Azure sets unset settings to empty strings in some paths; treat them as unset.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str).filter(|v| !v.trim().is_empty())
-    }
-}
-
-/// One configuration problem: where it is and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub setting: String,
-    pub problem: String,
-}
-
-impl ConfigError {
-    pub fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
-        Self { setting: setting.into(), problem: problem.into() }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.setting, self.problem)
-    }
-}
-
-/// Every problem found, printed one per line.
-#[derive(Debug, thiserror::Error)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "the configuration has {} problem(s):", self.0.len())?;
-        for e in &self.0 {
-            writeln!(f, "  - {e}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Who will drive the ticks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The Functions host, through timer invocations and output bindings (`handler serve`).
-    Host,
-    /// The handler's own loop and sinks (`handler run`).
-    Runner,
-    /// An operator's command (`handler state`, `handler partitions`): the app read as `handler run` reads it,
-    /// and each function's timer schedule as the host would fire it (when it resolves), so that status reports
-    /// what the host's timer allows (`ceiling_per_second`) for an app the host runs.
-    Operator,
-}
 
 /// Where state documents live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,98 +99,25 @@ impl AppConfig {
         Self::load_for(root, env, Mode::Host)
     }
 
-    /// Loads for the host (`serve`) or for `handler run`, whose requirements differ slightly.
+    /// Loads for the host (`serve`) or for `handler run`, whose requirements differ slightly. Every step records
+    /// its problems and goes on, so one load reports them all, in the order of the steps.
     pub fn load_for(root: &Path, env: Env, mode: Mode) -> Result<Self, ConfigErrors> {
         let mut errors = Vec::new();
         let host_json = read_json(&root.join("host.json"), &mut errors, false);
         let host_sql = host_json.as_ref().and_then(|h| h.pointer("/extensions/sql")).cloned();
-        let function_timeout = match host_json.as_ref().and_then(|h| h.get("functionTimeout")) {
-            None | Some(serde_json::Value::Null) => FunctionTimeout::plan_default(&env),
-            Some(serde_json::Value::String(t)) if t.trim() == "-1" => FunctionTimeout::Unbounded,
-            Some(serde_json::Value::String(t)) => match parse_timespan(t) {
-                Some(d) if !d.is_zero() => FunctionTimeout::Bounded(d),
-                _ => {
-                    errors.push(ConfigError::new(
-                        "host.json functionTimeout",
-                        format!("{t:?} is not a timespan like \"00:05:00\" (or \"-1\" for no limit)"),
-                    ));
-                    FunctionTimeout::plan_default(&env)
-                }
-            },
-            Some(_) => {
-                errors.push(ConfigError::new("host.json functionTimeout", "must be a string like \"00:05:00\""));
-                FunctionTimeout::plan_default(&env)
-            }
-        };
+        let function_timeout = function_timeout(host_json.as_ref(), &env, &mut errors);
         let mut warnings = Vec::new();
-
-        let mut functions = Vec::new();
-        let mut other_functions = Vec::new();
-        let mut admin_functions = Vec::new();
-        let mut dirs: Vec<PathBuf> = match std::fs::read_dir(root) {
-            Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.join("function.json").is_file()).collect(),
-            Err(e) => {
-                errors.push(ConfigError::new(
-                    root.display().to_string(),
-                    format!("cannot read the app root ({e}); set FUNCTIONS_APP_ROOT_PATH to the folder with host.json"),
-                ));
-                Vec::new()
-            }
-        };
-        dirs.sort();
-        for dir in dirs {
-            if let Some(admin) = function::load_admin(&dir, &mut errors) {
-                admin_functions.push(admin);
-                continue;
-            }
-            let context = function::Context { env: &env, host_sql: host_sql.as_ref(), function_timeout, mode };
-            match function::load(&dir, context, &mut errors, &mut warnings) {
-                Some(f) => functions.push(f),
-                None => {
-                    if let Some(name) = dir.file_name() {
-                        other_functions.push(name.to_string_lossy().into_owned());
-                    }
-                }
-            }
-        }
-        // Functions whose folder failed validation were reported in `errors` and are neither list's members.
-        other_functions.retain(|n| !errors.iter().any(|e| e.setting.starts_with(&format!("{n}/"))));
-
-        let state_store =
-            match env.get(settings::STATE_STORE.name).unwrap_or("blob").trim().to_ascii_lowercase().as_str() {
-                "blob" => StateStoreKind::Blob {
-                    container: env
-                        .get(settings::STATE_CONTAINER.name)
-                        .unwrap_or(settings::STATE_CONTAINER.default)
-                        .to_string(),
-                },
-                "file" => {
-                    let dir = env.get(settings::STATE_DIRECTORY.name).unwrap_or(settings::STATE_DIRECTORY.default);
-                    StateStoreKind::File { directory: root.join(dir) }
-                }
-                other => {
-                    errors.push(ConfigError::new(
-                        format!("app setting {}", settings::STATE_STORE.name),
-                        format!("must be blob or file, got {other:?}"),
-                    ));
-                    StateStoreKind::File { directory: root.join(settings::STATE_DIRECTORY.default) }
-                }
-            };
-        if let StateStoreKind::Blob { container } = &state_store {
-            if !valid_container_name(container) {
-                errors.push(ConfigError::new(
-                    format!("app setting {}", settings::STATE_CONTAINER.name),
-                    format!("{container:?} is not a valid blob container name (3-63 lowercase letters, digits and single hyphens)"),
-                ));
-            }
-        }
+        let context = folder::Context { env: &env, host_sql: host_sql.as_ref(), function_timeout, mode };
+        let Folders { functions, admin_functions, other_functions } =
+            Folders::load(root, context, &mut errors, &mut warnings);
+        let state_store = state_store(root, &env, &mut errors);
         let postgres_trust = PostgresTrust::from_env(&env, root).unwrap_or_else(|mut problems| {
             errors.append(&mut problems);
             PostgresTrust::default()
         });
         let max_connections_per_database = settings::Resolver { env: &env, host_sql: None, function: None }.positive(
             &settings::MAX_CONNECTIONS_PER_DATABASE,
-            crate::db::pools::MOST_CONNECTIONS as u64,
+            settings::MOST_CONNECTIONS_PER_DATABASE as u64,
             &mut errors,
         ) as usize;
         // main refuses a bad level before logging starts; here too, for a level set in local.settings.json.
@@ -282,14 +126,7 @@ impl AppConfig {
                 errors.push(problem);
             }
         }
-        let app_name =
-            env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
-        if !valid_path_part(&app_name) {
-            errors.push(ConfigError::new(
-                format!("app setting {}", settings::APP_NAME.name),
-                format!("{app_name:?} may hold only letters, digits, '-', '_' and '.'"),
-            ));
-        }
+        let app_name = app_name(&env, &mut errors);
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
         }
@@ -313,38 +150,120 @@ impl AppConfig {
     }
 }
 
-fn read_json(path: &Path, errors: &mut Vec<ConfigError>, required: bool) -> Option<serde_json::Value> {
-    match std::fs::read(path) {
-        Ok(bytes) => match serde_json::from_slice(&bytes) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                errors.push(ConfigError::new(path.display().to_string(), format!("is not valid JSON: {e}")));
-                None
+/// host.json `functionTimeout`: how long the host lets one invocation run (the plan's default when unset).
+fn function_timeout(
+    host_json: Option<&serde_json::Value>,
+    env: &Env,
+    errors: &mut Vec<ConfigError>,
+) -> FunctionTimeout {
+    match host_json.and_then(|h| h.get("functionTimeout")) {
+        None | Some(serde_json::Value::Null) => FunctionTimeout::plan_default(env),
+        Some(serde_json::Value::String(t)) if t.trim() == "-1" => FunctionTimeout::Unbounded,
+        Some(serde_json::Value::String(t)) => match parse_timespan(t) {
+            Some(d) if !d.is_zero() => FunctionTimeout::Bounded(d),
+            _ => {
+                errors.push(ConfigError::new(
+                    "host.json functionTimeout",
+                    format!("{t:?} is not a timespan like \"00:05:00\" (or \"-1\" for no limit)"),
+                ));
+                FunctionTimeout::plan_default(env)
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
-        Err(e) => {
-            errors.push(ConfigError::new(path.display().to_string(), format!("cannot be read: {e}")));
-            None
+        Some(_) => {
+            errors.push(ConfigError::new("host.json functionTimeout", "must be a string like \"00:05:00\""));
+            FunctionTimeout::plan_default(env)
         }
     }
 }
 
-/// Function and app names become parts of state keys and URLs.
-pub(crate) fn valid_path_part(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s != "."
-        && s != ".."
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+/// The app's function folders (those with a function.json), in name order, by what serves them.
+struct Folders {
+    functions: Vec<FunctionConfig>,
+    admin_functions: Vec<AdminFunction>,
+    other_functions: Vec<String>,
 }
 
-fn valid_container_name(s: &str) -> bool {
-    (3..=63).contains(&s.len())
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-        && !s.contains("--")
+impl Folders {
+    fn load(
+        root: &Path,
+        context: folder::Context<'_>,
+        errors: &mut Vec<ConfigError>,
+        warnings: &mut Vec<ConfigError>,
+    ) -> Self {
+        let mut functions = Vec::new();
+        let mut other_functions = Vec::new();
+        let mut admin_functions = Vec::new();
+        let mut dirs: Vec<PathBuf> = match std::fs::read_dir(root) {
+            Ok(entries) => entries.flatten().map(|e| e.path()).filter(|p| p.join("function.json").is_file()).collect(),
+            Err(e) => {
+                errors.push(ConfigError::new(
+                    root.display().to_string(),
+                    format!("cannot read the app root ({e}); set FUNCTIONS_APP_ROOT_PATH to the folder with host.json"),
+                ));
+                Vec::new()
+            }
+        };
+        dirs.sort();
+        for dir in dirs {
+            if let Some(admin) = admin::load(&dir, errors) {
+                admin_functions.push(admin);
+                continue;
+            }
+            match folder::load(&dir, context, errors, warnings) {
+                Some(f) => functions.push(f),
+                None => {
+                    if let Some(name) = dir.file_name() {
+                        other_functions.push(name.to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+        // Functions whose folder failed validation were reported in `errors` and are neither list's members.
+        other_functions.retain(|n| !errors.iter().any(|e| e.setting.starts_with(&format!("{n}/"))));
+        Self { functions, admin_functions, other_functions }
+    }
+}
+
+/// Where state documents live: `Sql_Trigger_StateStore` and its container or directory.
+fn state_store(root: &Path, env: &Env, errors: &mut Vec<ConfigError>) -> StateStoreKind {
+    let state_store = match env.get(settings::STATE_STORE.name).unwrap_or("blob").trim().to_ascii_lowercase().as_str() {
+        "blob" => StateStoreKind::Blob {
+            container: env.get(settings::STATE_CONTAINER.name).unwrap_or(settings::STATE_CONTAINER.default).to_string(),
+        },
+        "file" => {
+            let dir = env.get(settings::STATE_DIRECTORY.name).unwrap_or(settings::STATE_DIRECTORY.default);
+            StateStoreKind::File { directory: root.join(dir) }
+        }
+        other => {
+            errors.push(ConfigError::new(
+                format!("app setting {}", settings::STATE_STORE.name),
+                format!("must be blob or file, got {other:?}"),
+            ));
+            StateStoreKind::File { directory: root.join(settings::STATE_DIRECTORY.default) }
+        }
+    };
+    if let StateStoreKind::Blob { container } = &state_store {
+        if !valid_container_name(container) {
+            errors.push(ConfigError::new(
+                format!("app setting {}", settings::STATE_CONTAINER.name),
+                format!("{container:?} is not a valid blob container name (3-63 lowercase letters, digits and single hyphens)"),
+            ));
+        }
+    }
+    state_store
+}
+
+/// `Sql_Trigger_AppName`, else the site's name, else `local`: the name space of the state documents.
+fn app_name(env: &Env, errors: &mut Vec<ConfigError>) -> String {
+    let app_name =
+        env.get(settings::APP_NAME.name).or_else(|| env.get("WEBSITE_SITE_NAME")).unwrap_or("local").to_string();
+    if !valid_path_part(&app_name) {
+        errors.push(ConfigError::new(
+            format!("app setting {}", settings::APP_NAME.name),
+            format!("{app_name:?} may hold only letters, digits, '-', '_' and '.'"),
+        ));
+    }
+    app_name
 }
 
 /// Writes below `root` an app folder with one PostgreSQL function `function` (a queue output, a fixed-delay retry

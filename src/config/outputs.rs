@@ -18,8 +18,17 @@
 //! `outputs` is checked at load into [`OutputShapes`]; the routes are derived from it and the bindings each
 //! time they are needed (a few entries).
 
-use super::{ConfigError, Env, OutputBinding};
+use super::env::Env;
+use super::error::ConfigError;
 use serde_json::{Map, Value};
+
+/// One output binding of function.json: where the host writes what the handler answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputBinding {
+    pub name: String,
+    /// The binding type as function.json spells it (`queue`, `serviceBus`, `eventHub`, `sql`, `blob`, ...).
+    pub kind: String,
+}
 
 /// What one output binding receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -1,8 +1,9 @@
 //! What PostgreSQL connections trust, read from two app settings. Plain data: the connector that acts on it is
 //! `db::postgres::PostgresTls`.
 
+use super::env::Env;
+use super::error::ConfigError;
 use super::settings::{POSTGRES_ROOT_CERTIFICATE, POSTGRES_TRUST_SERVER_CERTIFICATE};
-use super::{ConfigError, Env};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;

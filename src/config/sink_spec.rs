@@ -10,7 +10,9 @@
 //! The fence and checkpoint tables default to the target table's schema. Reading the spec opens nothing:
 //! `sink::build` makes the sink, and database sinks connect on their first delivery.
 
-use super::{ConfigError, Env, Secret};
+use super::env::Env;
+use super::error::ConfigError;
+use super::secret::Secret;
 use crate::ident::{Ident, TableName};
 use serde_json::Value;
 use std::time::Duration;

@@ -2,7 +2,8 @@
 //! load: a typo fails at start-up in the one list of problems, naming its key, rather than when the source is
 //! built or on the first tick.
 
-use super::{ConfigError, SourceKind};
+use super::error::ConfigError;
+use super::SourceKind;
 use crate::ident::Ident;
 use serde_json::{Map, Value};
 use std::time::Duration;

@@ -15,6 +15,7 @@
 
 use super::mssql;
 use super::postgres::{self, PostgresTls};
+use crate::config::settings::MOST_CONNECTIONS_PER_DATABASE;
 use crate::config::Secret;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -23,8 +24,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The cap when `Sql_Trigger_MaxConnectionsPerDatabase` is not set.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10;
-/// The highest cap the setting accepts.
-pub const MOST_CONNECTIONS: usize = 1000;
 
 /// A database as the registry knows it: a digest of its connection string, never the string.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,7 +67,7 @@ static MAX_CONNECTIONS: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_CONNECTIONS);
 /// Sets the cap of the pools made from now on (`App` calls it with the validated setting before it builds
 /// any source or sink). Pools made before keep their size.
 pub fn set_max_connections(cap: usize) {
-    MAX_CONNECTIONS.store(cap.clamp(1, MOST_CONNECTIONS), Ordering::SeqCst);
+    MAX_CONNECTIONS.store(cap.clamp(1, MOST_CONNECTIONS_PER_DATABASE), Ordering::SeqCst);
 }
 
 /// The most connections one pool (one database) opens: `Sql_Trigger_MaxConnectionsPerDatabase`.

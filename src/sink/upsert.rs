@@ -109,24 +109,54 @@ impl WritePlan<'_> {
 /// Applies the rules to a batch. An error names the change, the property or column, and what to do; it
 /// never quotes a row value.
 pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'a>, String> {
-    let by_name: HashMap<&str, usize> = shape.columns.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
-    // Columns an inserted row cannot leave out.
-    let required: Vec<usize> = (0..shape.columns.len())
-        .filter(|&i| {
-            let c = &shape.columns[i];
-            !c.nullable && !c.has_default && !c.identity && !c.generated
-        })
-        .collect();
-
-    enum Entry<'a> {
-        Delete(Cow<'a, str>),
-        Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str>, raw: Vec<Option<&'a str>> },
-    }
+    let rules = Rules::of(shape);
     let mut entries: Vec<Option<Entry<'a>>> = Vec::with_capacity(changes.len());
     let mut last_of_key: HashMap<String, usize> = HashMap::with_capacity(changes.len());
     let mut superseded = 0;
-
     for (n, change) in changes.iter().enumerate() {
+        let (entry, key) = rules.entry(n, change)?;
+        if let Some(key) = key {
+            if let Some(earlier) = last_of_key.insert(key, entries.len()) {
+                entries[earlier] = None;
+                superseded += 1;
+            }
+        }
+        entries.push(Some(entry));
+    }
+    Ok(rules.group(entries, superseded))
+}
+
+/// What one change does to the table, before changes superseded by a later one of the same key are dropped.
+enum Entry<'a> {
+    Delete(Cow<'a, str>),
+    Write { columns: Vec<usize>, keyed: bool, text: Cow<'a, str>, raw: Vec<Option<&'a str>> },
+}
+
+/// The rules of one table, with what [`plan`] looks up for every change.
+struct Rules<'s> {
+    shape: &'s TableShape,
+    by_name: HashMap<&'s str, usize>,
+    /// Columns an inserted row cannot leave out.
+    required: Vec<usize>,
+}
+
+impl<'s> Rules<'s> {
+    fn of(shape: &'s TableShape) -> Self {
+        let by_name: HashMap<&str, usize> =
+            shape.columns.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+        let required: Vec<usize> = (0..shape.columns.len())
+            .filter(|&i| {
+                let c = &shape.columns[i];
+                !c.nullable && !c.has_default && !c.identity && !c.generated
+            })
+            .collect();
+        Self { shape, by_name, required }
+    }
+
+    /// Change `n` checked against the rules, as an entry, with its key's text when it has the whole key (a
+    /// later change of the same key supersedes it).
+    fn entry<'a>(&self, n: usize, change: &'a Change) -> Result<(Entry<'a>, Option<String>), String> {
+        let (shape, by_name, required) = (self.shape, &self.by_name, &self.required);
         let text = change.item.get();
         let Props(props) = serde_json::from_str(text)
             .map_err(|e| format!("the item of change {n} is not a JSON object ({e}); every item must be one row"))?;
@@ -136,37 +166,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
             let Some(&i) = by_name.get(name.as_ref()) else {
                 return Err(extra_property(shape, n, name));
             };
-            if shape.columns[i].generated && change.operation != Operation::Delete {
-                return Err(format!(
-                    "property {:?} of change {n} is column {:?} of {}, which is computed or generated or of a type the sink cannot write ({}); leave it out of the items (\"columns\" in the source's sqltrigger.json)",
-                    name.as_ref(),
-                    shape.columns[i].name.as_str(),
-                    shape.table,
-                    shape.columns[i].sql_type
-                ));
-            }
-            if change.operation != Operation::Delete
-                && !shape.columns[i].holds_json
-                && matches!(value.get().as_bytes().first(), Some(b'{' | b'['))
-            {
-                return Err(format!(
-                    "property {:?} of change {n} holds a JSON object or array, which column {:?} of {} ({}) cannot hold; write it to a character column (which keeps its JSON text), or leave the property out of the items (\"columns\" in the source's sqltrigger.json)",
-                    name.as_ref(),
-                    shape.columns[i].name.as_str(),
-                    shape.table,
-                    shape.columns[i].sql_type
-                ));
-            }
-            let read = change.operation != Operation::Delete || shape.key.contains(&i);
-            if read && !shape.columns[i].holds_nul && holds_nul(value.get()) {
-                return Err(format!(
-                    "property {:?} of change {n} holds a JSON string with the character U+0000 (\\u0000), which column {:?} of {} ({}) cannot store; write it to a json column, or remove the character at the source",
-                    name.as_ref(),
-                    shape.columns[i].name.as_str(),
-                    shape.table,
-                    shape.columns[i].sql_type
-                ));
-            }
+            self.check_property(n, change, name, value, i)?;
             columns.push(i);
             values[i] = Some(value);
         }
@@ -183,7 +183,7 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                         shape.table
                     ));
                 }
-                Entry::Delete(keeping(text, &props, &by_name, |i| shape.key.contains(&i)))
+                Entry::Delete(keeping(text, &props, by_name, |i| shape.key.contains(&i)))
             }
             Operation::Insert | Operation::Update => {
                 for &k in &missing_key {
@@ -208,43 +208,79 @@ pub fn plan<'a>(shape: &TableShape, changes: &'a [Change]) -> Result<WritePlan<'
                     .filter(|&&i| shape.columns[i].raw_json)
                     .map(|&i| values[i].map(RawValue::get).filter(|v| *v != "null"))
                     .collect();
-                let text = keeping(text, &props, &by_name, |i| !shape.columns[i].raw_json);
+                let text = keeping(text, &props, by_name, |i| !shape.columns[i].raw_json);
                 Entry::Write { columns, keyed: missing_key.is_empty(), text, raw }
             }
         };
         let keyed = matches!(entry, Entry::Delete(_) | Entry::Write { keyed: true, .. });
-        if keyed {
-            let key = key_text(shape, &values);
-            if let Some(earlier) = last_of_key.insert(key, entries.len()) {
-                entries[earlier] = None;
-                superseded += 1;
-            }
-        }
-        entries.push(Some(entry));
+        Ok((entry, keyed.then(|| key_text(shape, &values))))
     }
 
-    let mut plan = WritePlan { superseded, ..WritePlan::default() };
-    let mut group_of: HashMap<(Vec<usize>, bool), usize> = HashMap::new();
-    for entry in entries.into_iter().flatten() {
-        match entry {
-            Entry::Delete(text) => plan.deletes.push(text),
-            Entry::Write { columns, keyed, text, raw } => {
-                let next = plan.groups.len();
-                let g = *group_of.entry((columns.clone(), keyed)).or_insert(next);
-                if g == next {
-                    let raw_columns = columns.iter().copied().filter(|&i| shape.columns[i].raw_json);
-                    let raw = raw_columns.map(|i| (i, Vec::new())).collect();
-                    plan.groups.push(RowGroup { columns, keyed, rows: Vec::new(), raw });
-                }
-                let group = &mut plan.groups[g];
-                group.rows.push(text);
-                for ((_, values), value) in group.raw.iter_mut().zip(raw) {
-                    values.push(value);
+    /// A property of change `n` that names column `i`: a value the column can take (not a computed column, a
+    /// JSON object or array only where it keeps one, U+0000 only where it can be stored).
+    fn check_property(&self, n: usize, change: &Change, name: &str, value: &RawValue, i: usize) -> Result<(), String> {
+        let shape = self.shape;
+        if shape.columns[i].generated && change.operation != Operation::Delete {
+            return Err(format!(
+                "property {:?} of change {n} is column {:?} of {}, which is computed or generated or of a type the sink cannot write ({}); leave it out of the items (\"columns\" in the source's sqltrigger.json)",
+                name,
+                shape.columns[i].name.as_str(),
+                shape.table,
+                shape.columns[i].sql_type
+            ));
+        }
+        if change.operation != Operation::Delete
+            && !shape.columns[i].holds_json
+            && matches!(value.get().as_bytes().first(), Some(b'{' | b'['))
+        {
+            return Err(format!(
+                "property {:?} of change {n} holds a JSON object or array, which column {:?} of {} ({}) cannot hold; write it to a character column (which keeps its JSON text), or leave the property out of the items (\"columns\" in the source's sqltrigger.json)",
+                name,
+                shape.columns[i].name.as_str(),
+                shape.table,
+                shape.columns[i].sql_type
+            ));
+        }
+        let read = change.operation != Operation::Delete || shape.key.contains(&i);
+        if read && !shape.columns[i].holds_nul && holds_nul(value.get()) {
+            return Err(format!(
+                "property {:?} of change {n} holds a JSON string with the character U+0000 (\\u0000), which column {:?} of {} ({}) cannot store; write it to a json column, or remove the character at the source",
+                name,
+                shape.columns[i].name.as_str(),
+                shape.table,
+                shape.columns[i].sql_type
+            ));
+        }
+        Ok(())
+    }
+
+    /// The surviving entries as the plan: deletes apart, writes grouped by column set and mode in the order
+    /// each group first appears.
+    fn group<'a>(&self, entries: Vec<Option<Entry<'a>>>, superseded: usize) -> WritePlan<'a> {
+        let shape = self.shape;
+        let mut plan = WritePlan { superseded, ..WritePlan::default() };
+        let mut group_of: HashMap<(Vec<usize>, bool), usize> = HashMap::new();
+        for entry in entries.into_iter().flatten() {
+            match entry {
+                Entry::Delete(text) => plan.deletes.push(text),
+                Entry::Write { columns, keyed, text, raw } => {
+                    let next = plan.groups.len();
+                    let g = *group_of.entry((columns.clone(), keyed)).or_insert(next);
+                    if g == next {
+                        let raw_columns = columns.iter().copied().filter(|&i| shape.columns[i].raw_json);
+                        let raw = raw_columns.map(|i| (i, Vec::new())).collect();
+                        plan.groups.push(RowGroup { columns, keyed, rows: Vec::new(), raw });
+                    }
+                    let group = &mut plan.groups[g];
+                    group.rows.push(text);
+                    for ((_, values), value) in group.raw.iter_mut().zip(raw) {
+                        values.push(value);
+                    }
                 }
             }
         }
+        plan
     }
-    Ok(plan)
 }
 
 /// The item's text with its property names spelled plainly, each as [`serde_json`] writes a string (only

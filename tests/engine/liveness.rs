@@ -3,11 +3,12 @@
 //! failure streak and the last success move with each tick's end (what status and the gauges export).
 use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::ncrontab::Schedule;
+use sql_pseudo_trigger::config::Mode;
 use sql_pseudo_trigger::engine::operate::Action;
 use sql_pseudo_trigger::engine::Trigger;
 use sql_pseudo_trigger::sink::SinkError;
 use sql_pseudo_trigger::state::MemoryStore;
-use sql_pseudo_trigger::watchdog::{look, runner_period, Face};
+use sql_pseudo_trigger::watchdog::{look, runner_period};
 use std::sync::Arc;
 use std::time::Duration;
 use testbed::MemorySource;
@@ -45,37 +46,37 @@ async fn a_timer_that_stops_is_reported_after_two_missed_firings_then_once_per_p
     // GIVEN a function fired every ten seconds, which just ran
     let w = world(Some("*/10 * * * * *"));
     assert!(w.tick().await);
-    let mut reported = look(&w.trigger, Face::Host, None);
+    let mut reported = look(&w.trigger, Mode::Host, None);
     assert_eq!(reported, None, "just invoked");
 
     // WHEN the timer stops: one missed firing is not yet a silence
     w.wait(12);
-    reported = look(&w.trigger, Face::Host, reported);
+    reported = look(&w.trigger, Mode::Host, reported);
     assert_eq!(reported, None, "one firing missed");
 
     // THEN after two missed firings (and half a period of slack) it is reported
     w.wait(20);
-    reported = look(&w.trigger, Face::Host, reported);
+    reported = look(&w.trigger, Mode::Host, reported);
     let first = reported.expect("silent for three periods: reported");
     // AND not again within the same period
     w.wait(5);
-    reported = look(&w.trigger, Face::Host, reported);
+    reported = look(&w.trigger, Mode::Host, reported);
     assert_eq!(reported, Some(first), "once per period");
     // AND again a period later
     w.wait(5);
-    reported = look(&w.trigger, Face::Host, reported);
+    reported = look(&w.trigger, Mode::Host, reported);
     assert!(reported.is_some_and(|at| at > first), "reported again after a period");
 
     // WHEN the timer fires again, the silence ends
     assert!(w.tick().await);
-    assert_eq!(look(&w.trigger, Face::Host, reported), None);
+    assert_eq!(look(&w.trigger, Mode::Host, reported), None);
 }
 
 #[tokio::test]
 async fn a_function_never_invoked_is_reported_counting_from_the_start() {
     let w = world(Some("*/10 * * * * *"));
     w.wait(35);
-    assert!(look(&w.trigger, Face::Host, None).is_some(), "no invocation since start for three periods");
+    assert!(look(&w.trigger, Mode::Host, None).is_some(), "no invocation since start for three periods");
     let status = w.trigger.status().await.expect("status");
     assert!(status.seconds_since_last_invocation.is_some_and(|s| s >= 35.0), "{status:?}");
 }
@@ -87,16 +88,16 @@ async fn a_first_firing_that_comes_seconds_after_ready_raises_no_alarm_and_one_t
 
     // WHEN the host starts its timer late, as a Flex instance does (up to 10 s), THEN nothing is reported
     w.wait(10);
-    assert_eq!(look(&w.trigger, Face::Host, None), None, "a late first firing is a host starting, not a silence");
+    assert_eq!(look(&w.trigger, Mode::Host, None), None, "a late first firing is a host starting, not a silence");
     assert!(w.tick().await);
-    assert_eq!(look(&w.trigger, Face::Host, None), None);
+    assert_eq!(look(&w.trigger, Mode::Host, None), None);
 
     // AND on another handler whose timer never fires, the silence is reported once the grace is spent
     let never = world(Some("* * * * * *"));
     never.wait(30);
-    assert_eq!(look(&never.trigger, Face::Host, None), None, "within 30 s of ready");
+    assert_eq!(look(&never.trigger, Mode::Host, None), None, "within 30 s of ready");
     never.wait(1);
-    assert!(look(&never.trigger, Face::Host, None).is_some(), "30 s after ready with no firing");
+    assert!(look(&never.trigger, Mode::Host, None).is_some(), "30 s after ready with no firing");
 }
 
 #[tokio::test]
@@ -109,14 +110,14 @@ async fn a_paused_function_is_not_reported_however_long_it_is_quiet() {
 
     // WHEN nothing invokes it for an hour THEN nothing is reported
     w.wait(3600);
-    assert_eq!(look(&w.trigger, Face::Host, None), None);
+    assert_eq!(look(&w.trigger, Mode::Host, None), None);
 }
 
 #[tokio::test]
 async fn a_host_function_without_a_known_schedule_is_not_watched() {
     let w = world(None);
     w.wait(3600);
-    assert_eq!(look(&w.trigger, Face::Host, None), None);
+    assert_eq!(look(&w.trigger, Mode::Host, None), None);
 }
 
 #[tokio::test]
@@ -128,9 +129,9 @@ async fn the_run_loop_is_reported_after_two_of_its_periods() {
 
     // WHEN it does not tick for two periods THEN it is not yet reported; a little after, it is
     w.clock.advance(period * 2);
-    assert_eq!(look(&w.trigger, Face::Runner, None), None);
+    assert_eq!(look(&w.trigger, Mode::Runner, None), None);
     w.clock.advance(period);
-    assert!(look(&w.trigger, Face::Runner, None).is_some());
+    assert!(look(&w.trigger, Mode::Runner, None).is_some());
 }
 
 #[tokio::test]
@@ -212,7 +213,7 @@ async fn a_long_tick_is_not_a_silence_until_its_budget_is_spent() {
     assert!(budget > Duration::from_secs(10), "the test's budget leaves room for several periods");
     w.clock.advance(budget - Duration::from_secs(1));
     assert_eq!(
-        look(&trigger, Face::Host, None),
+        look(&trigger, Mode::Host, None),
         None,
         "a tick within its budget is running, not silent: {:?}",
         trigger.heard()
@@ -220,11 +221,11 @@ async fn a_long_tick_is_not_a_silence_until_its_budget_is_spent() {
 
     // WHEN its budget is spent with no end recorded THEN it is
     w.clock.advance(Duration::from_secs(1));
-    assert!(look(&trigger, Face::Host, None).is_some(), "a tick past its budget is silence");
+    assert!(look(&trigger, Mode::Host, None).is_some(), "a tick past its budget is silence");
 
     // WHEN it ends THEN the quiet counts from its end
     sink.release.notify_one();
     // (its budget is real time, which has not passed: it ends well)
     running.await.expect("the tick's task").expect("the tick ends");
-    assert_eq!(look(&trigger, Face::Host, None), None, "just ended");
+    assert_eq!(look(&trigger, Mode::Host, None), None, "just ended");
 }

@@ -9,7 +9,7 @@
 //!   takes Entra ID tokens and Azurite only takes keys;
 //! - a service version Azurite accepts ([`SERVICE_VERSION`]; the SDK defaults to a newer one);
 //! - bounded time: the engine decides retries per tick, so the SDK may retry only briefly
-//!   ([`MAX_RETRIES`]) and every try has a deadline ([`REQUEST_TIMEOUT`]).
+//!   ([`transport::MAX_RETRIES`]) and every try has a deadline ([`transport::REQUEST_TIMEOUT`]).
 //!
 //! One subtlety: a conditional write retried by the SDK after a lost response can fail its precondition
 //! against its *own* first attempt. A 412/409 after more than one try is therefore reported as
@@ -18,18 +18,20 @@
 pub(crate) mod connection_string;
 mod identity;
 mod names;
+mod sdk_error;
 mod shared_key;
+mod transport;
 
 use names::{validate_container_name, validate_key};
+pub(crate) use sdk_error::redact_signature;
+use sdk_error::{chain, error_code, token_failure_is_transient};
+use transport::{client_options, http_client, CountTries, Tries};
 
 use super::{Etag, StateStore, StoreError, Versioned};
 use crate::config::Secret;
 use azure_core::error::ErrorKind;
-use azure_core::http::policies::{Policy, PolicyResult};
-use azure_core::http::{
-    ClientMethodOptions, ClientOptions, Context, ExponentialRetryOptions, Request, RequestContent, RetryOptions,
-    StatusCode, Transport, Url,
-};
+use azure_core::http::policies::Policy;
+use azure_core::http::{ClientMethodOptions, ClientOptions, Context, RequestContent, StatusCode, Transport, Url};
 use azure_storage_blob::models::{
     BlobClientDownloadOptions, BlobClientUploadOptions, BlobContainerClientListBlobsOptions,
 };
@@ -39,20 +41,12 @@ use futures::TryStreamExt as _;
 use shared_key::SharedKeyPolicy;
 use std::fmt;
 use std::num::NonZero;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The storage service version sent as `x-ms-version`. azure_storage_blob 1.1 defaults to 2026-04-06, which
 /// Azurite 3.35 rejects with 400; 2025-11-05 is the newest it accepts and has everything used here.
 pub const SERVICE_VERSION: &str = "2025-11-05";
-/// Deadline for one HTTP try, from connect to the last body byte.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Deadline for establishing a connection.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// SDK retries per operation (on connection errors, timeouts, 408, 429 and 5xx). Kept small: a tick that
-/// cannot reach storage should fail fast and let the next tick try again.
-pub const MAX_RETRIES: u32 = 2;
 const CONTENT_TYPE: &str = "application/json";
 
 /// A [`StateStore`] over one blob container. See the module docs.
@@ -406,123 +400,6 @@ impl PutFailure {
         match self {
             Self::ContainerGone(e) | Self::Store(e) => e,
         }
-    }
-}
-
-/// Tries of one call, readable after it returns: placed in the call's context, counted by [`CountTries`].
-#[derive(Clone, Default)]
-struct Tries(Arc<AtomicU32>);
-
-/// Per-try policy: counts every request sent (for [`StateStore::operations`]) and the tries of a call that
-/// carries [`Tries`] in its context.
-#[derive(Debug)]
-struct CountTries {
-    ops: Arc<AtomicU64>,
-}
-
-#[async_trait::async_trait]
-impl Policy for CountTries {
-    async fn send(&self, ctx: &Context, request: &mut Request, next: &[Arc<dyn Policy>]) -> PolicyResult {
-        self.ops.fetch_add(1, Ordering::Relaxed);
-        if let Some(tries) = ctx.value::<Tries>() {
-            tries.0.fetch_add(1, Ordering::Relaxed);
-        }
-        match next.split_first() {
-            Some((first, rest)) => first.send(ctx, request, rest).await,
-            None => Err(azure_core::Error::with_message(ErrorKind::Other, "the counting policy must not be last")),
-        }
-    }
-}
-
-fn error_code(e: &azure_core::Error) -> Option<&str> {
-    match e.kind() {
-        ErrorKind::HttpResponse { error_code, .. } => error_code.as_deref(),
-        _ => None,
-    }
-}
-
-/// True when a credential failed because Microsoft Entra ID (or the identity endpoint) could not be reached,
-/// timed out or answered with a server error: the next try may succeed. A refusal (4xx: a wrong or expired
-/// secret, an unknown tenant or client) is not.
-fn token_failure_is_transient(e: &azure_core::Error) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = next {
-        if let Some(inner) = err.downcast_ref::<azure_core::Error>() {
-            match inner.kind() {
-                ErrorKind::Io | ErrorKind::Connection => return true,
-                ErrorKind::HttpResponse { status, .. } => {
-                    return status.is_server_error()
-                        || matches!(*status, StatusCode::RequestTimeout | StatusCode::TooManyRequests)
-                }
-                _ => {}
-            }
-        }
-        next = err.source();
-    }
-    false
-}
-
-/// An error and its sources as one line, repeated messages collapsed and any SAS signature masked.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let text = err.to_string();
-        if parts.last() != Some(&text) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    redact_signature(&parts.join(": "))
-}
-
-/// Masks `sig=...` query values, which appear in transport errors that quote a SAS request URL.
-pub(crate) fn redact_signature(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("sig=") {
-        out.push_str(&rest[..at + 4]);
-        out.push_str("***");
-        rest = &rest[at + 4..];
-        let end = rest.find(|c: char| c == '&' || c == ')' || c.is_whitespace()).unwrap_or(rest.len());
-        rest = &rest[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The HTTP client for storage and for the Entra ID credential's token requests. Our own rather than the SDK's
-/// default: that one has no overall deadline (60 s read timeout).
-fn http_client() -> Result<reqwest::Client, StoreError> {
-    ensure_tls_provider();
-    reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| StoreError::Refused(format!("could not build the HTTP client for blob storage: {e}")))
-}
-
-/// Client options with `transport` and the store's retry bounds ([`MAX_RETRIES`], 15 s in all).
-fn client_options(transport: Transport) -> ClientOptions {
-    ClientOptions {
-        retry: RetryOptions::exponential(ExponentialRetryOptions {
-            initial_delay: azure_core::time::Duration::milliseconds(200),
-            max_retries: MAX_RETRIES,
-            max_total_elapsed: azure_core::time::Duration::seconds(15),
-            max_delay: azure_core::time::Duration::seconds(2),
-        }),
-        transport: Some(transport),
-        ..Default::default()
-    }
-}
-
-/// reqwest (built with `rustls-no-provider`) panics when no rustls provider is installed. The binary installs
-/// ring at start; installing it here as well keeps tests, tools and examples from panicking. A lost race
-/// with another installer is fine.
-fn ensure_tls_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

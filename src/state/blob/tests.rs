@@ -1,6 +1,9 @@
 //! Construction, key checks and error wording, and the retry and precondition rules against a scripted transport.
 
+use super::transport::MAX_RETRIES;
 use super::*;
+use azure_core::http::policies::PolicyResult;
+use azure_core::http::Request;
 
 fn store(cs: &str) -> BlobStore {
     BlobStore::from_connection_string(&Secret::new(cs), "state").expect("valid connection string")

@@ -5,8 +5,8 @@
 use crate::app::App;
 use crate::clock::SystemClock;
 use crate::config::{AppConfig, ConfigErrors, Env, Mode};
-use crate::engine::repartition::{Repartition, RepartitionError, Request};
 use crate::ops::{self, Action, BackfillControl, OpsError, ResetTo};
+use crate::partitions::change::{Repartition, RepartitionError, Request};
 use clap::Subcommand;
 use serde_json::Value;
 use std::num::NonZeroU32;
@@ -146,7 +146,7 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
         let partitions = app.partitions(function);
         if app.trigger(function).is_none() && !partitions.is_empty() {
             let owners = app.partition_owners(function).await;
-            let status = crate::engine::scale::group_status(function, &partitions, &owners).await?;
+            let status = crate::partitions::status::group_status(function, &partitions, &owners).await?;
             if let Some(missing) = status.missing() {
                 return Err(CliError::Incomplete(missing));
             }

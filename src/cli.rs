@@ -79,31 +79,54 @@ pub enum QuarantineCommand {
     },
 }
 
+/// `handler partitions ...`: a partitioned function's layout. `generate` writes folders and needs no app
+/// loaded (`main.rs` runs it); `change` loads the app as an operator ([`run_partitions`]).
 #[derive(Subcommand, Debug)]
 pub enum PartitionsCommand {
+    /// Write N function folders <function>-p0 .. <function>-p{N-1} from the folder <function>, for the Functions
+    /// host (one timer function per partition): each has the same function.json and a sqltrigger.json equal to
+    /// the original plus "partitions": N, "partition": i, "partitionGroup": "<function>". Refuses, writing
+    /// nothing, when the function is unknown, N is not 2..=256, a target folder exists, or the source is
+    /// postgres-logical. The original folder stays unless --remove-original: remove it before deploying, and
+    /// carry its checkpoint over with `handler partitions change` if it already has state. A postgres-cursor
+    /// partition's fetch needs an index on the partition expression: the handler logs the CREATE INDEX
+    /// statement at start-up when it is missing (docs/postgres.md, "Partitions").
+    Generate {
+        /// The function folder to split (under --app-root).
+        function: String,
+        /// How many partitions (2 to 256).
+        count: u32,
+        /// Delete the original folder once the partition folders are written.
+        #[arg(long)]
+        remove_original: bool,
+    },
     /// Change a function's number of partitions, each new partition starting where the old ones holding its
     /// keys stopped (docs/operations.md, "Changing the number of partitions"). Stop the function first.
-    Change {
-        /// The function: its folder name, or the partitionGroup of its generated folders.
-        function: String,
-        /// The new number of partitions (1: unpartitioned).
-        #[arg(long)]
-        to: NonZeroU32,
-        /// The number of partitions to change from, when the store holds documents of several layouts.
-        #[arg(long)]
-        from: Option<NonZeroU32>,
-        /// Start the keys of an old partition that has no state document from the earliest change the source
-        /// holds (all of them are delivered again) instead of refusing.
-        #[arg(long)]
-        missing_from_earliest: bool,
-        /// The old partitions' quarantined batches were dealt with; their documents stay in the store, where no
-        /// new partition can re-deliver them.
-        #[arg(long)]
-        quarantine_handled: bool,
-        /// Print the report as JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Change(ChangeArgs),
+}
+
+/// `handler partitions change`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ChangeArgs {
+    /// The function: its folder name, or the partitionGroup of its generated folders.
+    pub function: String,
+    /// The new number of partitions (1: unpartitioned).
+    #[arg(long)]
+    pub to: NonZeroU32,
+    /// The number of partitions to change from, when the store holds documents of several layouts.
+    #[arg(long)]
+    pub from: Option<NonZeroU32>,
+    /// Start the keys of an old partition that has no state document from the earliest change the source
+    /// holds (all of them are delivered again) instead of refusing.
+    #[arg(long)]
+    pub missing_from_earliest: bool,
+    /// The old partitions' quarantined batches were dealt with; their documents stay in the store, where no
+    /// new partition can re-deliver them.
+    #[arg(long)]
+    pub quarantine_handled: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,9 +203,9 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
     Ok(find(&function)?.operate(action, &who()).await?)
 }
 
-/// `handler partitions ...`: what it prints on success (a table, or JSON with `--json`).
-pub async fn run_partitions(app: Arc<App>, command: PartitionsCommand) -> Result<String, CliError> {
-    let PartitionsCommand::Change { function, to, from, missing_from_earliest, quarantine_handled, json } = command;
+/// `handler partitions change`: what it prints on success (a table, or JSON with `--json`).
+pub async fn run_partitions(app: Arc<App>, change: ChangeArgs) -> Result<String, CliError> {
+    let ChangeArgs { function, to, from, missing_from_earliest, quarantine_handled, json } = change;
     let request = Request { to, from, missing_from_earliest, quarantine_handled, who: who() };
     let report = repartition_of(&app, &function, to)?.change(&request).await?;
     Ok(match json {

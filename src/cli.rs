@@ -229,10 +229,9 @@ fn repartition_of(app: &App, function: &str, to: NonZeroU32) -> Result<Repartiti
     };
     let group = folder.ok_or_else(unknown)?.partitioning.group.clone();
     let trigger = app.triggers().find(|t| t.config().partitioning.group == group).ok_or_else(unknown)?;
-    if to.get() > 1 && trigger.config().source.kind() == crate::config::SourceKind::PostgresLogical {
-        return Err(CliError::Ops(OpsError::Invalid(format!(
-            "{function} reads the postgres-logical source, which has no partitions (one replication stream decodes the WAL once for the whole function): nothing was written"
-        ))));
+    let kind = trigger.config().source.kind();
+    if let (true, Err(why)) = (to.get() > 1, kind.capabilities().partitions) {
+        return Err(CliError::Ops(OpsError::Invalid(why.in_change(function, kind))));
     }
     Ok(Repartition {
         store: app.store.clone(),

@@ -30,7 +30,7 @@ pub use source_options::{
     ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
     PostgresLogicalOptions, Reader, RowversionOptions,
 };
-pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};
+pub use source_spec::{Capabilities, NoPartitions, SourceKind, SourceOptions, SourceSpec, StartFrom};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -10,7 +10,8 @@
 //! Plain data: the sources turn a [`Partition`] into their own predicate (`source/*/sql`). It stays in `config`,
 //! apart from the partitions wing (`crate::partitions`: generate, change, ownership, balance, status), because it
 //! is what sqltrigger.json says, parsed once at load like every other setting, and the sources and the engine
-//! read it without depending on the wing.
+//! read it without depending on the wing; whether a kind of source has partitions at all is its capability
+//! (`SourceKind::capabilities`).
 
 use super::{valid_path_part, ConfigError, SourceKind};
 use serde_json::{Map, Value};
@@ -130,11 +131,8 @@ impl Partitioning {
             }
         };
         if count.get() > 1 {
-            if kind == Some(SourceKind::PostgresLogical) {
-                problem(
-                    "partitions",
-                    "is not supported by the postgres-logical source: its one replication stream decodes the server's WAL once for the whole function, while N partitions would each need their own slot and row-filtered publication (PostgreSQL 15+) and decode the whole WAL N times. Remove \"partitions\"; see docs/operations.md, \"Scaling out\"".into(),
-                );
+            if let Some((kind, Err(why))) = kind.map(|k| (k, k.capabilities().partitions)) {
+                problem("partitions", why.in_settings(kind));
             }
             if host && only.is_none() {
                 problem(

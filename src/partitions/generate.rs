@@ -10,7 +10,7 @@
 //! state (`{app}/<function>.json`) is not the partitions', and carrying its checkpoint over is
 //! `handler partitions change`'s job, which an operator runs before the partitions first fire.
 
-use crate::config::{valid_path_part, Partition, MAX_PARTITIONS};
+use crate::config::{valid_path_part, Partition, SourceKind, MAX_PARTITIONS};
 use serde_json::{Map, Value};
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -117,10 +117,10 @@ pub fn generate(
             "{function} is already one partition of a partitioned function (its sqltrigger.json names \"partition\"); generate from the original function's folder instead"
         ));
     }
-    if trigger.get("source").and_then(Value::as_str) == Some("postgres-logical") {
-        return refuse(format!(
-            "{function} reads postgres-logical, which does not support partitions: its one replication stream decodes the server's WAL once for the whole function (N partitions would each need their own slot and decode the whole WAL N times); see docs/operations.md, \"Scaling out\""
-        ));
+    // A name that is no source is left to the handler's own check when the folders load.
+    let kind = SourceKind::from_name(trigger.get("source").and_then(Value::as_str));
+    if let Some((kind, Err(why))) = kind.map(|k| (k, k.capabilities().partitions)) {
+        return refuse(why.in_generate(function, kind));
     }
     let targets: Vec<PathBuf> =
         (0..count).map(|index| app_root.join(Partition { index, count: n }.function_name(function))).collect();

@@ -1,7 +1,7 @@
 //! Partitions, in one wing: everything that spans the N partitions of a function. A tick never knows it serves
 //! a partition (each partition is a trigger of its own, with its own state document); what spans them is here:
 //!
-//! - [`generate`]: `handler partitions generate`, one function folder per partition for the Functions host;
+//! - `generate`: `handler partitions generate`, one function folder per partition for the Functions host;
 //! - [`change`]: `handler partitions change`, a new partition count seeded loss-free from the old documents;
 //! - [`ownership`]: the one type for "who owns partition `i`, until when", and its stored document;
 //! - `balance`: the pure balancing rule (the Event Hubs processor's), over [`Ownership`]s and `now`;

@@ -19,9 +19,9 @@
 //! `POST /{fn}/backfill[?where=<filter>]` · `POST /{fn}/backfill/pause|resume|cancel`.
 
 use crate::app::{App, ScaleUnit};
-use crate::engine::scale::{group_status, target_replicas};
 use crate::engine::{TickError, Trigger};
 use crate::ops::{Action, OpsError};
+use crate::partitions::status::{group_status, target_replicas};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

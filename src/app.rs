@@ -130,13 +130,13 @@ impl App {
     }
 
     /// Each partition of `group`'s owner in `handler run`'s balancing, by partition index, for status: the
-    /// holders of the unexpired ownership leases (`engine::partitions`). Under the host, where nothing balances,
+    /// holders of the unexpired ownership leases (`partitions::ownership`). Under the host, where nothing balances,
     /// and when the store cannot be read (status then shows each partition's lease holder only, and says nothing
     /// it does not know), it is empty.
     pub async fn partition_owners(&self, group: &str) -> BTreeMap<u32, String> {
         let Some(first) = self.partitions(group).into_iter().next() else { return BTreeMap::new() };
         let (group, count) = (first.config().partitioning.group.clone(), first.config().partitioning.count);
-        match crate::engine::partitions::owners(self.store.as_ref(), &self.config.app_name, &group, count).await {
+        match crate::partitions::ownership::owners(self.store.as_ref(), &self.config.app_name, &group, count).await {
             Ok(owners) => {
                 let now = first.now();
                 owners.iter().filter_map(|o| Some((o.partition, o.holder(now)?.to_string()))).collect()

@@ -5,8 +5,8 @@
 use crate::app::App;
 use crate::clock::SystemClock;
 use crate::config::{AppConfig, ConfigErrors, Env, Mode};
-use crate::engine::repartition::{Repartition, RepartitionError, Request};
 use crate::ops::{self, Action, BackfillControl, OpsError, ResetTo};
+use crate::partitions::change::{Repartition, RepartitionError, Request};
 use clap::Subcommand;
 use serde_json::Value;
 use std::num::NonZeroU32;
@@ -79,31 +79,54 @@ pub enum QuarantineCommand {
     },
 }
 
+/// `handler partitions ...`: a partitioned function's layout. `generate` writes folders and needs no app
+/// loaded (`main.rs` runs it); `change` loads the app as an operator ([`run_partitions`]).
 #[derive(Subcommand, Debug)]
 pub enum PartitionsCommand {
+    /// Write N function folders <function>-p0 .. <function>-p{N-1} from the folder <function>, for the Functions
+    /// host (one timer function per partition): each has the same function.json and a sqltrigger.json equal to
+    /// the original plus "partitions": N, "partition": i, "partitionGroup": "<function>". Refuses, writing
+    /// nothing, when the function is unknown, N is not 2..=256, a target folder exists, or the source is
+    /// postgres-logical. The original folder stays unless --remove-original: remove it before deploying, and
+    /// carry its checkpoint over with `handler partitions change` if it already has state. A postgres-cursor
+    /// partition's fetch needs an index on the partition expression: the handler logs the CREATE INDEX
+    /// statement at start-up when it is missing (docs/postgres.md, "Partitions").
+    Generate {
+        /// The function folder to split (under --app-root).
+        function: String,
+        /// How many partitions (2 to 256).
+        count: u32,
+        /// Delete the original folder once the partition folders are written.
+        #[arg(long)]
+        remove_original: bool,
+    },
     /// Change a function's number of partitions, each new partition starting where the old ones holding its
     /// keys stopped (docs/operations.md, "Changing the number of partitions"). Stop the function first.
-    Change {
-        /// The function: its folder name, or the partitionGroup of its generated folders.
-        function: String,
-        /// The new number of partitions (1: unpartitioned).
-        #[arg(long)]
-        to: NonZeroU32,
-        /// The number of partitions to change from, when the store holds documents of several layouts.
-        #[arg(long)]
-        from: Option<NonZeroU32>,
-        /// Start the keys of an old partition that has no state document from the earliest change the source
-        /// holds (all of them are delivered again) instead of refusing.
-        #[arg(long)]
-        missing_from_earliest: bool,
-        /// The old partitions' quarantined batches were dealt with; their documents stay in the store, where no
-        /// new partition can re-deliver them.
-        #[arg(long)]
-        quarantine_handled: bool,
-        /// Print the report as JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Change(ChangeArgs),
+}
+
+/// `handler partitions change`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ChangeArgs {
+    /// The function: its folder name, or the partitionGroup of its generated folders.
+    pub function: String,
+    /// The new number of partitions (1: unpartitioned).
+    #[arg(long)]
+    pub to: NonZeroU32,
+    /// The number of partitions to change from, when the store holds documents of several layouts.
+    #[arg(long)]
+    pub from: Option<NonZeroU32>,
+    /// Start the keys of an old partition that has no state document from the earliest change the source
+    /// holds (all of them are delivered again) instead of refusing.
+    #[arg(long)]
+    pub missing_from_earliest: bool,
+    /// The old partitions' quarantined batches were dealt with; their documents stay in the store, where no
+    /// new partition can re-deliver them.
+    #[arg(long)]
+    pub quarantine_handled: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +169,7 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
         let partitions = app.partitions(function);
         if app.trigger(function).is_none() && !partitions.is_empty() {
             let owners = app.partition_owners(function).await;
-            let status = crate::engine::scale::group_status(function, &partitions, &owners).await?;
+            let status = crate::partitions::status::group_status(function, &partitions, &owners).await?;
             if let Some(missing) = status.missing() {
                 return Err(CliError::Incomplete(missing));
             }
@@ -180,9 +203,9 @@ pub async fn run(app: Arc<App>, command: StateCommand) -> Result<Value, CliError
     Ok(find(&function)?.operate(action, &who()).await?)
 }
 
-/// `handler partitions ...`: what it prints on success (a table, or JSON with `--json`).
-pub async fn run_partitions(app: Arc<App>, command: PartitionsCommand) -> Result<String, CliError> {
-    let PartitionsCommand::Change { function, to, from, missing_from_earliest, quarantine_handled, json } = command;
+/// `handler partitions change`: what it prints on success (a table, or JSON with `--json`).
+pub async fn run_partitions(app: Arc<App>, change: ChangeArgs) -> Result<String, CliError> {
+    let ChangeArgs { function, to, from, missing_from_earliest, quarantine_handled, json } = change;
     let request = Request { to, from, missing_from_earliest, quarantine_handled, who: who() };
     let report = repartition_of(&app, &function, to)?.change(&request).await?;
     Ok(match json {
@@ -206,10 +229,9 @@ fn repartition_of(app: &App, function: &str, to: NonZeroU32) -> Result<Repartiti
     };
     let group = folder.ok_or_else(unknown)?.partitioning.group.clone();
     let trigger = app.triggers().find(|t| t.config().partitioning.group == group).ok_or_else(unknown)?;
-    if to.get() > 1 && trigger.config().source.kind() == crate::config::SourceKind::PostgresLogical {
-        return Err(CliError::Ops(OpsError::Invalid(format!(
-            "{function} reads the postgres-logical source, which has no partitions (one replication stream decodes the WAL once for the whole function): nothing was written"
-        ))));
+    let kind = trigger.config().source.kind();
+    if let (true, Err(why)) = (to.get() > 1, kind.capabilities().partitions) {
+        return Err(CliError::Ops(OpsError::Invalid(why.in_change(function, kind))));
     }
     Ok(Repartition {
         store: app.store.clone(),

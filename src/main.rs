@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use sql_pseudo_trigger::app::App;
+use sql_pseudo_trigger::cli::PartitionsCommand;
 use sql_pseudo_trigger::config::{settings, AppConfig, Env};
 use std::future::IntoFuture;
 use std::process::ExitCode;
@@ -54,32 +55,8 @@ enum Command {
     /// Split a function into partitions (stable hash ranges of its primary key, each with its own state).
     Partitions {
         #[command(subcommand)]
-        command: PartitionsCommand,
+        command: sql_pseudo_trigger::cli::PartitionsCommand,
     },
-}
-
-#[derive(Subcommand, Debug)]
-enum PartitionsCommand {
-    /// Write N function folders <function>-p0 .. <function>-p{N-1} from the folder <function>, for the Functions
-    /// host (one timer function per partition): each has the same function.json and a sqltrigger.json equal to
-    /// the original plus "partitions": N, "partition": i, "partitionGroup": "<function>". Refuses, writing
-    /// nothing, when the function is unknown, N is not 2..=256, a target folder exists, or the source is
-    /// postgres-logical. The original folder stays unless --remove-original: remove it before deploying, and
-    /// carry its checkpoint over with `handler partitions change` if it already has state. A postgres-cursor
-    /// partition's fetch needs an index on the partition expression: the handler logs the CREATE INDEX
-    /// statement at start-up when it is missing (docs/postgres.md, "Partitions").
-    Generate {
-        /// The function folder to split (under --app-root).
-        function: String,
-        /// How many partitions (2 to 256).
-        count: u32,
-        /// Delete the original folder once the partition folders are written.
-        #[arg(long)]
-        remove_original: bool,
-    },
-    /// `change` (`sql_pseudo_trigger::cli::PartitionsCommand`): the partition count of a function with state.
-    #[command(flatten)]
-    Layout(sql_pseudo_trigger::cli::PartitionsCommand),
 }
 
 fn main() -> ExitCode {
@@ -125,8 +102,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some(Command::Partitions { command: PartitionsCommand::Layout(command) }) => {
-            match operate(cli.app_root, env, |app| sql_pseudo_trigger::cli::run_partitions(app, command)) {
+        Some(Command::Partitions { command: PartitionsCommand::Change(change) }) => {
+            match operate(cli.app_root, env, |app| sql_pseudo_trigger::cli::run_partitions(app, change)) {
                 Ok(text) => {
                     println!("{}", text.trim_end());
                     ExitCode::SUCCESS

@@ -259,7 +259,7 @@ fn replica_targets(triggers: &[Arc<Trigger>], snapshots: &BTreeMap<String, Statu
     sums.into_iter()
         .filter(|(_, (_, _, _, complete))| *complete)
         .map(|(function, (pending, partitions, per_worker, _))| {
-            (function, crate::engine::scale::target_replicas(pending, per_worker, partitions))
+            (function, crate::partitions::status::target_replicas(pending, per_worker, partitions))
         })
         .collect()
 }

@@ -42,7 +42,7 @@ pub use source_options::{
     ChangeTrackingOptions, CursorGuard, DeleteItem, OnPositionLost, OnTruncate, PostgresCursorOptions,
     PostgresLogicalOptions, Reader, RowversionOptions,
 };
-pub use source_spec::{SourceKind, SourceOptions, SourceSpec, StartFrom};
+pub use source_spec::{Capabilities, NoPartitions, SourceKind, SourceOptions, SourceSpec, StartFrom};
 
 use folder::read_json;
 use names::valid_container_name;

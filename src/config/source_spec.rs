@@ -9,6 +9,9 @@ use crate::ident::{Ident, TableName};
 use serde_json::{Map, Value};
 use std::time::Duration;
 
+mod capabilities;
+pub use capabilities::{Capabilities, NoPartitions};
+
 /// Where a function starts when it has no state yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -43,6 +46,18 @@ impl SourceKind {
             Self::PostgresLogical => "postgres-logical",
             Self::MssqlChangeTracking => "mssql-change-tracking",
             Self::MssqlRowversion => "mssql-rowversion",
+        }
+    }
+
+    /// The kind a `"source"` value names (absent: mssql-change-tracking, the official trigger's; `postgres` and
+    /// `mssql` are short names); `None` when it names no source.
+    pub fn from_name(name: Option<&str>) -> Option<Self> {
+        match name.unwrap_or("mssql-change-tracking") {
+            "postgres-cursor" | "postgres" => Some(Self::PostgresCursor),
+            "postgres-logical" => Some(Self::PostgresLogical),
+            "mssql-change-tracking" | "mssql" => Some(Self::MssqlChangeTracking),
+            "mssql-rowversion" => Some(Self::MssqlRowversion),
+            _ => None,
         }
     }
 }
@@ -115,18 +130,14 @@ pub(super) fn source_spec(
     let text = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
     let mut problem = |key: &str, msg: String| errors.push(ConfigError::new(format!("{key} in {file}"), msg));
 
-    let kind = match text("source").as_deref().unwrap_or("mssql-change-tracking") {
-        "postgres-cursor" | "postgres" => SourceKind::PostgresCursor,
-        "postgres-logical" => SourceKind::PostgresLogical,
-        "mssql-change-tracking" | "mssql" => SourceKind::MssqlChangeTracking,
-        "mssql-rowversion" => SourceKind::MssqlRowversion,
-        other => {
-            problem(
-                "source",
-                format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion, postgres-cursor or postgres-logical"),
-            );
-            return None;
-        }
+    let source = text("source");
+    let Some(kind) = SourceKind::from_name(source.as_deref()) else {
+        let other = source.as_deref().unwrap_or_default();
+        problem(
+            "source",
+            format!("{other:?} is not a source; use mssql-change-tracking, mssql-rowversion, postgres-cursor or postgres-logical"),
+        );
+        return None;
     };
     let table = match text("tableName").map(|t| TableName::parse(&t)) {
         Some(Ok(t)) => Some(t),

@@ -16,8 +16,10 @@
 //!   proof");
 //! - `recorded`: immediate delivery, and the recording step of a sink's tick, over a tick;
 //! - `sink_tick`: the handler's own delivery: deliver, acknowledge; reconciliation, chaining, the heartbeat;
-//! - `operate`: operator actions and status, over the ledger;
-//! - [`scale`]: a partitioned function's status summed over its partitions, and the replicas its backlog asks for.
+//! - `operate`: operator actions and status, over the ledger.
+//!
+//! What spans a function's partitions (ownership, balance, changing N, a group's status) is the partitions wing
+//! (`crate::partitions`), above the engine.
 //!
 //! One invocation reads downward: `server.rs` → [`Trigger::invoke`] (this file: which delivery, the remembered
 //! document) → `host_tick::deferred` (or `recorded::record`, `sink_tick::deliver`) → `fetch.rs` (what
@@ -39,11 +41,8 @@ mod observe;
 pub mod operate;
 mod outcome;
 mod outputs;
-pub mod partitions;
 mod parts;
 mod recorded;
-pub mod repartition;
-pub mod scale;
 mod sink_tick;
 mod tick;
 

@@ -226,7 +226,7 @@ pub struct PartitionView {
     pub lease_expires_at: Option<time::OffsetDateTime>,
     /// The partition's owner in `handler run`'s balancing (its partition ownership document), which can differ
     /// from the lease holder while a partition moves. `None` where nothing reports ownership (under the host,
-    /// and until the balancing's owners are passed to [`super::scale::group_status`]).
+    /// and until the balancing's owners are passed to `partitions::status::group_status`).
     pub partition_owner: Option<String>,
 }
 

@@ -1,5 +1,5 @@
 //! `handler run` with a partitioned function: the processes of a deployment share its partitions. Each process
-//! runs one balancer per partitioned function (`engine::partitions`: renew its own, claim one when below its
+//! runs one balancer per partitioned function (`partitions::owners`: renew its own, claim one when below its
 //! fair share, the Event Hubs processor's rules) and the tick loop ([`super::run_one`]) of only the partitions
 //! it owns.
 //!
@@ -11,12 +11,12 @@
 //! A partition this process loses (stolen by a process below its share) stops after the tick in hand: that
 //! tick's batch is acknowledged, the batch recorded for the next tick is withdrawn (as on SIGTERM), and the new
 //! owner's ticks meet the state document's own lease until then, so a steal never loses or skips a change (see
-//! `engine::partitions`). On SIGTERM every partition loop finishes its tick in hand and withdraws its chained
+//! `partitions::owners`). On SIGTERM every partition loop finishes its tick in hand and withdraws its chained
 //! batch, then the balancer releases the partitions so the other processes claim them at their next cycle.
 
 use super::{run_one, RunOptions, RunSummary};
-use crate::engine::partitions::{Cycle, Owners};
 use crate::engine::Trigger;
+use crate::partitions::{Cycle, Owners};
 use crate::sink::Sink;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -131,7 +131,8 @@ pub fn backfill_key_misfit(p: &Position, key_len: usize, table: &str) -> SourceE
 /// The error of a source that cannot backfill, naming the ones that can.
 pub fn cannot_backfill(name: &str) -> SourceError {
     SourceError::Invalid(format!(
-        "{name} cannot backfill (yet): postgres-cursor, postgres-logical, mssql-change-tracking and mssql-rowversion sources can; see docs/operations.md, \"Backfill\""
+        "{name} cannot backfill (yet): {} sources can; see docs/operations.md, \"Backfill\"",
+        crate::config::SourceKind::listed(|c| c.backfill)
     ))
 }
 

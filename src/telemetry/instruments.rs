@@ -108,7 +108,7 @@ impl TickObserver for TickInstruments {
 /// The last successful status of each function, by name; what the gauges report.
 pub(super) type Snapshots = Arc<Mutex<BTreeMap<String, StatusGauges>>>;
 
-/// The replicas each function's backlog asks for (`engine::scale::target_replicas`), by function name (a
+/// The replicas each function's backlog asks for (`partitions::status::target_replicas`), by function name (a
 /// partitioned function's `partitionGroup`), from the last status poll in which every partition answered.
 pub(super) type Targets = Arc<Mutex<BTreeMap<String, u64>>>;
 

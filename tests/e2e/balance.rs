@@ -16,7 +16,7 @@ use crate::runner::Runner;
 use crate::support::AppFolder;
 use serde_json::json;
 use sql_pseudo_trigger::engine::document::StateDoc;
-use sql_pseudo_trigger::engine::partitions::{self, PartitionOwner};
+use sql_pseudo_trigger::partitions::ownership::{self, Ownership};
 use sql_pseudo_trigger::state::StateStore;
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
@@ -127,8 +127,7 @@ impl Sampler {
 
 async fn sample(store: &dyn StateStore, app: &str) -> Sample {
     let count = NonZeroU32::new(PARTITIONS).expect("8");
-    let owners: Vec<PartitionOwner> =
-        partitions::owners(store, app, FUNCTION, count).await.expect("ownership documents");
+    let owners: Vec<Ownership> = ownership::owners(store, app, FUNCTION, count).await.expect("ownership documents");
     // Read after the ownership documents: a write seen here is no older than the owners just read.
     let at = OffsetDateTime::now_utc();
     let holders = owners.iter().map(|o| o.holder(at).map(str::to_string)).collect();

@@ -1,4 +1,4 @@
-//! Changing the partition count (`engine::repartition`, `handler partitions change`) over an in-memory store
+//! Changing the partition count (`partitions::change`, `handler partitions change`) over an in-memory store
 //! and source: where each new partition starts, every refusal (nothing written), and a re-run after a crash
 //! between writes. The old layout's documents are written through the ledger as a deployment would leave them.
 
@@ -6,9 +6,9 @@ use serde_json::{json, Value};
 use sql_pseudo_trigger::clock::{Clock, ManualClock};
 use sql_pseudo_trigger::config::{Partition, TriggerSettings};
 use sql_pseudo_trigger::engine::document::{Origin, QuarantineDoc, StateDoc};
-use sql_pseudo_trigger::engine::repartition::{Repartition, RepartitionError, Report, Request};
 use sql_pseudo_trigger::engine::{Ledger, Saved, TickError, Trigger};
 use sql_pseudo_trigger::ops::{Action, OpsError};
+use sql_pseudo_trigger::partitions::change::{Repartition, RepartitionError, Report, Request};
 use sql_pseudo_trigger::source::{Fetched, Position, Source, SourceError, StartFrom};
 use sql_pseudo_trigger::state::{MemoryStore, StateStore};
 use std::num::NonZeroU32;

@@ -775,8 +775,8 @@ async fn a_chained_batch_whose_lease_lapsed_is_not_delivered_from_memory() {
 async fn a_document_seeded_by_a_partition_change_ignores_the_old_layouts_checkpoint_row_and_raises_the_fence() {
     use sql_pseudo_trigger::clock::SystemClock;
     use sql_pseudo_trigger::engine::document::Origin;
-    use sql_pseudo_trigger::engine::repartition::{Repartition, Request};
     use sql_pseudo_trigger::engine::Ledger;
+    use sql_pseudo_trigger::partitions::change::{Repartition, Request};
     // GIVEN rows 1-6, and 2 partitions of `orders` stopped at [1,2] and [1,4]
     let w = World::default();
     w.source.upsert(1..=6, 1);

@@ -1,12 +1,7 @@
-//! Partition ownership under `handler run`: which process ticks which partition of a partitioned function, kept
-//! in one small ownership document per partition beside the partitions' state documents, and balanced among
-//! the processes as the Event Hubs processor balances its partitions (`balance.rs`).
-//!
-//! Where: `{app}/{group}/owners/partition-{i}-of-{N}.json`, apart from the state document
-//! `{app}/{group}/partition-{i}-of-{N}.json`, so balancing never conflicts with a tick's writes (a claim or a
-//! renewal is a compare-and-swap on the ownership document's etag, a tick's commit one on the state
-//! document's). Each document says who owns the partition and until when (`now + lease`), stamped like the
-//! ledger stamps state documents (a fresh `write_id`, `updated_at`); nothing else reads or writes them.
+//! One process's share of a partitioned function under `handler run`: [`Owners`] reads the group's ownership
+//! documents (`ownership`), asks the balancer what to renew and claim (`balance`, the Event Hubs processor's
+//! rules), writes that, and releases what it holds on a clean stop. The runner (`runner/partitions.rs`) calls
+//! [`Owners::cycle`] and runs the tick loops of the partitions it reports owned.
 //!
 //! Why a steal never loses a change. Ownership only decides which process runs a partition's tick loop; what a
 //! tick may do is still decided by the state document: its batch in flight carries its own lease and fencing
@@ -22,115 +17,18 @@
 //! Under the Functions host none of this runs: each partition is its own timer function, a singleton the host
 //! already places on one instance.
 
-mod balance;
-#[cfg(test)]
-mod tests;
-
-pub use balance::{plan, salt, Claim, Plan, Seen, Share};
-
+use super::balance::{plan, salt, Claim, Share};
+use super::ownership::{owner_key, read, Ownership, OwnershipDoc, SCHEMA};
 use crate::clock::Clock;
 use crate::state::{Etag, StateStore, StoreError};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 
-/// The version of the ownership document's shape.
-pub const SCHEMA: u32 = 1;
-
-/// One partition's ownership document. Written only by this module: a claim and a renewal by the owning
-/// process, a release on its clean stop.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct OwnershipDoc {
-    pub schema: u32,
-    /// The process that owns the partition (`App::owner`, the same id its ticks stamp the state documents
-    /// with); `None` once released.
-    pub owner: Option<String>,
-    /// When the owner's lease ends unless it renews; a released partition's is its release time.
-    #[serde(with = "time::serde::rfc3339")]
-    pub expires_at: OffsetDateTime,
-    /// How many times the partition changed owner (claims and steals): status shows how much it moved.
-    #[serde(default)]
-    pub claims: u64,
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
-    /// Fresh on every write, so no two writes are byte-identical and content-hash etags stay unique.
-    pub write_id: String,
-}
-
-/// A partition's owner as status shows it: what its ownership document says (`None` fields when there is no
-/// document: nobody ever claimed it).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PartitionOwner {
-    pub partition: u32,
-    pub owner: Option<String>,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub expires_at: Option<OffsetDateTime>,
-    pub claims: u64,
-}
-
-impl PartitionOwner {
-    /// The owner while its lease runs at `now`; `None` when the partition is free (never claimed, released,
-    /// or its owner stopped renewing: a killed process).
-    pub fn holder(&self, now: OffsetDateTime) -> Option<&str> {
-        self.seen().holder(now).map(|_| self.owner.as_deref().unwrap_or_default())
-    }
-
-    fn seen(&self) -> Seen {
-        Seen { partition: self.partition, owner: self.owner.clone(), expires_at: self.expires_at }
-    }
-}
-
-/// The store key of partition `index` of `count` of `group`'s ownership document.
-pub fn owner_key(app: &str, group: &str, index: u32, count: NonZeroU32) -> String {
-    format!("{app}/{group}/owners/partition-{index}-of-{count}.json")
-}
-
-/// Each partition's owner and lease expiry as the ownership documents say now, partition 0 first: what status
-/// shows per partition. A document that does not read is reported as unowned (and logged); the next claim
-/// replaces it.
-pub async fn owners(
-    store: &dyn StateStore,
-    app: &str,
-    group: &str,
-    count: NonZeroU32,
-) -> Result<Vec<PartitionOwner>, StoreError> {
-    // All at once: status waits for one round trip, not N.
-    let reads = (0..count.get()).map(|index| async move {
-        let doc = read(store, &owner_key(app, group, index, count)).await?.and_then(|(doc, _)| doc);
-        Ok(PartitionOwner {
-            partition: index,
-            owner: doc.as_ref().and_then(|d| d.owner.clone()),
-            expires_at: doc.as_ref().map(|d| d.expires_at),
-            claims: doc.map_or(0, |d| d.claims),
-        })
-    });
-    futures::future::join_all(reads).await.into_iter().collect()
-}
-
-/// Reads one ownership document: `None` when there is none; `Some((None, etag))` when one is there but does not
-/// read (a claim may write over it at that etag).
-async fn read(store: &dyn StateStore, key: &str) -> Result<Option<(Option<OwnershipDoc>, Etag)>, StoreError> {
-    let Some(v) = store.load(key).await? else { return Ok(None) };
-    let doc = match serde_json::from_slice::<OwnershipDoc>(&v.bytes) {
-        Ok(doc) if doc.schema == SCHEMA => Some(doc),
-        Ok(doc) => {
-            tracing::warn!(
-                key,
-                schema = doc.schema,
-                "ownership document of another schema; taking the partition as free"
-            );
-            None
-        }
-        Err(e) => {
-            tracing::warn!(key, error = %e, "ownership document does not read; taking the partition as free");
-            None
-        }
-    };
-    Ok(Some((doc, v.etag)))
-}
+#[cfg(test)]
+mod tests;
 
 /// What one process knows of a group's ownership documents, and the verbs that change them: a balancing cycle
 /// and the release on a clean stop. One per partitioned function per process (`runner`).
@@ -221,11 +119,7 @@ impl Owners {
                 Some((doc, etag)) => (doc, Some(etag)),
                 None => (None, None),
             };
-            seen.push(Seen {
-                partition: index,
-                owner: doc.as_ref().and_then(|d| d.owner.clone()),
-                expires_at: doc.as_ref().map(|d| d.expires_at),
-            });
+            seen.push(Ownership::of(index, doc.as_ref()));
             etags.insert(index, (etag, doc));
         }
         let now = self.clock.now();

@@ -6,13 +6,39 @@
 //! version). Starting earlier delivers again what the later ones had passed (at-least-once allows it);
 //! starting later would skip.
 
+use super::layout::Loaded;
 use super::plan::{earliest, feeders};
-use super::{Loaded, OldPartition};
-use crate::source::{Position, Source};
+use super::report::OldPartition;
+use crate::source::{Position, Source, StartFrom};
 use std::collections::BTreeMap;
 
 /// A new partition's start and the old partitions (with their checkpoints) it came from.
 pub(super) type Start = (Position, Vec<OldPartition>);
+
+/// Where the keys of an old partition without a document start (`--missing-from-earliest`, and some of the `n`
+/// old partitions have none in `old`): the source's earliest position; `null` otherwise, or when the source
+/// cannot say (a problem, said).
+pub(super) async fn stand_in(
+    source: &dyn Source,
+    missing_from_earliest: bool,
+    n: u32,
+    old: &BTreeMap<u32, Loaded>,
+    problems: &mut Vec<String>,
+) -> Position {
+    if !(missing_from_earliest && (0..n).any(|i| !old.contains_key(&i))) {
+        return Position::Null;
+    }
+    match source.start_position(StartFrom::Earliest).await {
+        Ok(p) => p,
+        Err(e) => {
+            problems.push(format!(
+                "the earliest position of {} could not be read for the partitions without a document: {e}",
+                source.name()
+            ));
+            Position::Null
+        }
+    }
+}
 
 /// Where each new partition `j` of `m` starts, the old layout of `n` being `old`. An old partition without a
 /// document stands in at `stand_in` (`--missing-from-earliest`). A new partition no position can be found for

@@ -1,5 +1,6 @@
 //! The balancing decision, as pure code: given what every ownership document of a group says and `now`, what
-//! one process renews and which one partition (if any) it claims this cycle. The Event Hubs processor's rules:
+//! one process renews and which one partition (if any) it claims this cycle (`owners` asks it once a cycle).
+//! The Event Hubs processor's rules:
 //!
 //! 1. renew every partition the documents name this process as owner of;
 //! 2. count the active owners: every owner of an unexpired lease, this process included;
@@ -16,28 +17,12 @@
 //! document are settled by the store's compare-and-swap: one lands, the rest do nothing this cycle. While some
 //! process is off its share, at least one claim lands per cycle (the tests measure the bound, `tests.rs`).
 
+use super::ownership::Ownership;
 use std::collections::BTreeMap;
 use time::OffsetDateTime;
 
-/// One partition's ownership as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seen {
-    pub partition: u32,
-    /// `None`: never owned, or released.
-    pub owner: Option<String>,
-    /// When the owner's lease ends (a released partition's is its release time).
-    pub expires_at: Option<OffsetDateTime>,
-}
-
-impl Seen {
-    /// The owner while its lease runs; `None` when the partition is free to claim.
-    pub fn holder(&self, now: OffsetDateTime) -> Option<&str> {
-        match (&self.owner, self.expires_at) {
-            (Some(owner), Some(until)) if until > now => Some(owner),
-            _ => None,
-        }
-    }
-}
+#[cfg(test)]
+mod tests;
 
 /// What the balancer does this cycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +67,7 @@ impl Share {
 /// The balancer's choice for process `me` on the documents `seen` (one per partition of the group) at `now`.
 /// `salt` picks among equal candidates (different per process and cycle, so two processes that claim in the
 /// same cycle seldom pick the same document).
-pub fn plan(me: &str, seen: &[Seen], now: OffsetDateTime, salt: u64) -> Plan {
+pub fn plan(me: &str, seen: &[Ownership], now: OffsetDateTime, salt: u64) -> Plan {
     let renew: Vec<u32> = seen.iter().filter(|s| s.owner.as_deref() == Some(me)).map(|s| s.partition).collect();
     // Every owner of a live lease, and what it holds; this process counts with what it renews.
     let mut held: BTreeMap<&str, Vec<u32>> = BTreeMap::new();

@@ -1,6 +1,6 @@
 //! What a change of the partition count did, as the operator reads it (a table, or `--json`).
 
-use super::Loaded;
+use super::layout::Loaded;
 use crate::source::Position;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -1,7 +1,9 @@
 //! The table as the catalog describes it, checked against the options, and the publication that must publish
 //! all of it: read once per process (and again when the WAL shows the table's columns changed).
 
+use super::item::{self, Plan};
 use super::options::DeleteItem;
+use super::pgoutput::Relation;
 use super::{sql, PostgresLogical};
 use crate::ident::Ident;
 use crate::source::SourceError;
@@ -38,6 +40,43 @@ pub(super) struct CatalogColumn {
     /// What a backfill filter's literal for this column is cast to (`sql::COLUMNS`): the type without its
     /// modifier, so the cast keeps the literal as written.
     pub filter_type: String,
+}
+
+impl Shape {
+    /// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement. The WAL's
+    /// dates and times are ISO in the pooled sessions' time zone whichever reader decoded them: the stream logs in
+    /// with that zone, the SQL reader decodes in a pooled session, and both carry the session contract's
+    /// `DateStyle` (`db::postgres::session`).
+    pub fn plan(&self, r: &Relation) -> Result<Plan, String> {
+        let same = r.columns.len() == self.catalog.len()
+            && r.columns
+                .iter()
+                .zip(&self.catalog)
+                .all(|(c, k)| c.name == k.name && c.type_oid == k.oid && c.type_modifier == k.typmod);
+        if !same {
+            return Err("the WAL's columns differ from the catalog's read at start".into());
+        }
+        let column = |name: &str| -> Result<(String, String, item::Render), String> {
+            let k = self
+                .catalog
+                .iter()
+                .find(|k| k.name == name)
+                .ok_or_else(|| format!("column {name:?} is not in the WAL"))?;
+            let render = item::render_of(k.oid).ok_or_else(|| {
+                format!(
+                    "column {name:?} is {} (type OID {}), whose JSON the handler does not build",
+                    k.type_name, k.oid
+                )
+            })?;
+            Ok((name.to_string(), item::escape_json(name), render))
+        };
+        let row = self.item_columns.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;
+        let key = self.key.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;
+        if let Some((name, _, _)) = key.iter().find(|(_, _, render)| *render == item::Render::Json) {
+            return Err(format!("key column {name:?} is json or jsonb"));
+        }
+        Ok(Plan::new(row, key))
+    }
 }
 
 impl PostgresLogical {

@@ -195,7 +195,7 @@ impl Decoder {
 
     /// The relation's plan, saying (once per process and path) how its `Item`s are built.
     fn plan_for(&self, r: &Relation) -> Option<Plan> {
-        let plan = item::plan(r, &self.shape);
+        let plan = self.shape.plan(r);
         let path = plan.as_ref().map(|_| ()).map_err(Clone::clone);
         let mut logged = self.shape.items_path.lock().unwrap_or_else(|e| e.into_inner());
         if logged.as_ref() != Some(&path) {

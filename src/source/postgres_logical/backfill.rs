@@ -26,12 +26,12 @@
 //! What this keeps in memory beyond the stream's own bounded buffer: one chunk's rows and the set of keys the
 //! buffer's changes after `D` touched (at most `streamBufferChanges` keys).
 
+use super::buffer::Shared;
 use super::catalog::Shape;
 use super::decode::Event;
 use super::options::Reader;
 use super::position::{Lsn, Pos};
 use super::sql::Render;
-use super::stream::Shared;
 use super::PostgresLogical;
 use crate::change::{Change, Operation};
 use crate::ident::Ident;

@@ -11,7 +11,7 @@
 //! `streamIdleReleaseMs` without a tick (the host fires another instance now), on SIGTERM, and on an error; a
 //! tick that finds the slot streamed by another session answers empty and says so once.
 
-use super::buffer::{Buffer, Ended};
+use super::buffer::{Buffer, Ended, Shared};
 use super::decode::Decoder;
 use super::position::{Lsn, Pos};
 use super::reader;
@@ -49,21 +49,6 @@ impl Drop for Handle {
     fn drop(&mut self) {
         // Dropping the task drops the connection: the server ends the session and frees the slot.
         self.task.abort();
-    }
-}
-
-#[derive(Debug)]
-pub(super) struct Shared {
-    pub buffer: Mutex<Buffer>,
-    /// The buffer changed (events, a keepalive, the end): for waiting ticks.
-    pub changed: Notify,
-    /// A tick wants the task to look at the buffer again (room, a flush to report, a keepalive to ask for).
-    pub wake: Notify,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, Buffer> {
-        self.buffer.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -5,15 +5,12 @@
 use super::catalog::Shape;
 use super::item::{self, Plan};
 use super::options::DeleteItem;
-use super::pgoutput::{self, Message, OldKind, Relation};
+use super::pgoutput::{self, Message, OldKind, Relation, POSTGRES_EPOCH};
 use super::position::{Lsn, Place};
 use crate::change::Operation;
 use crate::source::SourceError;
 use serde_json::{Map, Value};
 use std::sync::Arc;
-
-/// pgoutput's epoch (2000-01-01) in Unix seconds.
-pub(super) const POSTGRES_EPOCH: i64 = 946_684_800;
 
 /// A change as decoded, before its `Item` is built.
 #[derive(Debug, Clone)]

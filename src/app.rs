@@ -226,7 +226,9 @@ pub enum ScaleUnit {
 fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
     Ok(match &f.source.options {
         SourceOptions::PostgresCursor(_) => Arc::new(PostgresCursor::new(f.source.clone(), postgres_tls)?),
-        SourceOptions::PostgresLogical(_) => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
+        SourceOptions::PostgresLogical(options) => {
+            Arc::new(PostgresLogical::new(f.source.clone(), options.clone(), postgres_tls)?)
+        }
         SourceOptions::MssqlChangeTracking(_) => Arc::new(MssqlChangeTracking::new(f.source.clone())?),
         SourceOptions::MssqlRowversion(_) => Arc::new(MssqlRowversion::new(f.source.clone())?),
     })

@@ -1,10 +1,13 @@
 //! The table as the catalog describes it, checked against the options, and the publication that must publish
-//! all of it: read once per process (and again when the WAL shows the table's columns changed).
+//! all of it: [`Catalog`] reads it once per process (and again when the WAL shows the table's columns changed)
+//! and hands out its [`Shape`], which every reader, the decoder and the backfill build on.
 
+use super::conn::Conn;
 use super::item::{self, Plan};
-use super::options::DeleteItem;
+use super::options::{DeleteItem, Options};
 use super::pgoutput::Relation;
-use super::{sql, PostgresLogical};
+use super::sql;
+use crate::config::SourceSpec;
 use crate::ident::Ident;
 use crate::source::SourceError;
 use std::sync::{Arc, Mutex};
@@ -79,8 +82,24 @@ impl Shape {
     }
 }
 
-impl PostgresLogical {
-    pub(super) async fn shape(&self) -> Result<Arc<Shape>, SourceError> {
+/// Owns the table's [`Shape`]: discovered on first use (`validate`, a reader's first read, a backfill's start),
+/// cached, and forgotten when a reader sees the WAL's columns differ from it ([`Catalog::forget`]), so the next
+/// use reads the catalog again.
+#[derive(Debug)]
+pub(super) struct Catalog {
+    conn: Conn,
+    spec: SourceSpec,
+    options: Options,
+    shape: Mutex<Option<Arc<Shape>>>,
+}
+
+impl Catalog {
+    pub fn new(conn: Conn, spec: SourceSpec, options: Options) -> Self {
+        Self { conn, spec, options, shape: Mutex::new(None) }
+    }
+
+    /// The table's shape, discovered when it is not known yet.
+    pub async fn shape(&self) -> Result<Arc<Shape>, SourceError> {
         if let Some(shape) = self.shape.lock().expect("shape lock").clone() {
             return Ok(shape);
         }
@@ -89,13 +108,18 @@ impl PostgresLogical {
         Ok(shape)
     }
 
+    /// A reader saw the table's columns change (a Relation message): the next use reads the catalog again.
+    pub fn forget(&self) {
+        *self.shape.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// Reads the server's settings, the table and the publication, and checks them against the options,
     /// creating the publication when it is missing and the login may.
     async fn discover(&self) -> Result<Shape, SourceError> {
-        let client = self.client().await?;
+        let client = self.conn.client().await?;
         let table = &self.spec.table;
         let quoted = table.pg();
-        let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.error(e))?;
+        let row = client.query_one(sql::WAL_LEVEL, &[]).await.map_err(|e| self.conn.error(e))?;
         let (wal_level, login, replication, version): (String, String, bool, i32) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
         let time_zone: String = row.get(4);
@@ -110,7 +134,7 @@ impl PostgresLogical {
                 "postgres-logical needs wal_level = logical, and the server runs with {wal_level}. On your own server: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL. On Azure Database for PostgreSQL flexible server: set the server parameter wal_level to LOGICAL and restart the server (docs/postgres.md). The login {login} also needs the REPLICATION attribute (ALTER ROLE \"{login}\" WITH REPLICATION)"
             )));
         }
-        let row = client.query_opt(sql::TABLE, &[&quoted]).await.map_err(|e| self.error(e))?;
+        let row = client.query_opt(sql::TABLE, &[&quoted]).await.map_err(|e| self.conn.error(e))?;
         let Some(row) = row else {
             return Err(SourceError::Invalid(format!(
                 "table {table} does not exist (or the login cannot see it); check tableName and the search_path"
@@ -118,7 +142,7 @@ impl PostgresLogical {
         };
         let (oid, identity, schema, name): (u32, String, String, String) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
-        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| self.error(e))?;
+        let rows = client.query(sql::COLUMNS, &[&oid]).await.map_err(|e| self.conn.error(e))?;
         let columns: Vec<(String, String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
         let catalog: Vec<CatalogColumn> = rows
             .iter()
@@ -137,7 +161,7 @@ impl PostgresLogical {
                 let names: Vec<String> = client
                     .query(sql::PRIMARY_KEY, &[&oid])
                     .await
-                    .map_err(|e| self.error(e))?
+                    .map_err(|e| self.conn.error(e))?
                     .iter()
                     .map(|r| r.get(0))
                     .collect();
@@ -172,7 +196,7 @@ impl PostgresLogical {
             }
             "i" => {
                 let index: Vec<String> =
-                    client.query(sql::IDENTITY_INDEX, &[&oid]).await.map_err(|e| self.error(e))?.iter().map(|r| r.get(0)).collect();
+                    client.query(sql::IDENTITY_INDEX, &[&oid]).await.map_err(|e| self.conn.error(e))?.iter().map(|r| r.get(0)).collect();
                 if let Some(k) = key.iter().find(|k| !index.iter().any(|c| c == k.as_str())) {
                     return Err(SourceError::Invalid(format!(
                         "the replica identity index of {table} does not hold key column {:?}, so a delete would not carry it; set primaryKey to the index's columns ({}) or run {full}",
@@ -240,7 +264,7 @@ impl PostgresLogical {
     ) -> Result<(), SourceError> {
         let publication = &self.options.publication;
         let create = format!("CREATE PUBLICATION {publication} FOR TABLE {quoted}");
-        let row = client.query_opt(sql::PUBLICATION, &[publication]).await.map_err(|e| self.error(e))?;
+        let row = client.query_opt(sql::PUBLICATION, &[publication]).await.map_err(|e| self.conn.error(e))?;
         let Some(row) = row else {
             return match client.batch_execute(&create).await {
                 Ok(()) => {
@@ -251,7 +275,7 @@ impl PostgresLogical {
                     "publication {publication} does not exist, and this login may not create it ({}). Have the table's owner run: {create}{also}",
                     e.as_db_error().map_or(String::new(), |d| d.message().to_string())
                 ))),
-                Err(e) => Err(self.error(e)),
+                Err(e) => Err(self.conn.error(e)),
             };
         };
         let publishes: [bool; 4] = [row.get(0), row.get(1), row.get(2), row.get(3)];
@@ -262,7 +286,8 @@ impl PostgresLogical {
         }
         // Row filters and column lists exist from PostgreSQL 15; before, a published table is published whole.
         let statement = if filters { sql::PUBLISHED } else { sql::PUBLISHED_WHOLE };
-        let published = client.query_opt(statement, &[publication, &schema, &name]).await.map_err(|e| self.error(e))?;
+        let published =
+            client.query_opt(statement, &[publication, &schema, &name]).await.map_err(|e| self.conn.error(e))?;
         let Some(published) = published else {
             return Err(SourceError::Invalid(format!(
                 "publication {publication} does not include {}: ALTER PUBLICATION {publication} ADD TABLE {quoted}",

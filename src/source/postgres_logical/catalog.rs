@@ -154,64 +154,8 @@ impl Catalog {
                 filter_type: r.get(5),
             })
             .collect();
-        let has = |c: &Ident| columns.iter().any(|(n, _, _)| n == c.as_str());
-        let key: Vec<Ident> = match &self.spec.primary_key {
-            Some(k) => k.clone(),
-            None => {
-                let names: Vec<String> = client
-                    .query(sql::PRIMARY_KEY, &[&oid])
-                    .await
-                    .map_err(|e| self.conn.error(e))?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                if names.is_empty() {
-                    return Err(SourceError::Invalid(format!(
-                        "table {table} has no primary key; add one, or name a unique, non-null key in primaryKey (and ALTER TABLE {quoted} REPLICA IDENTITY FULL, so the WAL carries it for deletes)"
-                    )));
-                }
-                names.iter().map(|n| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
-            }
-        };
-        for k in &key {
-            if !has(k) {
-                return Err(SourceError::Invalid(format!(
-                    "primary key column {:?} is not a column of {table}; column names are case-sensitive",
-                    k.as_str()
-                )));
-            }
-        }
-        // The WAL carries the old row's replica identity only; a delete's Item is built from it.
-        let full = format!("ALTER TABLE {quoted} REPLICA IDENTITY FULL");
-        match identity.as_str() {
-            "n" => {
-                return Err(SourceError::Invalid(format!(
-                    "table {table} has REPLICA IDENTITY NOTHING: PostgreSQL refuses updates and deletes on it once it is published, and a delete would carry no key. Run ALTER TABLE {quoted} REPLICA IDENTITY DEFAULT (the primary key) or {full}"
-                )))
-            }
-            "d" if self.spec.primary_key.is_some() => {
-                return Err(SourceError::Invalid(format!(
-                    "primaryKey is set for {table}, but with REPLICA IDENTITY DEFAULT a delete carries only the table's primary key. Remove primaryKey, or run {full}"
-                )))
-            }
-            "i" => {
-                let index: Vec<String> =
-                    client.query(sql::IDENTITY_INDEX, &[&oid]).await.map_err(|e| self.conn.error(e))?.iter().map(|r| r.get(0)).collect();
-                if let Some(k) = key.iter().find(|k| !index.iter().any(|c| c == k.as_str())) {
-                    return Err(SourceError::Invalid(format!(
-                        "the replica identity index of {table} does not hold key column {:?}, so a delete would not carry it; set primaryKey to the index's columns ({}) or run {full}",
-                        k.as_str(),
-                        index.join(", ")
-                    )));
-                }
-            }
-            _ => {}
-        }
-        if self.options.delete_item == DeleteItem::Row && identity != "f" {
-            return Err(SourceError::Invalid(format!(
-                "deleteItem row needs the whole old row in the WAL, which PostgreSQL writes only with REPLICA IDENTITY FULL: run {full}, or use deleteItem key"
-            )));
-        }
+        let key = self.key(&client, oid, &columns).await?;
+        self.check_identity(&client, oid, &identity, &key).await?;
         let wanted = crate::source::item_column_names(&self.spec, columns.iter().map(|(n, _, _)| n.as_str()))?;
         let mut item_columns = Vec::new();
         for c in &wanted {
@@ -249,6 +193,90 @@ impl Catalog {
             items_path: Mutex::new(None),
             time_zone,
         })
+    }
+
+    /// The key: `primaryKey`, else the table's primary key; each of its columns must be a column of the table.
+    async fn key(
+        &self,
+        client: &deadpool_postgres::Client,
+        oid: u32,
+        columns: &[(String, String, bool)],
+    ) -> Result<Vec<Ident>, SourceError> {
+        let table = &self.spec.table;
+        let quoted = table.pg();
+        let has = |c: &Ident| columns.iter().any(|(n, _, _)| n == c.as_str());
+        let key: Vec<Ident> = match &self.spec.primary_key {
+            Some(k) => k.clone(),
+            None => {
+                let names: Vec<String> = client
+                    .query(sql::PRIMARY_KEY, &[&oid])
+                    .await
+                    .map_err(|e| self.conn.error(e))?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                if names.is_empty() {
+                    return Err(SourceError::Invalid(format!(
+                        "table {table} has no primary key; add one, or name a unique, non-null key in primaryKey (and ALTER TABLE {quoted} REPLICA IDENTITY FULL, so the WAL carries it for deletes)"
+                    )));
+                }
+                names.iter().map(|n| Ident::new(n).map_err(SourceError::Invalid)).collect::<Result<_, _>>()?
+            }
+        };
+        for k in &key {
+            if !has(k) {
+                return Err(SourceError::Invalid(format!(
+                    "primary key column {:?} is not a column of {table}; column names are case-sensitive",
+                    k.as_str()
+                )));
+            }
+        }
+        Ok(key)
+    }
+
+    /// The replica identity (`identity`, as `pg_class.relreplident` spells it) must make the WAL carry the key
+    /// of every delete, and the whole old row for `deleteItem: row`.
+    async fn check_identity(
+        &self,
+        client: &deadpool_postgres::Client,
+        oid: u32,
+        identity: &str,
+        key: &[Ident],
+    ) -> Result<(), SourceError> {
+        let table = &self.spec.table;
+        let quoted = table.pg();
+        // The WAL carries the old row's replica identity only; a delete's Item is built from it.
+        let full = format!("ALTER TABLE {quoted} REPLICA IDENTITY FULL");
+        match identity {
+            "n" => {
+                return Err(SourceError::Invalid(format!(
+                    "table {table} has REPLICA IDENTITY NOTHING: PostgreSQL refuses updates and deletes on it once it is published, and a delete would carry no key. Run ALTER TABLE {quoted} REPLICA IDENTITY DEFAULT (the primary key) or {full}"
+                )))
+            }
+            "d" if self.spec.primary_key.is_some() => {
+                return Err(SourceError::Invalid(format!(
+                    "primaryKey is set for {table}, but with REPLICA IDENTITY DEFAULT a delete carries only the table's primary key. Remove primaryKey, or run {full}"
+                )))
+            }
+            "i" => {
+                let index: Vec<String> =
+                    client.query(sql::IDENTITY_INDEX, &[&oid]).await.map_err(|e| self.conn.error(e))?.iter().map(|r| r.get(0)).collect();
+                if let Some(k) = key.iter().find(|k| !index.iter().any(|c| c == k.as_str())) {
+                    return Err(SourceError::Invalid(format!(
+                        "the replica identity index of {table} does not hold key column {:?}, so a delete would not carry it; set primaryKey to the index's columns ({}) or run {full}",
+                        k.as_str(),
+                        index.join(", ")
+                    )));
+                }
+            }
+            _ => {}
+        }
+        if self.options.delete_item == DeleteItem::Row && identity != "f" {
+            return Err(SourceError::Invalid(format!(
+                "deleteItem row needs the whole old row in the WAL, which PostgreSQL writes only with REPLICA IDENTITY FULL: run {full}, or use deleteItem key"
+            )));
+        }
+        Ok(())
     }
 
     /// The publication must publish every operation of the table (`quoted`, in `schema` as `name`), every row

@@ -226,7 +226,7 @@ pub enum ScaleUnit {
 fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
     Ok(match &f.source.options {
         SourceOptions::PostgresCursor(o) => Arc::new(PostgresCursor::new(f.source.clone(), o.clone(), postgres_tls)?),
-        SourceOptions::PostgresLogical(_) => Arc::new(PostgresLogical::new(f.source.clone(), postgres_tls)?),
+        SourceOptions::PostgresLogical(o) => Arc::new(PostgresLogical::new(f.source.clone(), o.clone(), postgres_tls)?),
         SourceOptions::MssqlChangeTracking(o) => Arc::new(MssqlChangeTracking::new(f.source.clone(), o.clone())?),
         SourceOptions::MssqlRowversion(o) => Arc::new(MssqlRowversion::new(f.source.clone(), o.clone())?),
     })

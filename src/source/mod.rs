@@ -287,16 +287,6 @@ pub(crate) fn item_column_names<'a>(
     }
 }
 
-/// The error of a source built from another kind's spec: app.rs builds each source from a `match` on the spec's
-/// kind, so only a caller that skipped it sees this.
-pub(crate) fn wrong_kind(spec: &SourceSpec, built: crate::config::SourceKind) -> SourceError {
-    SourceError::Invalid(format!(
-        "internal error: a {} source was built from a {} spec",
-        built.as_str(),
-        spec.kind().as_str()
-    ))
-}
-
 /// What [`Source::fingerprint`] digests: the kind, the table, the cursor column (for the kinds that have one)
 /// and the key columns, one per line; the first 8 bytes of its SHA-256, in hex. The text is frozen: a stored
 /// state whose fingerprint no longer matches is refused, so changing it would stop every deployed function.

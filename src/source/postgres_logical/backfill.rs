@@ -26,21 +26,24 @@
 //! What this keeps in memory beyond the stream's own bounded buffer: one chunk's rows and the set of keys the
 //! buffer's changes after `D` touched (at most `streamBufferChanges` keys).
 
-use super::catalog::Shape;
+use super::buffer::Shared;
+use super::catalog::{Catalog, Shape};
+use super::conn::Conn;
 use super::decode::Event;
-use super::options::Reader;
+use super::options::{Options, Reader};
 use super::position::{Lsn, Pos};
+use super::slot::Slot;
 use super::sql::Render;
-use super::stream::Shared;
-use super::PostgresLogical;
+use super::stream::Stream;
 use crate::change::{Change, Operation};
-use crate::ident::Ident;
+use crate::ident::{Ident, TableName};
 use crate::source::postgres::position::{check_iso, Stored};
 use crate::source::{
     backfill_key_texts, BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Position, SourceError,
 };
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use tokio_postgres::types::ToSql;
 
 /// Raw reads one chunk may take when every row of a read was left out (each key changed while it was read):
 /// the walk goes on rather than answer an empty chunk, which would end the backfill.
@@ -62,25 +65,24 @@ pub const OLDER_ENDED: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot()) >=
 /// up to `wal_writer_delay`), and the stream can pass the watermark even when nothing else is written.
 pub const HIGH_WATERMARK: &str = "SELECT pg_logical_emit_message(true, 'sql-pseudo-trigger/backfill', '')::text";
 
-/// The statement of one chunk read, with its text parameters in order (a limit, when there is one, is last).
-#[derive(Debug, PartialEq)]
-pub(super) struct ChunkSql {
-    pub sql: String,
-    pub params: Vec<String>,
-    pub limited: bool,
-}
+/// A statement's parameters, in order.
+pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
 
-/// The rows after `after` (key texts; none: from the first key), up to `upto` when given (else up to `last`, the
-/// walk's end), matching `filter`, in key order: the key's texts, then the `Item` (projected as the live path
-/// builds it). `limited`: at most `$n` rows; a re-read (`upto`) is not limited, since rows inserted into its
-/// range since belong to it.
+/// The statement of the chunk read `r` asks for, over `table` (quoted; `name` in errors), with its parameters:
+/// the rows after `r.after` (none: from the first key), up to `r.upto` when it re-reads a chunk (else up to the
+/// walk's end, the bound's `last`), matching `r.filter`, in key order: the key's texts, then the `Item`
+/// (projected as the live path builds it). The parameters are the keys' and the filter's texts, then, unless it
+/// re-reads, the limit (`r.limit`): a re-read is not limited, since rows inserted into its range since belong
+/// to it. A stored key that does not fit the table's is refused with the fix.
 pub(super) fn chunk_sql(
     shape: &Shape,
     table: &str,
-    after: Option<&[String]>,
-    (upto, last): (Option<&[String]>, Option<&[String]>),
-    filter: Option<&Filter>,
-) -> ChunkSql {
+    name: &str,
+    r: &ChunkRequest<'_>,
+) -> Result<(String, Params), SourceError> {
+    let after = key_texts(shape, r.after, name)?;
+    let upto = r.upto.map(|u| key_texts(shape, u, name)).transpose()?.flatten();
+    let last = walk_end(shape, r.bound, name)?;
     let key_type = |k: &Ident| type_of(shape, k).unwrap_or_else(|| "text".into());
     let keys: Vec<String> = shape.key.iter().map(|k| format!("t.{}", k.pg())).collect();
     let keys = keys.join(", ");
@@ -93,13 +95,13 @@ pub(super) fn chunk_sql(
         params.extend(texts.iter().cloned());
         format!("({keys}) {op} ({})", casts.join(", "))
     };
-    if let Some(after) = after {
+    if let Some(after) = after.as_deref() {
         preds.push(bound_key(after, ">", &mut params));
     }
-    if let Some(end) = upto.or(last) {
+    if let Some(end) = upto.as_deref().or(last.as_deref()) {
         preds.push(bound_key(end, "<=", &mut params));
     }
-    if let Some(filter) = filter {
+    if let Some(filter) = r.filter {
         let mut bound = Vec::new();
         preds.push(filter.to_pg(&|c| type_of(shape, c), params.len(), &mut bound));
         params.extend(bound);
@@ -121,7 +123,23 @@ pub(super) fn chunk_sql(
         texts.join(", "),
         projected.join(", ")
     );
-    ChunkSql { sql, params, limited }
+    let mut params: Params = params.into_iter().map(|t| Box::new(t) as Box<dyn ToSql + Sync + Send>).collect();
+    if limited {
+        params.push(Box::new(r.limit.max(1) as i64));
+    }
+    Ok((sql, params))
+}
+
+/// Where a backfill's walk ends (the bound's `last`, see [`Backfill::start`]); `None` when the table was empty
+/// when it started.
+fn walk_end(shape: &Shape, bound: &Position, table: &str) -> Result<Option<Vec<String>>, SourceError> {
+    match bound.get("last") {
+        Some(Position::Null) => Ok(None),
+        Some(last) => key_texts(shape, last, table),
+        None => Err(SourceError::Invalid(format!(
+            "the stored backfill bound {bound} has no \"last\" key; cancel the backfill (handler state backfill <function> --cancel) and start it again"
+        ))),
+    }
 }
 
 /// A key column as the replication stream writes it: the type's output function (`format('%s', ...)`), which
@@ -210,31 +228,45 @@ impl Touched {
     }
 }
 
-impl PostgresLogical {
+/// Reads a backfill's chunks by the rule in the module docs: what it reads through, how long it waits, and which
+/// reader the source runs (a backfill needs the stream). The source calls it with the parts a chunk builds on:
+/// the catalog (the table's shape), the slot and the stream (the changes a chunk is checked against).
+#[derive(Debug)]
+pub(super) struct Backfill {
+    conn: Conn,
+    table: TableName,
+    options: Options,
+}
+
+impl Backfill {
+    pub fn new(conn: Conn, table: TableName, options: Options) -> Self {
+        Self { conn, table, options }
+    }
+
     /// The backfill's bound: `{"from": the live position it started at (for the record: the rule needs none,
     /// each chunk is placed at the live position of its own tick), "last": the table's greatest key then (the
     /// walk's end; `null` for an empty table)}`. Refused with the SQL reader, which has no stream to check
     /// chunks against.
-    pub(super) async fn start_backfill(
+    pub async fn start(
         &self,
+        catalog: &Catalog,
         checkpoint: &Position,
         filter: Option<&Filter>,
     ) -> Result<BackfillPlan, SourceError> {
-        self.backfill_reader()?;
-        let shape = self.shape().await?;
+        self.check_reader()?;
+        let shape = catalog.shape().await?;
         if let Some(filter) = filter {
             filter
-                .check_columns(&self.spec.table.to_string(), shape.columns.iter().map(String::as_str))
+                .check_columns(&self.table.to_string(), shape.columns.iter().map(String::as_str))
                 .map_err(SourceError::Invalid)?;
         }
-        let (sql, params) = estimate_sql(&shape, &self.spec.table.pg(), filter);
-        let client = self.client().await?;
-        let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
-        let count: i64 = client.query_one(&sql, &refs).await.map_err(|e| self.error(e))?.get(0);
+        let (sql, params) = estimate_sql(&shape, &self.table.pg(), filter);
+        let client = self.conn.client().await?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|t| t as &(dyn ToSql + Sync)).collect();
+        let count: i64 = client.query_one(&sql, &refs).await.map_err(|e| self.conn.error(e))?.get(0);
         let last =
-            client.query_opt(&last_key_sql(&shape, &self.spec.table.pg()), &[]).await.map_err(|e| self.error(e))?;
-        let table = self.spec.table.to_string();
+            client.query_opt(&last_key_sql(&shape, &self.table.pg()), &[]).await.map_err(|e| self.conn.error(e))?;
+        let table = self.table.to_string();
         let last = match last {
             Some(row) => {
                 Some(key_of(&row, shape.key.len(), &table)?.into_iter().map(Position::String).collect::<Vec<_>>())
@@ -245,61 +277,56 @@ impl PostgresLogical {
         Ok(BackfillPlan { bound, estimate: Some(count.max(0) as u64) })
     }
 
-    fn backfill_reader(&self) -> Result<(), SourceError> {
+    fn check_reader(&self) -> Result<(), SourceError> {
         match self.options.reader {
             Reader::Stream => Ok(()),
             Reader::Sql => Err(SourceError::Invalid(format!(
                 "postgres-logical:{} cannot backfill with \"reader\": \"sql\": a chunk is checked against the changes a replication stream decoded around it. Remove \"reader\" (the stream is the default) to backfill",
-                self.spec.table
+                self.table
             ))),
         }
     }
 
     /// One chunk by the rule in the module docs.
-    pub(super) async fn read_chunk(&self, r: ChunkRequest<'_>) -> Result<ChunkRead, SourceError> {
-        self.backfill_reader()?;
-        let shape = self.shape().await?;
-        let live = self.position(r.live)?;
-        let (arity, table) = (shape.key.len(), self.spec.table.to_string());
-        let mut after = key_texts(&shape, r.after, &table)?;
-        let upto = r.upto.map(|u| key_texts(&shape, u, &table)).transpose()?.flatten();
-        let last = match r.bound.get("last") {
+    pub async fn chunk(
+        &self,
+        catalog: &Catalog,
+        slot: &Slot,
+        stream: &Stream,
+        r: ChunkRequest<'_>,
+    ) -> Result<ChunkRead, SourceError> {
+        self.check_reader()?;
+        let shape = catalog.shape().await?;
+        let live = Pos::stored(r.live)?;
+        let (arity, table, quoted) = (shape.key.len(), self.table.to_string(), self.table.pg());
+        // The request is checked before anything is read: a stored key that does not fit is refused.
+        let mut statement = chunk_sql(&shape, &quoted, &table, &r)?;
+        if r.bound.get("last") == Some(&Position::Null) {
             // The table was empty when the backfill started: every row is the live path's.
-            Some(Position::Null) => return Ok(ChunkRead::Rows(Fetched::default())),
-            Some(last) => key_texts(&shape, last, &table)?,
-            None => {
-                return Err(SourceError::Invalid(format!(
-                    "the stored backfill bound {} has no \"last\" key; cancel the backfill (handler state backfill <function> --cancel) and start it again",
-                    r.bound
-                )))
-            }
-        };
-        let Some(shared) = self.stream_for(live).await? else {
+            return Ok(ChunkRead::Rows(Fetched::default()));
+        }
+        let Some(shared) = stream.serving(catalog, slot, live).await? else {
             return Ok(ChunkRead::Later(format!(
                 "replication slot {} is streamed by another session",
                 self.options.slot
             )));
         };
-        let quoted = self.spec.table.pg();
+        // A re-read of a chunk delivered before (`upto` holds its last key) reads its range once, unlimited.
+        let rereads = r.upto.is_some_and(|u| !u.is_null());
         let mut out = Fetched::default();
-        let reads = if upto.is_some() { 1 } else { READS_PER_CHUNK };
+        let reads = if rereads { 1 } else { READS_PER_CHUNK };
         for _ in 0..reads {
-            let client = self.client().await?;
+            let client = self.conn.client().await?;
             // 1. Everything the stream decoded so far is visible to the read below.
             if let Some(why) = self.wait_for_snapshot(&client).await? {
                 return Ok(ChunkRead::Later(why));
             }
             // 2. The chunk, in one statement.
-            let q = chunk_sql(&shape, &quoted, after.as_deref(), (upto.as_deref(), last.as_deref()), r.filter);
-            let limit = r.limit.max(1) as i64;
-            let mut refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                q.params.iter().map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
-            if q.limited {
-                refs.push(&limit);
-            }
-            let rows = client.query(&q.sql, &refs).await.map_err(|e| self.error(e))?;
+            let (sql, params) = statement;
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            let rows = client.query(&sql, &refs).await.map_err(|e| self.conn.error(e))?;
             // 3. The high watermark, and the stream through it.
-            let row = client.query_one(HIGH_WATERMARK, &[]).await.map_err(|e| self.error(e))?;
+            let row = client.query_one(HIGH_WATERMARK, &[]).await.map_err(|e| self.conn.error(e))?;
             drop(client);
             let high = Lsn::parse(&row.get::<_, String>(0)).ok_or_else(|| {
                 SourceError::Invalid("PostgreSQL answered an unreadable WAL position; please report it".into())
@@ -322,13 +349,16 @@ impl PostgresLogical {
             }
             let left_out = rows.len() - out.changes.len();
             if left_out > 0 {
-                tracing::debug!(table = %self.spec.table, rows = rows.len(), left_out, "left out of a backfill chunk the rows whose keys changed while it was read; their changes follow it");
+                tracing::debug!(table = %self.table, rows = rows.len(), left_out, "left out of a backfill chunk the rows whose keys changed while it was read; their changes follow it");
             }
-            out.last = Some(Position::Array(last.iter().cloned().map(Position::String).collect()));
-            if !out.changes.is_empty() || upto.is_some() {
+            let walked = Position::Array(last.into_iter().map(Position::String).collect());
+            if !out.changes.is_empty() || rereads {
+                out.last = Some(walked);
                 return Ok(ChunkRead::Rows(out));
             }
-            after = Some(last);
+            // Every row read was left out: the walk goes on after the last one.
+            statement = chunk_sql(&shape, &quoted, &table, &ChunkRequest { after: &walked, ..r })?;
+            out.last = Some(walked);
         }
         Ok(ChunkRead::Later(format!(
             "every row of {READS_PER_CHUNK} chunks in a row changed while it was read (its newer change is delivered live)"
@@ -338,17 +368,17 @@ impl PostgresLogical {
     /// Step 1: takes an xid and waits, at most `streamPollMs`, until no older transaction is in progress.
     /// `Some(why)` when the bound passed.
     async fn wait_for_snapshot(&self, client: &deadpool_postgres::Client) -> Result<Option<String>, SourceError> {
-        let x: String = client.query_one(LOW_WATERMARK, &[]).await.map_err(|e| self.error(e))?.get(0);
+        let x: String = client.query_one(LOW_WATERMARK, &[]).await.map_err(|e| self.conn.error(e))?.get(0);
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
         let mut pause = Duration::from_millis(1);
         loop {
-            let ended: bool = client.query_one(OLDER_ENDED, &[&x]).await.map_err(|e| self.error(e))?.get(0);
+            let ended: bool = client.query_one(OLDER_ENDED, &[&x]).await.map_err(|e| self.conn.error(e))?.get(0);
             if ended {
                 return Ok(None);
             }
             if Instant::now() >= deadline {
                 // (Said without xids: the engine logs a reason once, and the xids change from tick to tick.)
-                tracing::debug!(table = %self.spec.table, xid = %x, "a backfill chunk waits for transactions older than this xid");
+                tracing::debug!(table = %self.table, xid = %x, "a backfill chunk waits for transactions older than this xid");
                 return Ok(Some(format!(
                     "transactions in progress when the chunk was to be read have not ended within streamPollMs ({} ms), and a chunk read before they end could miss a change the stream already delivered (pg_stat_activity's backend_xid and xact_start name them)",
                     self.options.poll_ms

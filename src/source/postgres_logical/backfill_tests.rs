@@ -43,45 +43,62 @@ fn shape() -> Shape {
     }
 }
 
+/// A key position as stored: the key's texts.
+fn keys(texts: &[&str]) -> Position {
+    Position::Array(texts.iter().map(|t| Position::String(t.to_string())).collect())
+}
+
+/// A chunk request after `after`, up to `upto` when it re-reads, of a backfill whose bound is `bound`.
+fn request<'a>(
+    bound: &'a Position,
+    after: &'a Position,
+    upto: Option<&'a Position>,
+    filter: Option<&'a Filter>,
+) -> ChunkRequest<'a> {
+    ChunkRequest { bound, after, upto, filter, limit: 100, live: &Position::Null }
+}
+
 #[test]
 fn a_chunk_walks_the_key_after_the_last_one_projects_items_as_the_live_path_and_binds_the_filter() {
     let filter = Filter::parse("tenant = 7 AND doc IS NOT NULL").expect("parses");
-    let after = ["7".to_string(), "41".to_string()];
-    let last = ["9".to_string(), "1".to_string()];
-    let q = chunk_sql(&shape(), "\"public\".\"orders\"", Some(&after), (None, Some(&last)), Some(&filter));
+    let after = keys(&["7", "41"]);
+    let bound = serde_json::json!({ "last": ["9", "1"] });
+    let r = request(&bound, &after, None, Some(&filter));
+    let (sql, params) = chunk_sql(&shape(), "\"public\".\"orders\"", "public.orders", &r).expect("a statement");
     assert_eq!(
-        q.sql,
+        sql,
         "SELECT format('%s', t.\"tenant\"), format('%s', t.\"Id\"), row_to_json(r.*)::text FROM \"public\".\"orders\" t CROSS JOIN LATERAL \
 (SELECT t.\"tenant\" AS \"tenant\", t.\"Id\" AS \"Id\", translate(encode(t.\"blob\", 'base64'), E'\\n', '') AS \"blob\", t.\"doc\" AS \"doc\") r \
 WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\", t.\"Id\") <= (($3::text)::integer, ($4::text)::bigint) \
 AND (t.\"tenant\" = ($5::text)::integer AND t.\"doc\" IS NOT NULL) ORDER BY t.\"tenant\", t.\"Id\" LIMIT $6"
     );
-    assert_eq!(q.params, ["7", "41", "9", "1", "7"]);
+    // the texts, then the limit, bound last
+    assert_eq!(format!("{params:?}"), r#"["7", "41", "9", "1", "7", 100]"#);
     // The walk ends at the greatest key when the backfill started: newer keys are the live path's.
     assert_eq!(
         last_key_sql(&shape(), "t"),
         "SELECT format('%s', t.\"tenant\"), format('%s', t.\"Id\") FROM t t ORDER BY t.\"tenant\" DESC, t.\"Id\" DESC LIMIT 1"
     );
-    assert!(q.limited);
 }
 
 #[test]
 fn a_re_read_is_bounded_by_its_keys_and_not_by_a_limit() {
     // Rows inserted into the range since its first read belong to it: a limit would cut them off, and the
     // acknowledgement of the range would then pass them.
-    let (from, upto) = (["1".to_string(), "2".to_string()], ["3".to_string(), "4".to_string()]);
-    let last = ["9".to_string(), "9".to_string()];
-    let q = chunk_sql(&shape(), "t", Some(&from), (Some(&upto), Some(&last)), None);
+    let (from, upto) = (keys(&["1", "2"]), keys(&["3", "4"]));
+    let bound = serde_json::json!({ "last": ["9", "9"] });
+    let (sql, params) = chunk_sql(&shape(), "t", "t", &request(&bound, &from, Some(&upto), None)).expect("a statement");
     assert!(
-        q.sql.ends_with(
+        sql.ends_with(
             "WHERE (t.\"tenant\", t.\"Id\") > (($1::text)::integer, ($2::text)::bigint) AND (t.\"tenant\", t.\"Id\") <= (($3::text)::integer, ($4::text)::bigint) ORDER BY t.\"tenant\", t.\"Id\""
         ),
-        "{}",
-        q.sql
+        "{sql}"
     );
-    assert!(!q.limited);
-    let first = chunk_sql(&shape(), "t", None, (None, None), None);
-    assert!(first.sql.contains("WHERE true ORDER BY"), "{}", first.sql);
+    // no limit is bound
+    assert_eq!(format!("{params:?}"), r#"["1", "2", "3", "4"]"#);
+    let empty = serde_json::json!({ "last": null });
+    let (first, _) = chunk_sql(&shape(), "t", "t", &request(&empty, &Position::Null, None, None)).expect("a statement");
+    assert!(first.contains("WHERE true ORDER BY"), "{first}");
     let (count, params) = estimate_sql(&shape(), "t", Some(&Filter::parse("tenant IN (1, 2)").expect("parses")));
     assert_eq!(count, "SELECT count(*) FROM t t WHERE t.\"tenant\" IN (($1::text)::integer, ($2::text)::integer)");
     assert_eq!(params, ["1", "2"]);

@@ -6,6 +6,10 @@
 //! tick fetched past only when the buffer is full (a retry of that batch may still want it; one that finds it
 //! gone restarts the stream at the slot's confirmed position, the rare path). When full of what no tick has
 //! passed (one transaction larger than the buffer), the stream stops reading until a tick takes a batch.
+//!
+//! [`Shared`] is the buffer as the stream's reader task and the ticks share it: the stream (`stream`) holds it
+//! and takes batches from it, the reader (`reader`) fills it, a backfill chunk (`backfill`) waits on it. It sits
+//! below all three so that none of them reaches into another for it.
 
 use super::decode::Event;
 use super::options::OnTruncate;
@@ -13,7 +17,25 @@ use super::position::{Lsn, Pos};
 use super::scan::{Scan, Scanner, Want};
 use crate::source::SourceError;
 use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
+use tokio::sync::Notify;
+
+/// The buffer of one stream, between its reader task and the ticks.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub buffer: Mutex<Buffer>,
+    /// The buffer changed (events, a keepalive, the end): for waiting ticks.
+    pub changed: Notify,
+    /// A tick wants the task to look at the buffer again (room, a flush to report, a keepalive to ask for).
+    pub wake: Notify,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, Buffer> {
+        self.buffer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// Why a stream stopped.
 #[derive(Debug)]

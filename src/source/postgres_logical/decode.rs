@@ -5,15 +5,12 @@
 use super::catalog::Shape;
 use super::item::{self, Plan};
 use super::options::DeleteItem;
-use super::pgoutput::{self, Message, OldKind, Relation};
+use super::pgoutput::{self, Message, OldKind, Relation, POSTGRES_EPOCH};
 use super::position::{Lsn, Place};
 use crate::change::Operation;
 use crate::source::SourceError;
 use serde_json::{Map, Value};
 use std::sync::Arc;
-
-/// pgoutput's epoch (2000-01-01) in Unix seconds.
-pub(super) const POSTGRES_EPOCH: i64 = 946_684_800;
 
 /// A change as decoded, before its `Item` is built.
 #[derive(Debug, Clone)]
@@ -195,7 +192,7 @@ impl Decoder {
 
     /// The relation's plan, saying (once per process and path) how its `Item`s are built.
     fn plan_for(&self, r: &Relation) -> Option<Plan> {
-        let plan = item::plan(r, &self.shape);
+        let plan = self.shape.plan(r);
         let path = plan.as_ref().map(|_| ()).map_err(Clone::clone);
         let mut logged = self.shape.items_path.lock().unwrap_or_else(|e| e.into_inner());
         if logged.as_ref() != Some(&path) {

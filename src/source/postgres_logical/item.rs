@@ -23,8 +23,6 @@
 //! not recognise (a text an integer type would never write; an unchanged TOAST value left out of the WAL) all
 //! take the statement (`sql::items`) instead.
 
-use super::catalog::Shape;
-use super::pgoutput::Relation;
 use serde_json::{Map, Value};
 
 /// How a whitelisted type's text becomes JSON.
@@ -58,43 +56,18 @@ pub(super) fn render_of(type_oid: u32) -> Option<Render> {
     })
 }
 
-/// What builds a relation's `Item`s: each column's JSON key (quoted) and render, for the row and for the key.
+/// What builds a relation's `Item`s: each column's name, JSON key (quoted) and render, for the row and for the
+/// key. Made by `catalog::Shape::plan`, which checks the relation against the catalog read at start.
 #[derive(Debug, Clone)]
 pub(super) struct Plan {
     row: Vec<(String, String, Render)>,
     key: Vec<(String, String, Render)>,
 }
 
-/// The plan for a relation as the WAL describes it, or why its `Item`s are left to the statement. The WAL's
-/// dates and times are ISO in the pooled sessions' time zone whichever reader decoded them: the stream logs in
-/// with that zone, the SQL reader decodes in a pooled session, and both carry the session contract's
-/// `DateStyle` (`db::postgres::session`).
-pub(super) fn plan(r: &Relation, shape: &Shape) -> Result<Plan, String> {
-    let same = r.columns.len() == shape.catalog.len()
-        && r.columns
-            .iter()
-            .zip(&shape.catalog)
-            .all(|(c, k)| c.name == k.name && c.type_oid == k.oid && c.type_modifier == k.typmod);
-    if !same {
-        return Err("the WAL's columns differ from the catalog's read at start".into());
+impl Plan {
+    pub fn new(row: Vec<(String, String, Render)>, key: Vec<(String, String, Render)>) -> Self {
+        Self { row, key }
     }
-    let column = |name: &str| -> Result<(String, String, Render), String> {
-        let k = shape
-            .catalog
-            .iter()
-            .find(|k| k.name == name)
-            .ok_or_else(|| format!("column {name:?} is not in the WAL"))?;
-        let render = render_of(k.oid).ok_or_else(|| {
-            format!("column {name:?} is {} (type OID {}), whose JSON the handler does not build", k.type_name, k.oid)
-        })?;
-        Ok((name.to_string(), escape_json(name), render))
-    };
-    let row = shape.item_columns.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;
-    let key = shape.key.iter().map(|c| column(c.as_str())).collect::<Result<Vec<_>, _>>()?;
-    if let Some((name, _, _)) = key.iter().find(|(_, _, render)| *render == Render::Json) {
-        return Err(format!("key column {name:?} is json or jsonb"));
-    }
-    Ok(Plan { row, key })
 }
 
 /// The `Item` of a change (`kind` as `sql::items` reads it: 0 the row, 1 the key), or `None` when the

@@ -7,7 +7,7 @@
 //! WAL record once, the process reads ahead into a bounded buffer, and a tick takes its batch from it. The
 //! stream reports as flushed only the acknowledged checkpoint ([`Source::acknowledged`]), so the slot never
 //! passes what the state stored, and a crash anywhere re-reads and never loses. `"reader": "sql"` keeps the
-//! SQL interface ([`peek`]) for servers and poolers that refuse a replication connection: each tick peeks, and
+//! SQL interface (the [`slot`]'s peek) for servers and poolers that refuse a replication connection: each tick peeks, and
 //! each peek decodes from the slot's `restart_lsn` again. Status counts pending changes with a peek in both
 //! modes (at a temporary copy of the slot while a stream holds it).
 //!
@@ -24,14 +24,28 @@
 //! JSON and bytea is base64. A TOAST-ed value an update did not touch is not in the WAL: with
 //! `REPLICA IDENTITY FULL` it comes from the old row the WAL carries; otherwise it is read from the table by
 //! key (its current value — a later change to it is delivered later, so a consumer converges).
+//!
+//! # Parts, from the bottom up
+//! Each file imports only from files before it in this list, never from this one:
+//! - `position`, `pgoutput`, `wire`, `options`, `item`, `sql`: places in the WAL, messages, the `Item` text
+//!   rules and the statements' text.
+//! - `conn`: the pooled connections every part runs statements on, and how a failed one is worded.
+//! - `catalog`: [`Catalog`], which owns the table's shape.
+//! - `decode`: pgoutput messages to placed changes; `scan`: a batch out of them, and [`Batches`], which builds
+//!   its `Item`s.
+//! - `buffer`: what a stream holds between ticks, shared by its reader task and the ticks; `reader`: that task.
+//! - `slot`: [`Slot`], the replication slot (its state, start, advance, status) and the SQL reader's peek.
+//! - `stream`: [`Stream`], the replication stream this process holds, which spawns its reader task.
+//! - `backfill`: [`Backfill`], chunks checked against the stream.
+//! - this file: [`PostgresLogical`], the composition of the parts that implements [`Source`] by delegating.
 
 mod backfill;
 mod buffer;
 mod catalog;
+mod conn;
 mod decode;
 mod item;
 mod options;
-mod peek;
 pub(crate) mod pgoutput;
 mod position;
 mod reader;
@@ -41,105 +55,67 @@ mod sql;
 mod stream;
 mod wire;
 
-use super::{Fetched, Lag, Position, Source, SourceError, StartFrom};
-use crate::config::SourceSpec;
+use super::{BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
+use crate::config::{PostgresLogicalOptions, SourceSpec};
 use crate::db::pools;
-use crate::db::postgres::{connect_failure, ConnectFailure, PostgresTls};
-use catalog::Shape;
-use deadpool_postgres::Pool;
+use crate::db::postgres::PostgresTls;
+use backfill::Backfill;
+use catalog::Catalog;
+use conn::Conn;
 use decode::commit_unix_seconds;
-use options::{Options, Reader};
-use position::{Lsn, Pos};
-use scan::{Scan, Want};
+use options::Reader;
+use position::Pos;
+use scan::{Batches, Want};
 use serde_json::Value;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use slot::Slot;
 use std::time::Duration;
+use stream::Stream;
 
 /// Messages status reads at most to count pending changes: `pending` must stay one bounded statement.
 const PENDING_SCAN: usize = 10_000;
 
+/// The logical source: the parts below, each owning its state, composed. `Source` calls go to the reader the
+/// options choose (the [`Stream`], or the [`Slot`]'s peek), the [`Batches`] that turn a scan into a batch, the
+/// [`Backfill`]; the [`Catalog`] (the table's shape) is handed to each part that builds on it.
 #[derive(Debug)]
 pub struct PostgresLogical {
     spec: SourceSpec,
-    options: Options,
-    pool: Pool,
-    tls: PostgresTls,
-    shape: Mutex<Option<Arc<Shape>>>,
-    /// One statement on the slot at a time in this process: a slot serves one backend at a time, and status
-    /// runs beside ticks.
-    slot: tokio::sync::Mutex<SlotMemory>,
-    streams: stream::Streams,
-    retained_warned: AtomicBool,
-}
-
-#[derive(Debug, Default)]
-struct SlotMemory {
-    /// Where the slot was last seen or put: an acknowledgement that does not pass it costs no statement.
-    at: Option<Lsn>,
-    /// The table's columns as the last Relation message described them, to notice a schema change.
-    columns: Option<Vec<(String, u32)>>,
-    /// How many messages the last peek read before its first change after the position.
-    skipped: usize,
+    options: PostgresLogicalOptions,
+    catalog: Catalog,
+    slot: Slot,
+    stream: Stream,
+    backfill: Backfill,
+    batches: Batches,
 }
 
 impl PostgresLogical {
-    /// Builds the source without connecting.
-    pub fn new(spec: SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
-        let options = Options::from_spec(&spec)?;
+    /// Builds the source from its spec and its own keys (the spec's `SourceOptions::PostgresLogical` payload),
+    /// without connecting.
+    pub fn new(spec: SourceSpec, options: PostgresLogicalOptions, tls: &PostgresTls) -> Result<Self, SourceError> {
         let pool = pools::postgres(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
+        let conn = Conn::new(pool, spec.connection_setting.clone(), spec.table.clone(), options.slot.clone());
         Ok(Self {
+            catalog: Catalog::new(conn.clone(), spec.clone(), options.clone()),
+            slot: Slot::new(conn.clone(), options.clone(), spec.table.clone()),
+            stream: Stream::new(conn.clone(), spec.clone(), options.clone(), tls.clone()),
+            backfill: Backfill::new(conn.clone(), spec.table.clone(), options.clone()),
+            batches: Batches::new(conn, spec.table.clone(), options.include_metadata),
             spec,
             options,
-            pool,
-            tls: tls.clone(),
-            shape: Mutex::new(None),
-            slot: tokio::sync::Mutex::new(SlotMemory::default()),
-            streams: stream::Streams::default(),
-            retained_warned: AtomicBool::new(false),
-        })
-    }
-
-    async fn client(&self) -> Result<deadpool_postgres::Client, SourceError> {
-        self.pool.get().await.map_err(|e| match connect_failure(&self.spec.connection_setting, &e) {
-            ConnectFailure::Misconfigured(m) => SourceError::Invalid(m),
-            ConnectFailure::Unavailable(m) => SourceError::Unavailable(m),
-        })
-    }
-
-    fn error(&self, e: tokio_postgres::Error) -> SourceError {
-        slot::db_error(e, &self.spec.table, &self.options)
-    }
-
-    fn position(&self, p: &Position) -> Result<Option<Pos>, SourceError> {
-        if p.is_null() {
-            return Ok(None);
-        }
-        Pos::from_json(p).map(Some).ok_or_else(|| {
-            SourceError::Invalid(format!(
-                "stored position {p} is not a postgres-logical position ({{\"lsn\": \"0/16B3748\", \"n\": 1}}); reset the function's state"
-            ))
         })
     }
 
     /// A batch, from the reader the options choose.
     async fn read(&self, want: Want) -> Result<Fetched, SourceError> {
-        match self.options.reader {
-            Reader::Stream => self.stream_fetch(want).await,
-            Reader::Sql => {
-                let scan = self.scan(want, false).await?;
-                self.fetched_from(scan, want).await
-            }
-        }
-    }
-
-    /// A peek for status: at the slot, or at a temporary copy of it while a stream (ours or another
-    /// instance's) holds it.
-    async fn status_scan(&self, want: Want) -> Result<Scan, SourceError> {
-        match self.scan(want, false).await {
-            Err(SourceError::Unavailable(m)) if m.contains("SQLSTATE 55006") => self.scan(want, true).await,
-            other => other,
-        }
+        let scan = match self.options.reader {
+            Reader::Stream => match self.stream.fetch(&self.catalog, &self.slot, want).await? {
+                Some(scan) => scan,
+                // Another session holds the slot: nothing to deliver (the stream said so).
+                None => return Ok(Fetched::default()),
+            },
+            Reader::Sql => self.slot.scan(&self.catalog, want, false).await?,
+        };
+        self.batches.fetched(&self.catalog, scan, want).await
     }
 }
 
@@ -155,56 +131,44 @@ impl Source for PostgresLogical {
     }
 
     async fn validate(&self) -> Result<(), SourceError> {
-        self.shape().await.map(|_| ())
+        self.catalog.shape().await.map(|_| ())
     }
 
     async fn start_position(&self, from: StartFrom) -> Result<Position, SourceError> {
-        self.shape().await?;
-        let mut memory = self.slot.lock().await;
-        let client = self.client().await?;
-        let confirmed = self.ensure_slot(&client, true).await?;
-        memory.at = Some(confirmed);
-        let at = match from {
-            // Snapshot: the live path starts where earliest does, and the engine starts a backfill of the rows
-            // that exist beside it; whatever changes meanwhile, each chunk is checked against the stream.
-            StartFrom::Earliest | StartFrom::Snapshot => confirmed,
-            StartFrom::Now => {
-                let flush: String = client.query_one(sql::FLUSH, &[]).await.map_err(|e| self.error(e))?.get(0);
-                Lsn::parse(&flush).unwrap_or(confirmed).max(confirmed)
-            }
-        };
-        Ok(Pos::before(at).to_json())
+        self.catalog.shape().await?;
+        Ok(Pos::before(self.slot.start_position(from).await?).to_json())
     }
 
     /// The horizon is `startFrom: now`'s position, before the WAL flushed now; a read that found nothing has
     /// passed it once its proven-empty position has (a refetch would read the stream, and proves nothing).
     async fn reached(&self, horizon: &Position, at: &Position) -> Result<bool, SourceError> {
-        let (Some(horizon), at) = (self.position(horizon)?, self.position(at)?) else { return Ok(true) };
+        let (Some(horizon), at) = (Pos::stored(horizon)?, Pos::stored(at)?) else { return Ok(true) };
         Ok(at.is_some_and(|at| at.resume() >= horizon.resume()))
     }
 
     async fn fetch(&self, after: &Position, limit: usize) -> Result<Fetched, SourceError> {
-        let after = self.position(after)?;
+        let after = Pos::stored(after)?;
         self.read(Want { after, upto: None, limit: limit.max(1), values: true }).await
     }
 
     async fn refetch(&self, after: &Position, upto: &Position, limit: usize) -> Result<Fetched, SourceError> {
-        let after = self.position(after)?;
-        let upto = self.position(upto)?;
+        let after = Pos::stored(after)?;
+        let upto = Pos::stored(upto)?;
         let mut fetched = self.read(Want { after, upto, limit: limit.max(1), values: true }).await?;
         fetched.advance = None;
         Ok(fetched)
     }
 
     async fn pending(&self, after: &Position) -> Result<u64, SourceError> {
-        let after = self.position(after)?;
-        let scan = self.status_scan(Want { after, upto: None, limit: PENDING_SCAN, values: false }).await?;
+        let after = Pos::stored(after)?;
+        let want = Want { after, upto: None, limit: PENDING_SCAN, values: false };
+        let scan = self.slot.status_scan(&self.catalog, want).await?;
         Ok(scan.changes.len() as u64)
     }
 
     async fn oldest_pending_age(&self, after: &Position) -> Result<Lag, SourceError> {
-        let after = self.position(after)?;
-        let scan = self.status_scan(Want { after, upto: None, limit: 1, values: false }).await?;
+        let after = Pos::stored(after)?;
+        let scan = self.slot.status_scan(&self.catalog, Want { after, upto: None, limit: 1, values: false }).await?;
         Ok(match scan.changes.first() {
             None => Lag::CaughtUp,
             Some(c) => Lag::Behind(Duration::from_secs_f64((scan.now - commit_unix_seconds(c.commit_time)).max(0.0))),
@@ -213,32 +177,27 @@ impl Source for PostgresLogical {
 
     async fn acknowledged(&self, checkpoint: &Position) -> Result<(), SourceError> {
         let Some(pos) = Pos::from_json(checkpoint) else { return Ok(()) };
-        if self.options.reader == Reader::Stream {
-            return self.stream_acknowledged(pos).await;
+        match self.options.reader {
+            Reader::Stream => self.stream.acknowledged(&self.slot, pos).await,
+            Reader::Sql => self.slot.advance(pos.resume()).await,
         }
-        let target = pos.resume();
-        let mut memory = self.slot.lock().await;
-        if memory.at.is_some_and(|at| at >= target) {
-            return Ok(());
-        }
-        self.advance_over_sql(&mut memory, target).await
     }
 
     async fn backfill_start(
         &self,
         checkpoint: &Position,
-        filter: Option<&super::Filter>,
-    ) -> Result<super::BackfillPlan, SourceError> {
-        self.start_backfill(checkpoint, filter).await
+        filter: Option<&Filter>,
+    ) -> Result<BackfillPlan, SourceError> {
+        self.backfill.start(&self.catalog, checkpoint, filter).await
     }
 
-    async fn backfill_chunk(&self, request: super::ChunkRequest<'_>) -> Result<super::ChunkRead, SourceError> {
-        self.read_chunk(request).await
+    async fn backfill_chunk(&self, request: ChunkRequest<'_>) -> Result<ChunkRead, SourceError> {
+        self.backfill.chunk(&self.catalog, &self.slot, &self.stream, request).await
     }
 
     async fn health(&self) -> Result<Option<Value>, SourceError> {
-        let mut health = self.slot_health().await?;
-        if let (Some(Value::Object(h)), Some(stream)) = (health.as_mut(), self.stream_health().await) {
+        let mut health = self.slot.health().await?;
+        if let (Some(Value::Object(h)), Some(stream)) = (health.as_mut(), self.stream.health().await) {
             h.insert("stream".into(), stream);
         }
         Ok(health)

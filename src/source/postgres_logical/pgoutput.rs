@@ -7,6 +7,10 @@
 
 use super::position::Lsn;
 
+/// PostgreSQL's epoch (2000-01-01) in Unix seconds: a replication message's time (a commit's, a standby status
+/// update's clock) counts microseconds from it.
+pub(super) const POSTGRES_EPOCH: i64 = 946_684_800;
+
 /// A column value in a tuple.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {

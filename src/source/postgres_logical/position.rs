@@ -12,6 +12,7 @@
 //! advancing the slot to a position's [`Pos::resume`] skips only transactions that the position has passed
 //! whole, and keeps a transaction the position is in the middle of.
 
+use crate::source::SourceError;
 use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::fmt;
@@ -94,6 +95,19 @@ impl Pos {
             Some(end) => json!({ "lsn": self.commit.to_string(), "n": self.seq, "end": end.to_string() }),
             None => json!({ "lsn": self.commit.to_string(), "n": self.seq }),
         }
+    }
+
+    /// A position the engine handed back (`Null`: before everything), refused with the fix when it is not a
+    /// postgres-logical position.
+    pub fn stored(p: &Value) -> Result<Option<Self>, SourceError> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        Self::from_json(p).map(Some).ok_or_else(|| {
+            SourceError::Invalid(format!(
+                "stored position {p} is not a postgres-logical position ({{\"lsn\": \"0/16B3748\", \"n\": 1}}); reset the function's state"
+            ))
+        })
     }
 
     /// Reads a stored position; `None` for the shape of another source's position.

@@ -1,11 +1,11 @@
 //! The stream's task: reads the replication connection ahead into the buffer, answers keepalives, reports
 //! the acknowledged flush position, and ends after `streamIdleReleaseMs` without a tick, on SIGTERM, or on an
-//! error (which the next tick sees, and starts the stream again).
+//! error (which the next tick sees, and starts the stream again). Spawned by the stream (`stream`) when it opens
+//! one; it shares only the buffer (`buffer::Shared`) with it, so it depends on neither the stream nor the ticks.
 
-use super::buffer::Ended;
+use super::buffer::{Ended, Shared};
 use super::decode::Decoder;
 use super::position::Lsn;
-use super::stream::Shared;
 use super::wire::{server_error, Wire, WireError};
 use crate::source::SourceError;
 use std::sync::Arc;

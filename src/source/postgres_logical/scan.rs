@@ -1,12 +1,15 @@
 //! A batch out of a run of [`Event`]s, whichever reader produced them: what a position has passed is skipped,
-//! at most `limit` changes are taken, and the event after the last one says whether its transaction is done.
-//! Then one statement per batch turns the values into `Item`s.
+//! at most `limit` changes are taken, and the event after the last one says whether its transaction is done
+//! ([`Scanner`]). Then [`Batches`] turns the scan into the batch the engine delivers, one statement per batch
+//! building the `Item`s the decoder could not.
 
+use super::catalog::Catalog;
+use super::conn::Conn;
 use super::decode::{commit_time_text, Decoded, Event};
 use super::options::OnTruncate;
 use super::position::{Lsn, Place, Pos};
-use super::PostgresLogical;
 use crate::change::Change;
+use crate::ident::TableName;
 use crate::source::{Fetched, Position, SourceError};
 use serde_json::json;
 
@@ -119,11 +122,25 @@ impl<'a> Scanner<'a> {
     }
 }
 
-impl PostgresLogical {
+/// Builds the batch a scan found (either reader's): its `Item`s, its metadata when `includeMetadata` asks for
+/// it, and its last position, or with no change what the scan proved. Held by the source, which calls
+/// [`Batches::fetched`] after each read.
+#[derive(Debug)]
+pub(super) struct Batches {
+    conn: Conn,
+    table: TableName,
+    include_metadata: bool,
+}
+
+impl Batches {
+    pub fn new(conn: Conn, table: TableName, include_metadata: bool) -> Self {
+        Self { conn, table, include_metadata }
+    }
+
     /// Builds the changes of a scan: the `Item`s the decoder built (`item`), and one statement for the rest.
-    pub(super) async fn changes(&self, scan: &Scan) -> Result<Vec<Change>, SourceError> {
+    async fn changes(&self, catalog: &Catalog, scan: &Scan) -> Result<Vec<Change>, SourceError> {
         let rest: Vec<&Decoded> = scan.changes.iter().filter(|c| c.item.is_none()).collect();
-        let mut built = self.items_by_sql(&rest).await?.into_iter();
+        let mut built = self.items_by_sql(catalog, &rest).await?.into_iter();
         let mut out = Vec::with_capacity(scan.changes.len());
         for decoded in &scan.changes {
             let item = match &decoded.item {
@@ -134,7 +151,7 @@ impl PostgresLogical {
             };
             let mut change = Change::from_json(decoded.operation, item)
                 .map_err(|e| SourceError::Invalid(format!("an Item is not valid JSON: {e}")))?;
-            if self.options.include_metadata {
+            if self.include_metadata {
                 let metadata = json!({
                     "Lsn": decoded.lsn.to_string(),
                     "CommitLsn": decoded.place.commit.to_string(),
@@ -149,19 +166,19 @@ impl PostgresLogical {
     }
 
     /// The `Item`s of changes the decoder could not build, in order: one statement (`sql::items`).
-    async fn items_by_sql(&self, changes: &[&Decoded]) -> Result<Vec<String>, SourceError> {
+    async fn items_by_sql(&self, catalog: &Catalog, changes: &[&Decoded]) -> Result<Vec<String>, SourceError> {
         if changes.is_empty() {
             return Ok(Vec::new());
         }
-        let shape = self.shape().await?;
-        let client = self.client().await?;
+        let shape = catalog.shape().await?;
+        let client = self.conn.client().await?;
         let objects =
             changes.iter().map(|c| serde_json::to_string(&c.values)).collect::<Result<Vec<String>, _>>().map_err(
                 |e| SourceError::Invalid(format!("a change's values do not serialize ({e}); please report it")),
             )?;
         let kinds: Vec<i32> = changes.iter().map(|c| c.kind).collect();
-        let statement = client.prepare_cached(&shape.items).await.map_err(|e| self.error(e))?;
-        let rows = client.query(&statement, &[&objects, &kinds]).await.map_err(|e| self.error(e))?;
+        let statement = client.prepare_cached(&shape.items).await.map_err(|e| self.conn.error(e))?;
+        let rows = client.query(&statement, &[&objects, &kinds]).await.map_err(|e| self.conn.error(e))?;
         if rows.len() != changes.len() {
             return Err(SourceError::Invalid(format!(
                 "building the items of {} changes returned {} rows; please report it",
@@ -173,8 +190,8 @@ impl PostgresLogical {
     }
 
     /// The batch a scan found, with its `Item`s: its last position, or with no change what the scan proved.
-    pub(super) async fn fetched_from(&self, scan: Scan, want: Want) -> Result<Fetched, SourceError> {
-        let table = &self.spec.table;
+    pub async fn fetched(&self, catalog: &Catalog, scan: Scan, want: Want) -> Result<Fetched, SourceError> {
+        let table = &self.table;
         for (place, xid) in &scan.skipped_truncates {
             tracing::error!(
                 table = %table, xid = xid, lsn = %place.commit,
@@ -182,7 +199,7 @@ impl PostgresLogical {
                 place.commit
             );
         }
-        let changes = self.changes(&scan).await?;
+        let changes = self.changes(catalog, &scan).await?;
         if !changes.is_empty() {
             return Ok(Fetched { last: last(&scan), changes, advance: None });
         }

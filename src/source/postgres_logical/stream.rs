@@ -11,23 +11,34 @@
 //! `streamIdleReleaseMs` without a tick (the host fires another instance now), on SIGTERM, and on an error; a
 //! tick that finds the slot streamed by another session answers empty and says so once.
 
-use super::buffer::{Buffer, Ended};
+use super::buffer::{Buffer, Ended, Shared};
+use super::catalog::Catalog;
+use super::conn::Conn;
 use super::decode::Decoder;
+use super::options::Options;
 use super::position::{Lsn, Pos};
 use super::reader;
 use super::scan::{Scan, Want};
-use super::slot::SlotState;
+use super::slot::{Slot, SlotState};
+use super::sql;
 use super::wire::{Wire, WireError};
-use super::{sql, PostgresLogical};
-use crate::db::postgres::{classify, Verdict};
-use crate::source::{Fetched, SourceError};
+use crate::config::SourceSpec;
+use crate::db::postgres::{classify, PostgresTls, Verdict};
+use crate::source::SourceError;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// The stream a process holds for one function, if any.
-#[derive(Debug, Default)]
-pub(super) struct Streams {
+/// The stream a process holds for one function, if any, and what outlives one stream: the latest acknowledged
+/// checkpoint, the last holder seen, the server process of the last stream dropped. Owns the handle of its
+/// reader task ([`reader::run`]) and, through it, the buffer they share. The source calls it to read a batch,
+/// to report an acknowledgement and for status; a backfill chunk asks it for the stream that serves a read.
+#[derive(Debug)]
+pub(super) struct Stream {
+    conn: Conn,
+    spec: SourceSpec,
+    options: Options,
+    tls: PostgresTls,
     current: tokio::sync::Mutex<Option<Handle>>,
     /// The latest acknowledged checkpoint's resume LSN: what the next stream reports from its start.
     acked: Mutex<Option<Lsn>>,
@@ -52,32 +63,30 @@ impl Drop for Handle {
     }
 }
 
-#[derive(Debug)]
-pub(super) struct Shared {
-    pub buffer: Mutex<Buffer>,
-    /// The buffer changed (events, a keepalive, the end): for waiting ticks.
-    pub changed: Notify,
-    /// A tick wants the task to look at the buffer again (room, a flush to report, a keepalive to ask for).
-    pub wake: Notify,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, Buffer> {
-        self.buffer.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl PostgresLogical {
-    /// A batch from the stream (see the module docs); empty when another session holds the slot.
-    pub(super) async fn stream_fetch(&self, want: Want) -> Result<Fetched, SourceError> {
+impl Stream {
+    pub fn new(conn: Conn, spec: SourceSpec, options: Options, tls: PostgresTls) -> Self {
+        Self {
+            conn,
+            spec,
+            options,
+            tls,
+            current: tokio::sync::Mutex::new(None),
+            acked: Mutex::new(None),
+            holder: Mutex::new(None),
+            previous: Mutex::new(None),
+        }
+    }
+
+    /// A batch's scan from the stream (see the module docs); `None` when another session holds the slot.
+    pub async fn fetch(&self, catalog: &Catalog, slot: &Slot, want: Want) -> Result<Option<Scan>, SourceError> {
         for _ in 0..2 {
-            let Some(shared) = self.stream_for(want.after).await? else { return Ok(Fetched::default()) };
+            let Some(shared) = self.serving(catalog, slot, want.after).await? else { return Ok(None) };
             if let Some(scan) = self.take_batch(&shared, want).await? {
-                return self.fetched_from(scan, want).await;
+                return Ok(Some(scan));
             }
         }
         Err(SourceError::Unavailable(format!(
@@ -87,8 +96,13 @@ impl PostgresLogical {
     }
 
     /// The stream that serves a read after `after`: the one held, else a new one.
-    pub(super) async fn stream_for(&self, after: Option<Pos>) -> Result<Option<Arc<Shared>>, SourceError> {
-        let mut current = self.streams.current.lock().await;
+    pub async fn serving(
+        &self,
+        catalog: &Catalog,
+        slot: &Slot,
+        after: Option<Pos>,
+    ) -> Result<Option<Arc<Shared>>, SourceError> {
+        let mut current = self.current.lock().await;
         if let Some(handle) = current.as_ref() {
             let mut b = handle.shared.lock();
             let keep = match b.ended.take() {
@@ -105,7 +119,7 @@ impl PostgresLogical {
                 }
                 Some(_) => false,
                 None if b.shape_changed => {
-                    *lock(&self.shape) = None;
+                    catalog.forget();
                     false
                 }
                 None if !b.serves(after) => {
@@ -118,21 +132,26 @@ impl PostgresLogical {
             if keep {
                 return Ok(Some(handle.shared.clone()));
             }
-            *lock(&self.streams.previous) = Some(handle.pid);
+            *lock(&self.previous) = Some(handle.pid);
             *current = None;
         }
-        *current = self.open_stream(after).await?;
+        *current = self.open(catalog, slot, after).await?;
         Ok(current.as_ref().map(|h| h.shared.clone()))
     }
 
-    async fn open_stream(&self, after: Option<Pos>) -> Result<Option<Handle>, SourceError> {
-        let shape = self.shape().await?;
+    async fn open(
+        &self,
+        catalog: &Catalog,
+        replication_slot: &Slot,
+        after: Option<Pos>,
+    ) -> Result<Option<Handle>, SourceError> {
+        let shape = catalog.shape().await?;
         let slot = &self.options.slot;
         let confirmed = {
-            let client = self.client().await?;
-            match self.slot_state(&client).await? {
+            let client = self.conn.client().await?;
+            match replication_slot.state(&client).await? {
                 SlotState::Ready(c) if after.is_none_or(|a| c <= a.resume()) => c,
-                state => return Err(self.slot_refusal(state, after)),
+                state => return Err(replication_slot.refusal(state, after)),
             }
         };
         let config = crate::db::postgres::config(&self.spec.connection_setting, &self.spec.connection)
@@ -143,7 +162,7 @@ impl PostgresLogical {
         let mut wire =
             Wire::connect(&config, &self.tls, &application_name(), &session).await.map_err(|e| self.wire_error(e))?;
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
-        let previous = *lock(&self.streams.previous);
+        let previous = *lock(&self.previous);
         loop {
             let Err(e) = wire.start(slot, &self.options.publication, confirmed).await else { break };
             match e {
@@ -166,9 +185,9 @@ impl PostgresLogical {
                 }
             }
         }
-        *lock(&self.streams.previous) = None;
-        *lock(&self.streams.holder) = None;
-        let flush = lock(&self.streams.acked).map_or(confirmed, |a| a.max(confirmed));
+        *lock(&self.previous) = None;
+        *lock(&self.holder) = None;
+        let flush = lock(&self.acked).map_or(confirmed, |a| a.max(confirmed));
         let buffer = Buffer::new(confirmed, flush, self.options.buffer_bytes, self.options.buffer_changes);
         let shared = Arc::new(Shared { buffer: Mutex::new(buffer), changed: Notify::new(), wake: Notify::new() });
         let decoder = Decoder::new(shape, self.options.delete_item, true, None, self.spec.table.to_string());
@@ -183,12 +202,12 @@ impl PostgresLogical {
     async fn held_elsewhere(&self, message: &str) {
         let pid: Option<i32> = message.rsplit(' ').next().and_then(|p| p.trim_end_matches('.').parse().ok());
         let slot = &self.options.slot;
-        if std::mem::replace(&mut *lock(&self.streams.holder), pid) == pid {
+        if std::mem::replace(&mut *lock(&self.holder), pid) == pid {
             tracing::debug!(slot = %slot, "replication slot {slot} is still streamed by another session ({message})");
             return;
         }
         let mut who = String::new();
-        if let (Some(pid), Ok(client)) = (pid, self.client().await) {
+        if let (Some(pid), Ok(client)) = (pid, self.conn.client().await) {
             if let Ok(Some(row)) = client.query_opt(sql::HOLDER, &[&pid]).await {
                 who = format!(" by {:?} from {}", row.get::<_, String>(0), row.get::<_, String>(1));
             }
@@ -201,8 +220,8 @@ impl PostgresLogical {
     }
 
     /// What status shows of this process's stream: what it holds in memory, and how far it has read.
-    pub(super) async fn stream_health(&self) -> Option<serde_json::Value> {
-        let current = self.streams.current.lock().await;
+    pub async fn health(&self) -> Option<serde_json::Value> {
+        let current = self.current.lock().await;
         let b = current.as_ref()?.shared.lock();
         let (changes, bytes) = b.held();
         Some(serde_json::json!({
@@ -245,8 +264,8 @@ impl PostgresLogical {
                 }
             }
             if flush.is_none() {
-                let client = self.client().await?;
-                let text: String = client.query_one(sql::FLUSH, &[]).await.map_err(|e| self.error(e))?.get(0);
+                let client = self.conn.client().await?;
+                let text: String = client.query_one(sql::FLUSH, &[]).await.map_err(|e| self.conn.error(e))?.get(0);
                 flush = Some(Lsn::parse(&text).unwrap_or_default());
                 shared.lock().reply_wanted = true;
                 shared.wake.notify_one();
@@ -258,18 +277,18 @@ impl PostgresLogical {
 
     /// Reports an acknowledged checkpoint through the stream, and waits (at most `streamPollMs`) until the slot
     /// shows it. Without a stream, the next one reports it from its start.
-    pub(super) async fn stream_acknowledged(&self, checkpoint: Pos) -> Result<(), SourceError> {
+    pub async fn acknowledged(&self, slot: &Slot, checkpoint: Pos) -> Result<(), SourceError> {
         let target = checkpoint.resume();
         {
-            let mut acked = lock(&self.streams.acked);
+            let mut acked = lock(&self.acked);
             *acked = Some(acked.map_or(target, |a| a.max(target)));
         }
-        let mut memory = self.slot.lock().await;
-        if memory.at.is_some_and(|at| at >= target) {
+        let mut memory = slot.memory().await;
+        if memory.passed(target) {
             return Ok(());
         }
         {
-            let current = self.streams.current.lock().await;
+            let current = self.current.lock().await;
             let Some(handle) = current.as_ref() else { return Ok(()) };
             let mut b = handle.shared.lock();
             if b.ended.is_some() {
@@ -282,14 +301,14 @@ impl PostgresLogical {
             handle.shared.wake.notify_one();
         }
         let deadline = Instant::now() + Duration::from_millis(self.options.poll_ms);
-        let client = self.client().await?;
+        let client = self.conn.client().await?;
         loop {
             let row = client
                 .query_opt(sql::CONFIRMED_AT, &[&self.options.slot, &target.to_string()])
                 .await
-                .map_err(|e| self.error(e))?;
+                .map_err(|e| self.conn.error(e))?;
             if row.is_some_and(|r| r.get::<_, bool>(0)) {
-                memory.at = Some(target);
+                memory.seen_at(target);
                 return Ok(());
             }
             if Instant::now() >= deadline {

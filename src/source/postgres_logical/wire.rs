@@ -10,6 +10,7 @@
 //!
 //! Layouts: PostgreSQL's "Frontend/Backend Protocol" and "Streaming Replication Protocol" chapters.
 
+use super::pgoutput::POSTGRES_EPOCH;
 use super::position::Lsn;
 use crate::db::postgres::PostgresTls;
 use bytes::{Buf, BufMut, BytesMut};
@@ -216,7 +217,7 @@ impl Wire {
     /// A standby status update: `flush` as written, flushed and applied; `reply` asks for a keepalive back.
     pub async fn status(&mut self, flush: Lsn, reply: bool) -> Result<(), WireError> {
         let micros = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
-            - super::decode::POSTGRES_EPOCH * 1_000_000;
+            - POSTGRES_EPOCH * 1_000_000;
         let mut body = BytesMut::with_capacity(34);
         body.put_u8(b'r');
         for _ in 0..3 {

@@ -2,13 +2,10 @@
 //! state store, and the sink of each function that names one. Building it opens no connection; sources,
 //! stores and sinks connect on first use.
 
-use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, SourceOptions, StateStoreKind};
+use crate::config::{settings, AppConfig, ConfigError, ConfigErrors, StateStoreKind};
 use crate::db::postgres::PostgresTls;
 use crate::engine::{Released, Trigger};
-use crate::source::mssql::{MssqlChangeTracking, MssqlRowversion};
-use crate::source::postgres::PostgresCursor;
-use crate::source::postgres_logical::PostgresLogical;
-use crate::source::{Source, SourceError};
+use crate::source;
 use crate::state::{BlobStore, FileStore, StateStore};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -80,7 +77,7 @@ impl App {
                 ));
                 continue;
             }
-            let source = source(f, &postgres_tls).map_err(|e| ConfigError::new(file, e.to_string()));
+            let source = source::open(&f.source, &postgres_tls).map_err(|e| ConfigError::new(file, e.to_string()));
             // The trigger owns its delivery: the sink the configuration chose (for sink delivery, and under
             // `handler run` always); the host's bindings otherwise.
             let sink = f.sink.as_ref().map(|spec| crate::sink::build(&f.name, spec, &postgres_tls)).transpose();
@@ -220,16 +217,6 @@ pub async fn release_on_stop(trigger: &Trigger) -> Released {
 pub enum ScaleUnit {
     Single(Arc<Trigger>),
     Partitioned { group: String, partitions: Vec<Arc<Trigger>> },
-}
-
-/// The change source a function watches (no connection is opened here).
-fn source(f: &crate::config::FunctionConfig, postgres_tls: &PostgresTls) -> Result<Arc<dyn Source>, SourceError> {
-    Ok(match &f.source.options {
-        SourceOptions::PostgresCursor(o) => Arc::new(PostgresCursor::new(f.source.clone(), o.clone(), postgres_tls)?),
-        SourceOptions::PostgresLogical(o) => Arc::new(PostgresLogical::new(f.source.clone(), o.clone(), postgres_tls)?),
-        SourceOptions::MssqlChangeTracking(o) => Arc::new(MssqlChangeTracking::new(f.source.clone(), o.clone())?),
-        SourceOptions::MssqlRowversion(o) => Arc::new(MssqlRowversion::new(f.source.clone(), o.clone())?),
-    })
 }
 
 fn build_store(config: &AppConfig) -> Result<Arc<dyn StateStore>, ConfigError> {

@@ -337,7 +337,7 @@ async fn watch(
         if let Some(status) = child.try_wait().map_err(err("waiting for handler run"))? {
             return Err(format!("handler run exited ({status}) before the backfill was done"));
         }
-        if let Some(b) = state(store, app_name).await?.and_then(|d| d.backfill) {
+        if let Some(b) = state(store, app_name).await?.and_then(|d| d.backfill().cloned()) {
             // The writer starts once the backfill's bound is fixed, so every order it places is a live change.
             if with_writer && writer.is_none() {
                 writer = Some(tokio::spawn(write(url.to_string(), knobs.rows + 1, knobs.rate, stopped.clone())));

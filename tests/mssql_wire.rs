@@ -1068,7 +1068,7 @@ async fn a_quiet_table_outlives_its_retention_because_empty_ticks_record_the_ver
 
 /// The checkpoint of the state document a trigger's store holds.
 async fn checkpoint(trigger: &Trigger) -> Value {
-    trigger.load().await.expect("load").expect("state written").0.checkpoint
+    trigger.load().await.expect("load").expect("state written").0.checkpoint().clone()
 }
 
 #[tokio::test]
@@ -1093,7 +1093,7 @@ async fn a_full_tick_against_the_wire_delivers_and_records_the_batch() {
         format!(r#"[{{"Operation":0,"Item":{INSERTED}}},{{"Operation":2,"Item":{DELETED}}}]"#)
     );
     let (doc, _) = trigger.load().await.expect("load").expect("state written");
-    let flight = doc.in_flight.expect("batch in flight");
+    let flight = doc.in_flight().expect("batch in flight");
     assert_eq!(flight.range.from, json!({"phase": "changes", "base": 10}));
     assert_eq!(flight.range.to, json!({"phase": "changes", "base": 42}));
     let _ = std::fs::remove_dir_all(&root);

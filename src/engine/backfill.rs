@@ -55,7 +55,7 @@ pub(super) async fn first_doc(trigger: &Trigger) -> Result<super::document::Stat
     let mut doc = Tick::new_doc(trigger, start);
     if from == crate::source::StartFrom::Snapshot {
         let now = trigger.ledger.clock().now();
-        let b = plan(trigger, &doc.checkpoint, None, "startFrom: snapshot", now).await?;
+        let b = plan(trigger, doc.checkpoint(), None, "startFrom: snapshot", now).await?;
         tracing::info!(function = %trigger.config.name, backfill = %b.id, estimate = ?b.estimate,
             "startFrom snapshot: backfilling the rows that exist beside the changes after them");
         // A new document has no backfill to refuse this one.

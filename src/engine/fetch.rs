@@ -89,7 +89,7 @@ async fn live(tick: &mut Tick<'_>, from: &Position) -> Result<Fetched, TickError
 /// nothing of it is unacknowledged, the backfill is done and the tick must write). The chunk goes right after
 /// the live changes already handed to the consumer (`fresh.live`, `ChunkRequest::live`).
 async fn next_chunk(tick: &mut Tick<'_>, fresh: &Fresh) -> Result<Option<(Fetched, String)>, TickError> {
-    let Some(b) = tick.doc.backfill.clone().filter(|b| b.state == super::document::BackfillState::Running) else {
+    let Some(b) = tick.doc.backfill().cloned().filter(|b| b.state == super::document::BackfillState::Running) else {
         return Ok(None);
     };
     let limit = tick.trigger.config.settings.max_batch_size;
@@ -133,7 +133,7 @@ async fn next_chunk(tick: &mut Tick<'_>, fresh: &Fresh) -> Result<Option<(Fetche
 /// anything else); the next tick reads it again.
 async fn reread(tick: &Tick<'_>, range: &BatchRange, limit: usize, live: &Position) -> Result<Fetched, TickError> {
     let id = range.backfill.as_deref().unwrap_or_default();
-    let Some(b) = tick.doc.backfill.as_ref().filter(|b| b.id == id && b.open()) else {
+    let Some(b) = tick.doc.backfill().filter(|b| b.id == id && b.open()) else {
         return Ok(Fetched::default());
     };
     let filter = filter(b)?;

@@ -61,10 +61,10 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
             tick.dirty = true;
         }
     }
-    answered.retries.retain(|r| tick.doc.retry_quarantined.contains(&r.range.batch_id));
+    answered.retries.retain(|r| tick.doc.retry_quarantined().contains(&r.range.batch_id));
     // An operator's resume clears the failures of the first batch in flight (a halted batch is delivered once
     // more): the document's count is the one to go by when it is lower.
-    if let (Some(flight), Some(first)) = (&tick.doc.in_flight, answered.span.front_mut()) {
+    if let (Some(flight), Some(first)) = (tick.doc.in_flight(), answered.span.front_mut()) {
         if flight.failures < first.failures_recorded {
             let first = Arc::make_mut(first);
             first.failures = flight.failures;
@@ -83,7 +83,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
             return tick.halt(&poison).await;
         }
         sent.settled = true;
-        let live = answered.frontier(&tick.doc.checkpoint).clone();
+        let live = answered.frontier(tick.doc.checkpoint()).clone();
         let changes = match &poison.quarantined {
             Some(_) => Vec::new(),
             None => fetch::again(tick, &poison.range, None, &live).await?,
@@ -113,7 +113,7 @@ pub(super) async fn deferred(tick: &mut Tick<'_>, attempt: &Attempt) -> Result<(
     if !tick.commit_if_dirty().await? {
         return Ok(());
     }
-    if let (Some(first), Some(flight)) = (answered.span.front_mut(), &tick.doc.in_flight) {
+    if let (Some(first), Some(flight)) = (answered.span.front_mut(), tick.doc.in_flight()) {
         if first.failures_recorded != flight.failures {
             Arc::make_mut(first).failures_recorded = flight.failures;
         }
@@ -158,7 +158,7 @@ async fn owed_reply(
         }
     }
     // An owed chunk goes after everything answered so far: the live changes up to the span's end.
-    let live = answered.frontier(&tick.doc.checkpoint).clone();
+    let live = answered.frontier(tick.doc.checkpoint()).clone();
     let Some(sent) = answered.owed() else { return Ok(None) };
     let changes = match page {
         Some(changes) => changes,

@@ -218,7 +218,7 @@ impl Trigger {
         // Read off the document this process holds (written or read last): no store operation.
         out.backfill_running = memory
             .last_written()
-            .is_some_and(|(doc, _)| doc.backfill.as_ref().is_some_and(|b| b.state == document::BackfillState::Running));
+            .is_some_and(|(doc, _)| doc.backfill().is_some_and(|b| b.state == document::BackfillState::Running));
         Ok(out)
     }
 

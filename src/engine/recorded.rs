@@ -33,7 +33,7 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
                 Stuck::Redeliver => return redeliver(tick, ack, *flight).await,
                 Stuck::Halt(poison) => return tick.halt(&poison).await,
                 Stuck::Quarantine(poison) => {
-                    let live = tick.doc.checkpoint.clone();
+                    let live = tick.doc.checkpoint().clone();
                     let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
                     tick.quarantine(&poison, changes).await?;
                     tick.doc.pass_quarantined(&flight);
@@ -60,7 +60,7 @@ pub(super) async fn record(tick: &mut Tick<'_>, ack: Acknowledge) -> Result<(), 
     let fetched_advance = fetched.advance.take();
     if fetched.changes.is_empty() {
         if quarantined.is_none() && chunk.is_none() {
-            tick.out.proven = Some(fetched_advance.clone().unwrap_or_else(|| tick.doc.checkpoint.clone()));
+            tick.out.proven = Some(fetched_advance.clone().unwrap_or_else(|| tick.doc.checkpoint().clone()));
         }
         if let Some(advance) = fetched_advance {
             tick.dirty |= tick.doc.advance_quiet(advance, tick.now, ADVANCE_EVERY);
@@ -111,7 +111,7 @@ fn record_delivery(tick: &mut Tick<'_>, flight: InFlight, ack: Acknowledge) {
 /// batch.
 async fn redeliver(tick: &mut Tick<'_>, ack: Acknowledge, flight: InFlight) -> Result<(), TickError> {
     // The batch in flight is the only one after the checkpoint handed over.
-    let live = tick.doc.checkpoint.clone();
+    let live = tick.doc.checkpoint().clone();
     let changes = fetch::again(tick, &flight.range, flight.quarantined.as_deref(), &live).await?;
     let owner = tick.trigger.owner.clone();
     let why = if flight.owner != owner {

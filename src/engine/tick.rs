@@ -102,7 +102,7 @@ impl<'a> Tick<'a> {
         // The checkpoint of a stored document is acknowledged: a source holding changes upstream may let go of
         // what it passed. Only here, by the lease holder, on a document read or written at `etag`.
         if etag.is_some() {
-            if let Err(e) = trigger.source.acknowledged(&doc.checkpoint).await {
+            if let Err(e) = trigger.source.acknowledged(doc.checkpoint()).await {
                 tracing::warn!(function = %name, "could not release what the checkpoint passed at the source (the next tick tries again): {e}");
             }
         }
@@ -242,7 +242,7 @@ impl<'a> Tick<'a> {
 
     /// Sets what the tick answers: a batch, its changes, and the lease token it goes under.
     pub fn answer(&mut self, kind: OutcomeKind, batch_id: u64, changes: Vec<Change>, line: String) {
-        self.out.fence = self.doc.lease.as_ref().map_or(0, |l| l.token);
+        self.out.fence = self.doc.lease().map_or(0, |l| l.token);
         self.out.kind = kind;
         self.out.batch_id = Some(batch_id);
         self.out.logs.push(line);

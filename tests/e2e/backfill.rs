@@ -6,7 +6,7 @@ use crate::common::*;
 use crate::operations::handler_cli;
 use crate::runner::Runner;
 use serde_json::{json, Value};
-use sql_pseudo_trigger::engine::document::BackfillState;
+use sql_pseudo_trigger::engine::document::{BackfillState, StateDoc};
 use sql_pseudo_trigger::source::Position;
 use sql_pseudo_trigger::state::{Etag, StateStore};
 use std::collections::BTreeMap;
@@ -79,7 +79,7 @@ async fn start_from_snapshot_backfills_the_rows_that_exist_beside_live_changes_a
     assert!(backfilled_ids.iter().all(|id| (1..=10).contains(id)), "{backfilled_ids:?}");
     // AND the backfill is done, at the last key it delivered
     let (doc, _) = load_state(&shared_blob_store(), &app_name).await.expect("a state document");
-    let b = doc.backfill.expect("a backfill");
+    let b = doc.backfill().expect("a backfill");
     assert_eq!(b.state, BackfillState::Done, "{b:?}");
     assert_eq!(b.after, json!([backfilled_ids.last().expect("one").to_string()]), "{b:?}");
     assert_eq!(b.rows, backfilled_ids.len() as u64, "{b:?}");
@@ -151,7 +151,7 @@ async fn under_handler_run_a_trickle_of_live_changes_does_not_hold_a_backfill_to
     // THEN the backfill is done within 30 s, half one polling interval
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let b = load_state(&shared_blob_store(), &app_name).await.and_then(|(doc, _)| doc.backfill);
+        let b = load_state(&shared_blob_store(), &app_name).await.and_then(|(doc, _)| doc.backfill().cloned());
         if b.as_ref().is_some_and(|b| b.state == BackfillState::Done) {
             break;
         }
@@ -184,9 +184,11 @@ async fn a_backfill_position_of_a_time_key_written_in_another_date_style_is_refu
 
     // WHEN its stored key position holds a time as an earlier handler wrote it under DateStyle `SQL, DMY`
     let store = shared_blob_store();
-    let (mut doc, etag) = state(&store, &app_name).await;
+    let (doc, etag) = state(&store, &app_name).await;
     let stale = Position::Array(vec![Position::String("02/01/2024 03:04:05 UTC".into()), Position::String("1".into())]);
-    doc.backfill.as_mut().expect("a backfill").after = stale.clone();
+    let mut json = serde_json::to_value(&doc).expect("state serializes");
+    *json.pointer_mut("/backfill/after").expect("a backfill") = stale.clone();
+    let doc: StateDoc = serde_json::from_value(json).expect("the edited state reads back");
     let bytes = serde_json::to_vec(&doc).expect("state serializes");
     store.save_if(&state_key(&app_name), &bytes, Some(&Etag(etag))).await.expect("rewrite the state");
     let mut again = Runner::start(&app, &["--once"]);
@@ -201,7 +203,7 @@ async fn a_backfill_position_of_a_time_key_written_in_another_date_style_is_refu
             && stderr.contains("handler state backfill <function> --cancel"),
         "{stderr}"
     );
-    let backfill = state(&store, &app_name).await.0.backfill.expect("a backfill");
+    let backfill = state(&store, &app_name).await.0.backfill().cloned().expect("a backfill");
     assert_eq!((backfill.after, backfill.rows, backfill.chunks), (stale, 0, 0));
 }
 
@@ -217,7 +219,7 @@ async fn operator(app: &crate::support::AppFolder, args: &[&str]) -> Value {
 async fn backfill_until(app_name: &str, want: impl Fn(&sql_pseudo_trigger::engine::document::Backfill) -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let b = load_state(&shared_blob_store(), app_name).await.and_then(|(doc, _)| doc.backfill);
+        let b = load_state(&shared_blob_store(), app_name).await.and_then(|(doc, _)| doc.backfill().cloned());
         if b.as_ref().is_some_and(&want) {
             return;
         }
@@ -273,7 +275,7 @@ async fn backfill_pause_resume_cancel_and_a_filtered_start_under_fast_ticks_each
     assert_eq!(keys.len(), received.len(), "a chunk was sent again\n{}", runner.stderr());
     assert!(received.iter().all(|r| r.status == 200));
     let (doc, _) = load_state(&shared_blob_store(), &app_name).await.expect("a state document");
-    assert_eq!(doc.backfill.as_ref().map(|b| b.redone), Some(0), "{:?}", doc.backfill);
+    assert_eq!(doc.backfill().map(|b| b.redone), Some(0), "{:?}", doc.backfill());
     // AND the first backfill delivered a prefix of the keys, each once, and the second exactly orders 9901-10000
     let rows_of = |id: &Value| -> Vec<i64> {
         received.iter().filter(|r| r.backfill.get("Id") == Some(id)).flat_map(|r| r.ids.clone()).collect()

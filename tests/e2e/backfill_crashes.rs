@@ -167,7 +167,7 @@ async fn rows_of(orders: &Orders, table: &str) -> BTreeMap<i64, (String, String,
 
 /// The backfill in [`FUNCTION`]'s state document, once the first tick wrote it.
 async fn backfill_of(app_name: &str) -> Option<sql_pseudo_trigger::engine::document::Backfill> {
-    load_state(&shared_blob_store(), app_name).await.and_then(|(doc, _)| doc.backfill)
+    load_state(&shared_blob_store(), app_name).await.and_then(|(doc, _)| doc.backfill().cloned())
 }
 
 /// Fails the test if, in the order the consumer applied them, any order was given an older version than one it
@@ -291,7 +291,7 @@ async fn handler_run_backfills_under_a_writer_and_kill_9_during_chunks_and_redoe
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let settled = load_state(&shared_blob_store(), &app_name).await.is_some_and(|(doc, _)| {
-            doc.in_flight.is_none() && doc.backfill.is_some_and(|b| b.state == BackfillState::Done)
+            doc.in_flight().is_none() && doc.backfill().is_some_and(|b| b.state == BackfillState::Done)
         });
         if settled && rows_of(&orders, "orders_copy").await == rows_of(&orders, "orders").await {
             break;

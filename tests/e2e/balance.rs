@@ -135,7 +135,7 @@ async fn sample(store: &dyn StateStore, app: &str) -> Sample {
         let key = format!("{app}/{FUNCTION}/partition-{i}-of-{PARTITIONS}.json");
         store.load(&key).await.expect("a state document read").map(|v| {
             let doc: StateDoc = serde_json::from_slice(&v.bytes).expect("a state document");
-            (doc.updated_at, doc.updated_by)
+            (doc.updated_at(), doc.updated_by().to_string())
         })
     }))
     .await;

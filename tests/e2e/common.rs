@@ -278,7 +278,7 @@ pub async fn wait_until_lease_expired(store: &dyn sql_pseudo_trigger::state::Sta
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let (doc, _) = state(store, app_name).await;
-        let lease = doc.lease.as_ref().expect("a batch in flight has a lease");
+        let lease = doc.lease().expect("a batch in flight has a lease");
         if lease.expires_at < time::OffsetDateTime::now_utc() {
             return;
         }

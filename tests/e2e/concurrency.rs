@@ -68,10 +68,10 @@ async fn two_processes_fired_concurrently_deliver_every_row_and_never_move_the_c
 
         // THEN after every round the checkpoint is where it was or further, and the fencing token never shrinks
         if let Some((doc, _)) = load_state(&store, &app_name).await {
-            let now = position(&doc.checkpoint);
+            let now = position(doc.checkpoint());
             assert!(now >= checkpoint, "round {round}: the checkpoint went back from {checkpoint:?} to {now:?}");
             checkpoint = now;
-            let now = doc.lease.as_ref().map_or(0, |l| l.token);
+            let now = doc.lease().map_or(0, |l| l.token);
             assert!(now >= token, "round {round}: the fencing token went back from {token} to {now}");
             token = now;
         }
@@ -82,7 +82,7 @@ async fn two_processes_fired_concurrently_deliver_every_row_and_never_move_the_c
         let mut written = p1.delivered("changes");
         written.extend(p2.delivered("changes"));
         let (doc, _) = state(&store, &app_name).await;
-        if tally(&written).0.is_superset(&all) && doc.in_flight.is_none() {
+        if tally(&written).0.is_superset(&all) && doc.in_flight().is_none() {
             break doc;
         }
         assert!(Instant::now() < deadline, "not all delivered and acknowledged within 15 s: {doc:?}");
@@ -95,17 +95,17 @@ async fn two_processes_fired_concurrently_deliver_every_row_and_never_move_the_c
     written.extend(p2.delivered("changes"));
     let (seen, counts) = tally(&written);
     assert_eq!(seen, all);
-    assert_eq!(doc.counters.delivered, all.len() as u64, "{:?}", doc.counters);
+    assert_eq!(doc.counters().delivered, all.len() as u64, "{:?}", doc.counters());
     assert!(injected >= 4, "only {injected} write failures were injected");
     // AND both processes took part, one taking over the other's batch
     assert!(!p1.delivered("changes").is_empty() && !p2.delivered("changes").is_empty());
-    assert!(doc.counters.takeovers >= 1, "{:?}", doc.counters);
+    assert!(doc.counters().takeovers >= 1, "{:?}", doc.counters());
     // AND every duplicate comes from a re-delivery (a retry after the injected failures, or a takeover), and
     // a re-delivery repeats at most one batch
     let duplicates = written.len() - all.len();
-    let bound = doc.counters.redelivered * MAX_BATCH_SIZE;
-    assert!(duplicates as u64 <= bound, "{duplicates} duplicates, more than {bound}: {counts:?} {:?}", doc.counters);
-    assert_eq!(position(&doc.checkpoint), checkpoint.max(position(&doc.checkpoint)));
+    let bound = doc.counters().redelivered * MAX_BATCH_SIZE;
+    assert!(duplicates as u64 <= bound, "{duplicates} duplicates, more than {bound}: {counts:?} {:?}", doc.counters());
+    assert_eq!(position(doc.checkpoint()), checkpoint.max(position(doc.checkpoint())));
 }
 
 /// Fires only the process that does not hold the batch in flight until it has taken it over, for at most 10 s.
@@ -116,7 +116,7 @@ async fn take_over_the_batch_in_flight(store: &dyn StateStore, app_name: &str, p
     let mut holder = None;
     loop {
         let (doc, _) = state(store, app_name).await;
-        let owner = doc.in_flight.as_ref().and_then(|f| owner_pid(&f.owner));
+        let owner = doc.in_flight().and_then(|f| owner_pid(&f.owner));
         match (holder, owner) {
             (Some(old), Some(new)) if new != old => return,
             (None, Some(pid)) => holder = Some(pid),

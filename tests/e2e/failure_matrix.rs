@@ -63,8 +63,8 @@ async fn case_a_handler_failure_redelivers_the_batch() {
     assert!(retry.logs.iter().any(|l| l.contains("re-delivering batch 1")), "{:?}", retry.logs);
     // AND the checkpoint did not move: batch 1 is in flight with one known failure
     let (doc, _) = state(&store, &app_name).await;
-    assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
-    let flight = doc.in_flight.as_ref().expect("batch 1 in flight");
+    assert!(doc.checkpoint().is_null(), "{:?}", doc.checkpoint());
+    let flight = doc.in_flight().expect("batch 1 in flight");
     assert_eq!((flight.range.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
 
     // WHEN a later firing finds a new order
@@ -75,7 +75,7 @@ async fn case_a_handler_failure_redelivers_the_batch() {
     assert_eq!(ops(&next), vec![(0, 4)]);
     assert_eq!(counts(&host.delivered("changes")), each(1..=4, 1));
     let (doc, _) = state(&store, &app_name).await;
-    assert_eq!((doc.counters.batches, doc.counters.delivered, doc.counters.redelivered), (1, 3, 1));
+    assert_eq!((doc.counters().batches, doc.counters().delivered, doc.counters().redelivered), (1, 3, 1));
 }
 
 #[tokio::test]
@@ -93,7 +93,7 @@ async fn case_b_handler_success_then_commit_failure_loses_nothing() {
     let batch_1 = fire_until_delivered(&host, FUNCTION).await;
     assert_eq!(ids_of(&batch_1), vec![1, 2, 3]);
     let (before, etag_before) = state(&store, &app_name).await;
-    assert_eq!(before.in_flight.as_ref().map(|f| f.range.batch_id), Some(1));
+    assert_eq!(before.in_flight().map(|f| f.range.batch_id), Some(1));
 
     // WHEN the state store goes down before the next invocation, which would acknowledge batch 1 and deliver
     // orders 4-5 in one commit
@@ -125,7 +125,7 @@ async fn case_b_handler_success_then_commit_failure_loses_nothing() {
     written.extend(host.delivered("changes").into_iter().skip(3));
     assert_eq!(counts(&written), each(1..=5, 1));
     let (doc, _) = state(&store, &app_name).await;
-    assert_eq!((doc.counters.redelivered, doc.counters.quarantined), (0, 0));
+    assert_eq!((doc.counters().redelivered, doc.counters().quarantined), (0, 0));
 }
 
 #[tokio::test]
@@ -143,7 +143,7 @@ async fn case_c_a_commit_attempt_after_lease_loss_cannot_acknowledge_over_the_ne
     // AND process 1 answered batch 1 (orders 1-3) and its host wrote it
     assert_eq!(ids_of(&fire_until_delivered(&p1, FUNCTION).await), vec![1, 2, 3]);
     let (doc, _) = state(&store, &app_name).await;
-    let p1_lease = doc.lease.clone().expect("process 1's lease");
+    let p1_lease = doc.lease().cloned().expect("process 1's lease");
 
     // WHEN process 1's lease expires before its next invocation (waited for on the state document: the
     // takeover below depends on exactly that condition, so polling it cannot race)
@@ -161,10 +161,10 @@ async fn case_c_a_commit_attempt_after_lease_loss_cannot_acknowledge_over_the_ne
         answer.logs
     );
     let (doc, etag) = state(&store, &app_name).await;
-    let lease = doc.lease.clone().expect("process 2's lease");
+    let lease = doc.lease().cloned().expect("process 2's lease");
     assert_ne!(lease.owner, p1_lease.owner);
-    assert_eq!((lease.token, doc.counters.takeovers), (p1_lease.token + 1, 1));
-    assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
+    assert_eq!((lease.token, doc.counters().takeovers), (p1_lease.token + 1, 1));
+    assert!(doc.checkpoint().is_null(), "{:?}", doc.checkpoint());
 
     // WHEN process 1, which answered batch 1 and still remembers it, gets its next (non-retry) invocation
     let stale = p1.run_timer(FUNCTION).await.expect("timer run");
@@ -184,7 +184,7 @@ async fn case_c_a_commit_attempt_after_lease_loss_cannot_acknowledge_over_the_ne
     let written = merged(&[counts(&p1.delivered("changes")), counts(&p2.delivered("changes"))]);
     assert_eq!(written, merged(&[each(1..=3, 2), each([4], 1)]));
     let (doc, _) = state(&store, &app_name).await;
-    assert_eq!((doc.counters.batches, doc.counters.delivered), (1, 3));
+    assert_eq!((doc.counters().batches, doc.counters().delivered), (1, 3));
 }
 
 #[tokio::test]
@@ -246,7 +246,7 @@ async fn case_e_a_crash_after_fetch_before_the_answer_delivers_the_batch_after_r
     assert!(crashing.output().contains("failpoint after-fetch hit"), "{}", crashing.output());
     // AND nothing was committed: no batch in flight, the checkpoint where it was
     if let Some((doc, _)) = load_state(&store, &app_name).await {
-        assert!(doc.in_flight.is_none() && doc.checkpoint.is_null(), "{doc:?}");
+        assert!(doc.in_flight().is_none() && doc.checkpoint().is_null(), "{doc:?}");
     }
 
     // WHEN the handler is started again without the crash point and the timer fires
@@ -326,9 +326,9 @@ async fn case_g_an_ambiguous_commit_is_redelivered_not_acknowledged() {
     wait_until_exited(&crashing).await;
     assert!(crashing.output().contains("failpoint after-commit hit"), "{}", crashing.output());
     let (doc, _) = state(&store, &app_name).await;
-    assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
-    let flight = doc.in_flight.clone().expect("batch 1 in flight");
-    assert_eq!((flight.range.batch_id, flight.range.rows, flight.deliveries, doc.counters.batches), (1, 3, 1, 0));
+    assert!(doc.checkpoint().is_null(), "{:?}", doc.checkpoint());
+    let flight = doc.in_flight().cloned().expect("batch 1 in flight");
+    assert_eq!((flight.range.batch_id, flight.range.rows, flight.deliveries, doc.counters().batches), (1, 3, 1, 0));
 
     // WHEN a new handler process starts and the timer fires
     let host = start(&app).await;
@@ -340,15 +340,15 @@ async fn case_g_an_ambiguous_commit_is_redelivered_not_acknowledged() {
     assert!(answer.logs.iter().any(|l| l.contains("re-delivering batch 1")), "{:?}", answer.logs);
     assert_eq!(ids_of(&run.applied["changes"]), vec![1, 2, 3]);
     let (doc, _) = state(&store, &app_name).await;
-    assert!(doc.checkpoint.is_null(), "acknowledged without proof: {:?}", doc.checkpoint);
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.deliveries)), Some((1, 2)));
+    assert!(doc.checkpoint().is_null(), "acknowledged without proof: {:?}", doc.checkpoint());
+    assert_eq!(doc.in_flight().map(|f| (f.range.batch_id, f.deliveries)), Some((1, 2)));
 
     // AND after the next firing acknowledges it, every order was written exactly once
     drain(&host, 5).await;
     assert_eq!(counts(&host.delivered("changes")), each(1..=3, 1));
     let (doc, _) = state(&store, &app_name).await;
-    assert_eq!((doc.counters.batches, doc.counters.delivered), (1, 3));
-    assert_eq!(position(&doc.checkpoint).1, 3);
+    assert_eq!((doc.counters().batches, doc.counters().delivered), (1, 3));
+    assert_eq!(position(doc.checkpoint()).1, 3);
 }
 
 #[tokio::test]
@@ -402,10 +402,10 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_mid_tick_is_refused_by_cas_and_
     assert!(stale.logs.iter().any(|l| l.contains("batch in flight belongs to")), "{:?}", stale.logs);
     // AND the document is still process 2's: batch 1 in flight under the higher fencing token, not acknowledged
     let (doc, etag) = state(&store, &app_name).await;
-    let lease = doc.lease.clone().expect("a lease");
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.owner.clone())), Some((1, lease.owner.clone())));
-    assert_eq!((lease.token, doc.counters.takeovers), (2, 1));
-    assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
+    let lease = doc.lease().cloned().expect("a lease");
+    assert_eq!(doc.in_flight().map(|f| (f.range.batch_id, f.owner.clone())), Some((1, lease.owner.clone())));
+    assert_eq!((lease.token, doc.counters().takeovers), (2, 1));
+    assert!(doc.checkpoint().is_null(), "{:?}", doc.checkpoint());
 
     // WHEN process 1 fires again, still remembering that it answered batch 1
     let again = p1.run_timer(FUNCTION).await.expect("timer run");
@@ -453,9 +453,9 @@ async fn case_i_a_poison_batch_is_quarantined_and_later_rows_flow() {
     assert_eq!(ops(&changes), vec![(0, 1), (0, 2), (0, 3)]);
     // AND the checkpoint passed it, which the state document records
     let (doc, _) = state(&store, &app_name).await;
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(doc.checkpoint, quarantined.to);
-    assert_eq!((doc.counters.quarantined, doc.quarantine.len()), (1, 1));
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(*doc.checkpoint(), quarantined.to);
+    assert_eq!((doc.counters().quarantined, doc.quarantine().len()), (1, 1));
 
     // WHEN new orders arrive
     orders.insert(4..=5).await;
@@ -514,8 +514,8 @@ async fn case_i_with_poison_action_halt_the_function_stops_at_the_poison_batch()
     assert!(store.list(&quarantine_prefix(&app_name)).await.expect("list").is_empty());
     let (doc, _) = state(&store, &app_name).await;
     assert!(doc.halted().is_some_and(|h| h.contains("halt")), "{:?}", doc.halted());
-    assert!(doc.checkpoint.is_null(), "{:?}", doc.checkpoint);
-    assert_eq!(doc.in_flight.as_ref().map(|f| f.range.batch_id), Some(1));
+    assert!(doc.checkpoint().is_null(), "{:?}", doc.checkpoint());
+    assert_eq!(doc.in_flight().map(|f| f.range.batch_id), Some(1));
 }
 
 /// First attempts until one gets no HTTP answer at all (the process died in the tick); returns that error.

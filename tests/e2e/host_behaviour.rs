@@ -170,7 +170,7 @@ async fn a_queue_down_for_several_firings_quarantines_nothing_and_loses_nothing(
     let store = shared_blob_store();
     assert!(store.list(&quarantine_prefix(&app_name)).await.expect("list").is_empty());
     let (doc, _) = state(&store, &app_name).await;
-    assert_eq!(doc.counters.quarantined, 0);
+    assert_eq!(doc.counters().quarantined, 0);
 }
 
 #[tokio::test]

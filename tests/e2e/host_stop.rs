@@ -24,7 +24,7 @@ async fn doc_at(store: &impl StateStore, key: &str) -> StateDoc {
 
 /// Whether `doc` has a lease that has not expired by the wall clock every process here shares.
 fn leased(doc: &StateDoc) -> bool {
-    doc.lease.as_ref().is_some_and(|l| l.expires_at > time::OffsetDateTime::now_utc())
+    doc.lease().is_some_and(|l| l.expires_at > time::OffsetDateTime::now_utc())
 }
 
 #[tokio::test]
@@ -43,7 +43,7 @@ async fn sigterm_under_the_host_releases_every_partition_lease_so_partitions_cha
     for i in 0..4 {
         fire_until_delivered(&host, &format!("{FUNCTION}-p{i}")).await;
         let doc = doc_at(&store, &key(i)).await;
-        assert!(leased(&doc) && doc.in_flight.is_some(), "partition {i} answered under a live lease: {doc:?}");
+        assert!(leased(&doc) && doc.in_flight().is_some(), "partition {i} answered under a live lease: {doc:?}");
     }
 
     // WHEN the handler gets SIGTERM
@@ -63,8 +63,8 @@ async fn sigterm_under_the_host_releases_every_partition_lease_so_partitions_cha
     // partitions start at the checkpoints, so it is delivered again)
     for i in 0..4 {
         let doc = doc_at(&store, &key(i)).await;
-        assert!(!leased(&doc), "partition {i}'s lease is released: {:?}\n{}", doc.lease, host.output());
-        assert!(doc.in_flight.is_some(), "partition {i}'s unproven batch stays recorded: {doc:?}");
+        assert!(!leased(&doc), "partition {i}'s lease is released: {:?}\n{}", doc.lease(), host.output());
+        assert!(doc.in_flight().is_some(), "partition {i}'s unproven batch stays recorded: {doc:?}");
     }
     eprintln!("SIGTERM to exit with 4 partition leases released: {stopped_in:?}");
 }
@@ -100,8 +100,8 @@ async fn sigterm_under_the_host_lets_the_next_process_go_on_at_once_re_deliverin
     assert_eq!(counts, expected, "\n{}", host.output());
     // AND that is because the stopped process released its lease and left the second batch recorded in flight
     // (the host's write of it unproven: only that process's next invocation could have proven it)
-    assert!(!leased(&stopped), "the lease is released: {:?}", stopped.lease);
-    let flight = stopped.in_flight.as_ref().unwrap_or_else(|| panic!("the second batch stays in flight: {stopped:?}"));
+    assert!(!leased(&stopped), "the lease is released: {:?}", stopped.lease());
+    let flight = stopped.in_flight().unwrap_or_else(|| panic!("the second batch stays in flight: {stopped:?}"));
     assert_eq!(flight.range.rows, 10, "{flight:?}");
     eprintln!("the next process delivered everything {took:?} after it started");
 }
@@ -147,8 +147,8 @@ async fn sigterm_under_the_host_releases_the_lease_only_after_the_invocation_in_
     // AND the lease that answer renewed was released after it: the batch is recorded in flight, its failed write
     // counted, and nobody holds it
     let (doc, _) = state(&shared_blob_store(), &app_name).await;
-    assert!(!leased(&doc), "the lease is released: {:?}\n{}", doc.lease, host.output());
-    let flight = doc.in_flight.as_ref().unwrap_or_else(|| panic!("the batch stays in flight: {doc:?}"));
+    assert!(!leased(&doc), "the lease is released: {:?}\n{}", doc.lease(), host.output());
+    let flight = doc.in_flight().unwrap_or_else(|| panic!("the batch stays in flight: {doc:?}"));
     assert_eq!((flight.range.rows, flight.failures), (3, 1), "{flight:?}");
 }
 

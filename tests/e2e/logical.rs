@@ -19,6 +19,7 @@ use crate::operations::handler_cli;
 use crate::support::{self, AppFolder};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+use sql_pseudo_trigger::engine::document::StateDoc;
 use sql_pseudo_trigger::failpoint;
 use sql_pseudo_trigger::state::{Etag, StateStore};
 use std::collections::{BTreeMap, HashMap};
@@ -242,7 +243,7 @@ fn resume_lsn(position: &Value) -> u64 {
 
 /// The stored checkpoint of [`FUNCTION`] in `app_name`.
 async fn checkpoint(app_name: &str) -> Value {
-    state(&shared_blob_store(), app_name).await.0.checkpoint
+    state(&shared_blob_store(), app_name).await.0.checkpoint().clone()
 }
 
 /// The slot never passes what the stored checkpoint has passed (read while no tick runs).
@@ -1262,9 +1263,11 @@ async fn the_same_values_in_a_table_with_a_column_of_another_type_are_built_by_p
 /// remembered document's etag no longer matches).
 async fn age_progress(app_name: &str, by: time::Duration) {
     let store = shared_blob_store();
-    let (mut doc, etag) = state(&store, app_name).await;
-    let at = doc.progress_at.unwrap_or_else(|| panic!("no progress_at in {doc:?}"));
-    doc.progress_at = Some(at - by);
+    let (doc, etag) = state(&store, app_name).await;
+    let at = doc.progress_at().unwrap_or_else(|| panic!("no progress_at in {doc:?}"));
+    let mut json = serde_json::to_value(&doc).expect("state serializes");
+    json["progress_at"] = json!((at - by).format(&time::format_description::well_known::Rfc3339).expect("a time"));
+    let doc: StateDoc = serde_json::from_value(json).expect("the edited state reads back");
     let bytes = serde_json::to_vec(&doc).expect("state serializes");
     store.save_if(&state_key(app_name), &bytes, Some(&Etag(etag))).await.expect("rewrite the state");
 }

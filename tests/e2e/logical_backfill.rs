@@ -71,13 +71,13 @@ fn assert_no_backfilled_row_older_than_live(messages: &[Value]) -> Vec<i64> {
 /// The backfill of the function's state document (its state, rows, after).
 async fn backfill_state(app_name: &str) -> sql_pseudo_trigger::engine::document::Backfill {
     let (doc, _) = load_state(&shared_blob_store(), app_name).await.expect("a state document");
-    doc.backfill.expect("a backfill")
+    doc.backfill().cloned().expect("a backfill")
 }
 
 /// Whether the function's backfill is done (no state document yet: not done).
 async fn backfill_done(app_name: &str) -> bool {
     let doc = load_state(&shared_blob_store(), app_name).await;
-    doc.and_then(|(d, _)| d.backfill).is_some_and(|b| b.state == BackfillState::Done)
+    doc.is_some_and(|(d, _)| d.backfill().is_some_and(|b| b.state == BackfillState::Done))
 }
 
 /// Fires until the backfill is done and a firing delivers nothing.

@@ -323,20 +323,20 @@ async fn every_action_through(channel: Channel) {
         act(channel, &app, h, FUNCTION, &Action::Replay { from: after_first.to_string() }).await.expect_ok("replay");
     assert_eq!(replayed["checkpoint"], after_first);
     // THEN exactly orders 6-7 come again, under a new batch id
-    let batches_before = state(&store, &app_name).await.0.next_batch_id;
+    let batches_before = state(&store, &app_name).await.0.next_batch_id();
     assert_eq!(ids_of(&fire_until_delivered(&host, FUNCTION).await), vec![6, 7]);
     drain(&host, 3).await;
-    assert!(state(&store, &app_name).await.0.next_batch_id > batches_before);
+    assert!(state(&store, &app_name).await.0.next_batch_id() > batches_before);
 
     // WHEN the operator resets without confirming THEN it is refused with how to confirm, and nothing moves
-    let checkpoint = state(&store, &app_name).await.0.checkpoint;
+    let checkpoint = state(&store, &app_name).await.0.checkpoint().clone();
     let how = if channel == Channel::Cli { "--confirm" } else { "confirm=true" };
     act(channel, &app, h, FUNCTION, &Action::Reset { to: "now".into(), confirm: false }).await.expect_refused(
         "reset without confirm",
         400,
         how,
     );
-    assert_eq!(state(&store, &app_name).await.0.checkpoint, checkpoint);
+    assert_eq!(*state(&store, &app_name).await.0.checkpoint(), checkpoint);
 
     // WHEN orders 8-9 arrive and the operator resets to now, confirmed
     orders.insert(8..=9).await;
@@ -423,7 +423,7 @@ async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_t
     orders.insert(4..=5).await;
     assert_eq!(ids_of(&fire_until_delivered(&host, FUNCTION).await), vec![4, 5]);
     drain(&host, 3).await;
-    let checkpoint = state(&store, &app_name).await.0.checkpoint;
+    let checkpoint = state(&store, &app_name).await.0.checkpoint().clone();
     let key = format!("{}{:020}.json", quarantine_prefix(&app_name), 1);
 
     for channel in CHANNELS {
@@ -442,11 +442,11 @@ async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_t
         assert_eq!(queued["queued"], json!([1]), "{channel:?}: {queued}");
         // THEN exactly orders 1-3 are delivered again, and the checkpoint never moves
         assert_eq!(ids_of(&fire_until_delivered(&host, FUNCTION).await), vec![1, 2, 3], "{channel:?}");
-        assert_eq!(state(&store, &app_name).await.0.checkpoint, checkpoint);
+        assert_eq!(*state(&store, &app_name).await.0.checkpoint(), checkpoint);
         drain(&host, 3).await;
         let (doc, _) = state(&store, &app_name).await;
-        assert_eq!(doc.checkpoint, checkpoint, "{channel:?}");
-        assert!(doc.in_flight.is_none() && doc.retry_quarantined.is_empty(), "{channel:?}: {doc:?}");
+        assert_eq!(*doc.checkpoint(), checkpoint, "{channel:?}");
+        assert!(doc.in_flight().is_none() && doc.retry_quarantined().is_empty(), "{channel:?}: {doc:?}");
     }
     // AND each retry delivered the quarantined orders once more, and nothing else moved
     let mut expected = times(1..=3, 3);
@@ -499,7 +499,7 @@ async fn concurrent_actions_and_ticks_conflict_cleanly_and_never_lose_a_write() 
     orders.insert(1..=3).await;
     fire_until_delivered(&host, FUNCTION).await;
     drain(&host, 3).await;
-    let end = state(&store, &app_name).await.0.checkpoint;
+    let end = state(&store, &app_name).await.0.checkpoint().clone();
     assert!(end.is_array());
 
     let mut conflicts = 0;
@@ -523,7 +523,7 @@ async fn concurrent_actions_and_ticks_conflict_cleanly_and_never_lose_a_write() 
         let (doc, _) = state(&store, &app_name).await;
         assert_eq!(doc.paused(), pause.ok, "round {round}: pause answered {pause:?} but paused = {}", doc.paused());
         let expected_checkpoint = if replay.ok { Value::Null } else { end.clone() };
-        assert_eq!(doc.checkpoint, expected_checkpoint, "round {round}: replay answered {replay:?}");
+        assert_eq!(*doc.checkpoint(), expected_checkpoint, "round {round}: replay answered {replay:?}");
 
         // Back to the start for the next round: unpaused, at the end, nothing in flight
         act(Channel::DirectRoute, &app, Some(&host), FUNCTION, &Action::Resume).await.expect_ok("resume");
@@ -662,7 +662,7 @@ async fn replay_or_reset_to_a_position_the_source_cannot_read_is_refused_and_cha
     }
     // AND the function still works from where it was
     let (after, _) = state(&store, &app_name).await;
-    assert_eq!((after.checkpoint, after.write_id), (before.checkpoint, before.write_id));
+    assert_eq!((after.checkpoint(), after.write_id()), (before.checkpoint(), before.write_id()));
     orders.insert([3]).await;
     assert_eq!(ids_of(&fire_until_delivered(&host, FUNCTION).await), vec![3]);
     assert_eq!(tally(&host.delivered("changes")).0, BTreeSet::from([1, 2, 3]));

@@ -281,7 +281,7 @@ async fn run_once_drains_a_backlog_into_a_webhook_with_one_idempotency_key_per_b
     let status = cli_json(&app, &["state", "status", FUNCTION]).await;
     assert_eq!((&status["pending"], &status["in_flight"]), (&json!(0), &Value::Null), "{status}");
     let (doc, _) = state(&shared_blob_store(), &app_name).await;
-    assert_eq!(doc.counters.delivered, 2500);
+    assert_eq!(doc.counters().delivered, 2500);
 }
 
 #[tokio::test]
@@ -383,7 +383,7 @@ async fn a_batch_the_webhook_rejects_max_attempts_times_is_quarantined_and_later
 
     // WHEN the webhook is fixed, the operator retries the quarantined batch and the runner drains again
     hook.set(Behaviour::default());
-    let checkpoint = state(&shared_blob_store(), &app_name).await.0.checkpoint;
+    let checkpoint = state(&shared_blob_store(), &app_name).await.0.checkpoint().clone();
     cli_json(&app, &["state", "quarantine", "retry", FUNCTION, "2"]).await;
     let before = hook.received().len();
     run_once(&app).await;
@@ -392,7 +392,7 @@ async fn a_batch_the_webhook_rejects_max_attempts_times_is_quarantined_and_later
     let again: Vec<Received> = hook.received()[before..].to_vec();
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!((again[0].status, again[0].ids.clone()), (200, (11..=20).collect::<Vec<_>>()));
-    assert_eq!(state(&shared_blob_store(), &app_name).await.0.checkpoint, checkpoint);
+    assert_eq!(*state(&shared_blob_store(), &app_name).await.0.checkpoint(), checkpoint);
 }
 
 #[tokio::test]

@@ -379,7 +379,7 @@ async fn fire_until_mirrored(host: &HostDriver, orders: &Orders, app_name: &str)
         let source = source_rows(orders).await;
         let copy: BTreeMap<i64, (String, String)> =
             copy_rows(orders).await.into_iter().map(|(k, (v, _))| (k, v)).collect();
-        let settled = load_state(&store, app_name).await.is_some_and(|(doc, _)| doc.in_flight.is_none());
+        let settled = load_state(&store, app_name).await.is_some_and(|(doc, _)| doc.in_flight().is_none());
         if source == copy && settled {
             return;
         }
@@ -405,7 +405,7 @@ async fn fire_until_crashed(host: &HostDriver) {
 /// Waits out the lease of a crashed owner, if it left a batch in flight.
 async fn wait_for_takeover(app_name: &str) {
     let store = shared_blob_store();
-    if load_state(&store, app_name).await.is_some_and(|(doc, _)| doc.in_flight.is_some() && doc.lease.is_some()) {
+    if load_state(&store, app_name).await.is_some_and(|(doc, _)| doc.in_flight().is_some() && doc.lease().is_some()) {
         wait_until_lease_expired(&store, app_name).await;
     }
 }
@@ -513,16 +513,16 @@ async fn lose_state_mid_stream(prefix: &str, sink_extra: Value) -> AfterLoss {
     let (before, _) = state(&store, &app_name).await;
     // Sink mode acknowledges in the tick that delivers; while a backlog drains that acknowledgement also
     // records the next batch in flight, which the process delivers at its next tick from memory.
-    let chained_rows = before.in_flight.as_ref().map_or(0, |f| f.range.rows as usize);
+    let chained_rows = before.in_flight().map_or(0, |f| f.range.rows as usize);
     assert!(copy_rows(&orders).await.len() + chained_rows <= 40);
-    assert_eq!(before.lease.as_ref().map(|l| l.token), Some(2), "the second process wrote under token 2");
+    assert_eq!(before.lease().map(|l| l.token), Some(2), "the second process wrote under token 2");
 
     std::fs::remove_file(dir.path().join(state_key(&app_name))).expect("delete the state document");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let run = host.run_timer(FUNCTION).await.expect("timer run");
         assert!(run.succeeded, "{}", host.output());
-        let settled = load_state(&store, &app_name).await.is_some_and(|(doc, _)| doc.in_flight.is_none());
+        let settled = load_state(&store, &app_name).await.is_some_and(|(doc, _)| doc.in_flight().is_none());
         if settled && copy_rows(&orders).await.len() == 40 {
             break;
         }
@@ -543,8 +543,13 @@ async fn with_exactly_once_a_state_document_deleted_mid_stream_resumes_from_the_
     let twice: Vec<i64> = r.copy.iter().filter(|(_, (_, n))| *n != 1).map(|(id, _)| *id).collect();
     assert_eq!(r.copy.len(), 40);
     assert!(twice.is_empty(), "applied more than once: {twice:?}\n{}", r.output);
-    assert_eq!(r.after.counters.delivered as usize, 40 - r.applied_before - r.chained_rows, "{:?}", r.after.counters);
-    assert!(r.after.next_batch_id > r.before.next_batch_id, "batch ids continue after the recorded batch");
+    assert_eq!(
+        r.after.counters().delivered as usize,
+        40 - r.applied_before - r.chained_rows,
+        "{:?}",
+        r.after.counters()
+    );
+    assert!(r.after.next_batch_id() > r.before.next_batch_id(), "batch ids continue after the recorded batch");
     assert!(r.output.contains("records batch"), "{}", r.output);
 }
 
@@ -562,9 +567,9 @@ async fn at_least_once_a_state_document_deleted_mid_stream_starts_over_above_the
     let twice = r.copy.values().filter(|(_, n)| *n == 2).count();
     assert_eq!(twice, r.applied_before + r.chained_rows, "{:?}", r.copy);
     assert!(r.copy.values().all(|(_, n)| *n <= 2), "{:?}", r.copy);
-    assert_eq!(r.after.counters.delivered, 40, "{:?}", r.after.counters);
+    assert_eq!(r.after.counters().delivered, 40, "{:?}", r.after.counters());
     assert!(r.output.contains("holds fencing token 2, above this state document's 1"), "{}", r.output);
-    assert_eq!(r.after.lease.map(|l| l.token), Some(3));
+    assert_eq!(r.after.lease().map(|l| l.token), Some(3));
 }
 
 /// A tiny deterministic generator (xorshift), seeded per run and printed, so a failing run can be replayed.
@@ -651,7 +656,7 @@ async fn exactly_once_under_kill_9_at_random_points_leaves_the_exact_rows_each_a
     assert_eq!(copy.len(), 300, "crashes: {history:?}");
     assert!(twice.is_empty(), "applied more than once: {twice:?}; crashes: {history:?}");
     let (doc, _) = state(&shared_blob_store(), &app_name).await;
-    assert_eq!(doc.counters.delivered, 300, "crashes: {history:?}; counters {:?}", doc.counters);
+    assert_eq!(doc.counters().delivered, 300, "crashes: {history:?}; counters {:?}", doc.counters());
 }
 
 /// `handler run --once` on the app at `root` with its state in files under `state`; killed (and the test
@@ -732,8 +737,8 @@ async fn handler_run_in_deferred_mode_after_its_state_is_deleted_goes_above_the_
     drain("second run").await;
     // Each run is a new owner and takes the lease over with the next token: 2 or more by now.
     let (before, _) = state(&store, &app_name).await;
-    let token = before.lease.as_ref().map_or(0, |l| l.token);
-    assert!(token >= 2, "two runs, two owners: {:?}", before.lease);
+    let token = before.lease().map_or(0, |l| l.token);
+    assert!(token >= 2, "two runs, two owners: {:?}", before.lease());
 
     // WHEN the state document is deleted (its tokens start again at 1) and the next run drains new orders
     std::fs::remove_file(state_dir.path().join(state_key(&app_name))).expect("delete the state document");
@@ -743,8 +748,8 @@ async fn handler_run_in_deferred_mode_after_its_state_is_deleted_goes_above_the_
     // THEN every order is mirrored, nothing was quarantined or counted as failed: the new document went above
     // the target's token once instead of being refused until MaxAttempts quarantined each batch
     let (after, _) = state(&store, &app_name).await;
-    assert_eq!((after.counters.quarantined, after.counters.delivered), (0, 40), "{:?}\n{output}", after.counters);
-    assert_eq!(after.lease.map(|l| l.token), Some(token + 1), "{output}");
+    assert_eq!((after.counters().quarantined, after.counters().delivered), (0, 40), "{:?}\n{output}", after.counters());
+    assert_eq!(after.lease().map(|l| l.token), Some(token + 1), "{output}");
     assert!(output.contains(&format!("holds fencing token {token}, above this state document's 1")), "{output}");
     let copy = copy_rows(&orders).await;
     assert_eq!(copy.len(), 40);
@@ -783,7 +788,7 @@ async fn sigterm_mid_drain_into_a_postgres_sink_loses_nothing(prefix: &str, deli
     let first = copied().await;
     assert!(first < 3000, "the drain finished before SIGTERM; nothing was tested");
     let (doc, _) = state(&shared_blob_store(), &app_name).await;
-    assert!(doc.in_flight.is_none(), "{:?}\n{}", doc.in_flight, runner.stderr());
+    assert!(doc.in_flight().is_none(), "{:?}\n{}", doc.in_flight(), runner.stderr());
 
     // WHEN the runner runs again with --once
     let mut again = crate::runner::Runner::start(&app, &["--once"]);

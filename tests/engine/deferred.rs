@@ -23,7 +23,8 @@
 //! Row values. Every write transaction of the world writes `{"id": key, "v": version}`, so `(id, v)` names
 //! one version of one row, and a checkpoint `[version, key]` can be written down from the test's own writes.
 
-use serde_json::json;
+use crate::hand_edit;
+use serde_json::{json, Value};
 use sql_pseudo_trigger::change::Change;
 use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::{
@@ -103,7 +104,7 @@ fn row_of(change: &Change) -> Row {
 }
 
 fn checkpoint(doc: &StateDoc) -> Option<(u64, i64)> {
-    position(&doc.checkpoint)
+    position(doc.checkpoint())
 }
 
 fn position(p: &serde_json::Value) -> Option<(u64, i64)> {
@@ -350,15 +351,15 @@ async fn case_a_a_failed_host_write_is_redelivered_on_retry_and_acknowledged_by_
     assert_answer(&again, OutcomeKind::Redelivered, Some(1), &rows(1..=3, v));
     let doc = world.state().await;
     assert_eq!(checkpoint(&doc), None);
-    let flight = doc.in_flight.expect("still in flight");
+    let flight = doc.in_flight().expect("still in flight");
     assert_eq!((flight.range.batch_id, flight.deliveries, flight.failures), (1, 2, 1));
 
     // AND a later normal invocation acknowledges it
     let next = p.answer(NORMAL, Output::Written).await;
     assert_answer(&next, OutcomeKind::Empty, None, &[]);
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight), (Some((v, 3)), None));
-    assert_eq!((doc.counters.delivered, doc.counters.batches, doc.counters.redelivered), (3, 1, 1));
+    assert_eq!((checkpoint(&doc), doc.in_flight()), (Some((v, 3)), None));
+    assert_eq!((doc.counters().delivered, doc.counters().batches, doc.counters().redelivered), (3, 1, 1));
     assert_eq!(world.batches(), vec![rows(1..=3, v)], "delivered exactly once: the first write failed");
     world.assert_nothing_lost();
 }
@@ -380,7 +381,7 @@ async fn case_b_an_acknowledgement_that_fails_to_commit_leaves_the_batch_unackno
     assert!(matches!(err, TickError::Store(StoreError::Unavailable(_))), "{err}");
     assert_eq!(err.kind(), ErrorKind::Transient);
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.range.batch_id)), (None, Some(1)));
+    assert_eq!((checkpoint(&doc), doc.in_flight().map(|f| f.range.batch_id)), (None, Some(1)));
 
     // AND the host's retry names the attempt that failed inside the handler, which carried no batch: it is no
     // evidence against batch 1, so batch 2 goes out and no failure is counted
@@ -388,7 +389,7 @@ async fn case_b_an_acknowledgement_that_fails_to_commit_leaves_the_batch_unackno
     assert_answer(&again, OutcomeKind::Delivered, Some(2), &rows(3..=4, v2));
     let doc = world.state().await;
     assert_eq!(
-        (checkpoint(&doc), doc.in_flight.map(|f| (f.range.batch_id, f.failures))),
+        (checkpoint(&doc), doc.in_flight().map(|f| (f.range.batch_id, f.failures))),
         (Some((v1, 2)), Some((2, 0)))
     );
     p.answer(NORMAL, Output::Written).await;
@@ -406,7 +407,7 @@ async fn case_c_a_commit_after_lease_loss_is_rejected_and_the_new_owner_redelive
     let owner2 = world.process("owner-2", settings());
     let v1 = world.upsert(1..=2);
     owner1.answer(NORMAL, Output::Written).await;
-    let lease = world.state().await.lease.expect("a lease");
+    let lease = world.state().await.lease().cloned().expect("a lease");
     assert_eq!((lease.owner.as_str(), lease.token), ("owner-1", 1));
     let v2 = world.upsert(3..=4);
 
@@ -423,9 +424,9 @@ async fn case_c_a_commit_after_lease_loss_is_rejected_and_the_new_owner_redelive
     assert_answer(&stale, OutcomeKind::LeaseHeld, None, &[]);
     assert_eq!(stale.store_operations, 2);
     let doc = world.state().await;
-    let lease = doc.lease.as_ref().expect("a lease");
+    let lease = doc.lease().expect("a lease");
     assert_eq!((lease.owner.as_str(), lease.token), ("owner-2", 2), "the fencing token grew");
-    assert_eq!((doc.counters.takeovers, checkpoint(&doc)), (1, None));
+    assert_eq!((doc.counters().takeovers, checkpoint(&doc)), (1, None));
 
     // AND owner 1 keeps out while owner 2's lease holds; owner 2 acknowledges and moves on
     let held = owner1.answer(NORMAL, Output::Written).await;
@@ -500,7 +501,7 @@ async fn case_e_a_crash_after_the_batch_is_recorded_but_before_answering_makes_t
     // THEN it cannot prove batch 1 was answered, so it re-delivers the same range under a new token
     assert_answer(&a, OutcomeKind::Redelivered, Some(1), &rows(1..=3, v));
     let doc = world.state().await;
-    assert_eq!((doc.lease.expect("a lease").token, doc.counters.takeovers), (2, 1));
+    assert_eq!((doc.lease().expect("a lease").token, doc.counters().takeovers), (2, 1));
     p2.answer(NORMAL, Output::Written).await;
     assert_eq!(checkpoint(&world.state().await), Some((v, 3)));
     assert_eq!(world.batches(), vec![rows(1..=3, v)]);
@@ -566,7 +567,7 @@ async fn case_g_an_ambiguous_commit_is_resolved_by_redelivering_not_by_acknowled
     // THEN the tick fails (the host gets no batch 2), though the store holds batch 2 in flight
     assert!(matches!(&err, TickError::Store(e) if e.is_ambiguous()), "{err}");
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight.map(|f| f.range.batch_id)), (Some((v1, 2)), Some(2)));
+    assert_eq!((checkpoint(&doc), doc.in_flight().map(|f| f.range.batch_id)), (Some((v1, 2)), Some(2)));
 
     // AND the next normal invocation of the same process re-delivers batch 2 instead of acknowledging it
     let a = p.answer(NORMAL, Output::Written).await;
@@ -585,7 +586,7 @@ async fn case_g_an_ambiguous_first_commit_is_redelivered_too() {
     let v = world.upsert(1..=2);
     p.store.fail_next(StoreOp::Save, Fault::Ambiguous, 1);
     p.error(NORMAL).await;
-    assert_eq!(world.state().await.in_flight.map(|f| f.range.batch_id), Some(1));
+    assert_eq!(world.state().await.in_flight().map(|f| f.range.batch_id), Some(1));
 
     // WHEN the next normal invocation runs
     let a = p.answer(NORMAL, Output::Written).await;
@@ -617,7 +618,7 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_cannot_commit_and_the_next_owne
     // THEN owner 1's result is discarded: its write is rejected, and on reading the state again it finds the
     // batch under owner 2's lease and delivers nothing
     assert_answer(&stale, OutcomeKind::LeaseHeld, None, &[]);
-    let lease = world.state().await.lease.expect("a lease");
+    let lease = world.state().await.lease().cloned().expect("a lease");
     assert_eq!((lease.owner.as_str(), lease.token), ("owner-2", 2));
     // AND its further retries find the batch leased to owner 2
     let held = owner1.answer(retry(2), Output::Written).await;
@@ -625,7 +626,7 @@ async fn case_h_a_stale_owner_whose_lease_lapsed_cannot_commit_and_the_next_owne
     // AND owner 2 acknowledges the batch it re-delivered
     owner2.answer(NORMAL, Output::Written).await;
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight), (Some((v, 2)), None));
+    assert_eq!((checkpoint(&doc), doc.in_flight()), (Some((v, 2)), None));
     assert_eq!(world.batches(), vec![rows(1..=2, v)]);
     world.assert_nothing_lost();
 }
@@ -663,8 +664,8 @@ async fn case_i_a_poison_batch_is_quarantined_after_max_attempts_and_later_batch
         changes.iter().map(|c| (c["Item"]["id"].as_i64().expect("id"), c["Item"]["v"].as_i64().expect("v"))).collect();
     assert_eq!((q.batch_id, q.failures, quarantined), (1, 3, rows(1..=2, v1)));
     let doc = world.state().await;
-    assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine.iter().map(|e| (e.range.batch_id, e.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(doc.counters().quarantined, 1);
+    assert_eq!(doc.quarantine().iter().map(|e| (e.range.batch_id, e.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
     assert_eq!(checkpoint(&doc), Some((v1, 2)), "the checkpoint passed the poison batch");
 
     // AND later batches flow
@@ -692,7 +693,7 @@ async fn case_i_with_poison_action_halt_a_poison_batch_stops_the_function() {
     assert_eq!(p.trigger.liveness().stopped, Some("halted"));
     let doc = world.state().await;
     assert!(doc.halted().is_some());
-    assert_eq!((checkpoint(&doc), doc.counters.quarantined), (None, 0));
+    assert_eq!((checkpoint(&doc), doc.counters().quarantined), (None, 0));
 
     // AND nothing after the batch is delivered, by this process or another
     assert!(matches!(p.error(NORMAL).await, TickError::Halted { .. }));
@@ -734,7 +735,7 @@ async fn a_manual_run_during_a_retry_delay_does_not_acknowledge_the_failed_batch
     assert_answer(&manual, OutcomeKind::Delivered, Some(2), &rows(3..=4, v2));
     let doc = world.state().await;
     assert_eq!(checkpoint(&doc), None, "batch 1 is not acknowledged by a manual run");
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.batches, f.range.rows)), Some((2, 4)));
+    assert_eq!(doc.in_flight().map(|f| (f.batches, f.range.rows)), Some((2, 4)));
 
     // WHEN the timer's retry comes, naming the failed attempt
     clock.advance(Duration::from_secs(3));
@@ -745,8 +746,8 @@ async fn a_manual_run_during_a_retry_delay_does_not_acknowledge_the_failed_batch
     clock.advance(WINDOW);
     p.answer(NORMAL, Output::Written).await;
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight), (Some((v2, 4)), None));
-    assert_eq!((doc.counters.batches, doc.counters.delivered, doc.counters.redelivered), (2, 4, 1));
+    assert_eq!((checkpoint(&doc), doc.in_flight()), (Some((v2, 4)), None));
+    assert_eq!((doc.counters().batches, doc.counters().delivered, doc.counters().redelivered), (2, 4, 1));
     assert_eq!(world.batches(), vec![rows(3..=4, v2), rows(1..=2, v1)]);
     world.assert_nothing_lost();
 }
@@ -788,7 +789,7 @@ async fn the_checkpoint_moves_past_a_batch_one_proof_window_after_its_last_answe
     clock.advance(WINDOW / 6);
     p.answer(NORMAL, Output::Written).await;
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight, doc.counters.batches), (Some((v, 2)), None, 1));
+    assert_eq!((checkpoint(&doc), doc.in_flight(), doc.counters().batches), (Some((v, 2)), None, 1));
     assert_eq!(world.batches(), vec![rows(1..=2, v)]);
 }
 
@@ -802,7 +803,7 @@ async fn a_restart_delivers_again_every_batch_not_yet_proven_in_pages_of_max_bat
         clock.advance(Duration::from_secs(5));
         p1.answer(NORMAL, Output::Written).await;
     }
-    assert_eq!(world.state().await.in_flight.map(|f| (f.batches, f.range.rows)), Some((3, 6)));
+    assert_eq!(world.state().await.in_flight().map(|f| (f.batches, f.range.rows)), Some((3, 6)));
     drop(p1);
 
     // WHEN the restarted process is invoked (its host lost any retry that was pending)
@@ -843,7 +844,7 @@ async fn a_retry_that_names_no_attempt_delivers_again_every_batch_not_yet_proven
     // THEN both are delivered again (nothing says which failed), and no failure is counted
     assert_answer(&first, OutcomeKind::Redelivered, Some(1), &rows(1..=2, v1));
     assert_answer(&second, OutcomeKind::Redelivered, Some(2), &rows(3..=4, v2));
-    assert_eq!(world.state().await.in_flight.map(|f| f.failures), Some(0));
+    assert_eq!(world.state().await.in_flight().map(|f| f.failures), Some(0));
     world.assert_nothing_lost();
 }
 
@@ -873,7 +874,7 @@ async fn an_outage_of_the_output_binding_shorter_than_the_poison_duration_never_
     }
 
     // THEN nothing is quarantined, and when the queue is back the batch gets through
-    assert_eq!(world.state().await.counters.quarantined, 0);
+    assert_eq!(world.state().await.counters().quarantined, 0);
     let back = p.answer(NORMAL, Output::Written).await;
     assert_answer(&back, OutcomeKind::Redelivered, Some(1), &rows(1..=2, v));
     assert!(world.store.list(p.trigger.quarantine_prefix()).await.expect("list").is_empty());
@@ -890,7 +891,7 @@ async fn a_batch_that_always_fails_is_quarantined_once_its_failures_last_the_poi
 
     // WHEN firings (each a retry loop of six failed attempts, a minute apart) go on
     let mut firings = 0;
-    while world.try_state().await.is_none_or(|d| d.counters.quarantined == 0) {
+    while world.try_state().await.is_none_or(|d| d.counters().quarantined == 0) {
         failed_firing(&p, &clock).await;
         clock.advance(Duration::from_secs(60));
         firings += 1;
@@ -901,7 +902,7 @@ async fn a_batch_that_always_fails_is_quarantined_once_its_failures_last_the_poi
     let doc = world.state().await;
     let failing_for = Duration::from_secs(firings * 85);
     assert!(failing_for >= poison_after && failing_for <= poison_after + Duration::from_secs(85 * 2));
-    assert_eq!(doc.quarantine.iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(doc.quarantine().iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(1, 2)]);
     let mut next = p.answer(NORMAL, Output::Written).await;
     if next.rows.is_empty() {
         next = p.answer(NORMAL, Output::Written).await;
@@ -923,10 +924,12 @@ async fn after_an_operator_resumes_a_halted_function_its_batch_is_delivered_once
     // WHEN an operator resumes it (`handler state resume`: the halt and the batch's failures cleared)
     world
         .edit_state(|doc| {
-            doc.stopped = None;
-            if let Some(f) = doc.in_flight.as_mut() {
-                (f.failures, f.failing_since) = (0, None);
-            }
+            hand_edit(doc, |json| {
+                (json["paused"], json["halted"]) = (json!(false), Value::Null);
+                if let Some(f) = json.get_mut("in_flight") {
+                    (f["failures"], f["failing_since"]) = (json!(0), Value::Null);
+                }
+            })
         })
         .await;
 
@@ -980,7 +983,7 @@ async fn an_answer_on_the_hosts_final_retry_is_redelivered_not_acknowledged() {
     for n in 1..=5 {
         p.answer(retry(n), Output::Fails).await;
     }
-    assert!(world.state().await.in_flight.expect("in flight").final_attempt);
+    assert!(world.state().await.in_flight().expect("in flight").final_attempt);
 
     // WHEN the next timer invocation arrives (a normal one)
     let a = p.answer(NORMAL, Output::Written).await;
@@ -1030,7 +1033,7 @@ async fn immediate_mode_commits_before_answering_so_a_failed_host_write_loses_th
     let a = p.answer(NORMAL, Output::Fails).await;
     assert_answer(&a, OutcomeKind::Delivered, Some(1), &rows(1..=2, v1));
     let doc = world.state().await;
-    assert_eq!((checkpoint(&doc), doc.in_flight), (Some((v1, 2)), None), "committed before answering");
+    assert_eq!((checkpoint(&doc), doc.in_flight()), (Some((v1, 2)), None), "committed before answering");
 
     // THEN the host's retry has nothing to re-deliver: that batch is lost, as the mode states
     let again = p.answer(retry(1), Output::Written).await;
@@ -1082,7 +1085,7 @@ async fn an_operators_write_is_seen_at_the_next_tick_although_the_process_rememb
     p.answer(NORMAL, Output::Written).await;
 
     // WHEN an operator moves the checkpoint back on a quiet table (a replay from the start)
-    world.edit_state(|doc| doc.checkpoint = serde_json::Value::Null).await;
+    world.edit_state(|doc| hand_edit(doc, |json| json["checkpoint"] = Value::Null)).await;
     // THEN the next tick delivers the rows again: its empty answer from the remembered document was checked
     let again = p.answer(NORMAL, Output::Written).await;
     assert_answer(&again, OutcomeKind::Delivered, Some(2), &rows(1..=2, v1));
@@ -1095,13 +1098,13 @@ async fn an_operators_write_is_seen_at_the_next_tick_although_the_process_rememb
     assert_answer(&paused, OutcomeKind::Paused, None, &[]);
 
     // WHEN the operator resumes it
-    world.edit_state(|doc| doc.stopped = None).await;
+    world.edit_state(|doc| hand_edit(doc, |json| (json["paused"], json["halted"]) = (json!(false), Value::Null))).await;
     // THEN batch 2 is acknowledged and row 3 follows
     let next = p.answer(NORMAL, Output::Written).await;
     assert_eq!((next.kind, next.batch_id), (OutcomeKind::Delivered, Some(3)));
     p.answer(NORMAL, Output::Written).await;
     world.assert_nothing_lost();
-    assert_eq!(world.state().await.counters.batches, 3);
+    assert_eq!(world.state().await.counters().batches, 3);
 }
 
 #[tokio::test]
@@ -1133,7 +1136,7 @@ async fn a_changed_source_fingerprint_stops_the_tick() {
     let p = world.process("p1", settings());
     world.upsert(1..=2);
     p.answer(NORMAL, Output::Written).await;
-    world.edit_state(|doc| doc.fingerprint = "another-table".into()).await;
+    world.edit_state(|doc| hand_edit(doc, |json| json["fingerprint"] = json!("another-table"))).await;
     let before = world.state().await;
 
     // WHEN a tick runs
@@ -1296,7 +1299,7 @@ async fn invoke(
         let cp = checkpoint(doc);
         assert!(cp >= l.high_water, "checkpoint moved backward: {:?} -> {cp:?}", l.high_water);
         l.high_water = cp;
-        if let Some(flight) = &doc.in_flight {
+        if let Some(flight) = &doc.in_flight() {
             assert_eq!(position(&flight.range.from), cp, "a batch in flight starts at the checkpoint");
         }
     }
@@ -1307,8 +1310,7 @@ async fn invoke(
             Err(e) => format!("ERR {e}"),
         };
         let cp = doc.as_ref().map(checkpoint);
-        let fl =
-            doc.as_ref().and_then(|d| d.in_flight.as_ref().map(|f| (f.range.batch_id, f.batches, f.range.to.clone())));
+        let fl = doc.as_ref().and_then(|d| d.in_flight().map(|f| (f.range.batch_id, f.batches, f.range.to.clone())));
         eprintln!(
             "{me:?} retry={}/{:?} out={output:?} -> {summary} | cp={cp:?} flight={fl:?} mem={:?}",
             retry.retry_count,
@@ -1484,9 +1486,9 @@ async fn two_owners_run(seed: u64) -> Ledger {
         };
         invoke(&nodes[n], call, &world, &ledger, Output::Written).await;
         let doc = world.state().await;
-        let pending = world.source.pending(&doc.checkpoint).await.ok();
+        let pending = world.source.pending(doc.checkpoint()).await.ok();
         let retrying = nodes.iter().any(|n| !n.chains.lock().expect("chains").is_empty());
-        if doc.in_flight.is_none() && pending == Some(0) && !retrying {
+        if doc.in_flight().is_none() && pending == Some(0) && !retrying {
             drained = true;
             break;
         }
@@ -1608,7 +1610,7 @@ async fn a_span_edited_to_end_before_it_starts_is_refused() {
     p.answer(NORMAL, Output::Written).await;
     world.upsert(4..=5);
     let doc = world.state().await;
-    let from = doc.in_flight.as_ref().expect("in flight").range.from.clone();
+    let from = doc.in_flight().expect("in flight").range.from.clone();
     assert!(from.is_null(), "the first batch starts at the beginning: {from}");
     let bytes = overwrite_state(&world, |d| {
         d["checkpoint"] = json!([5, 5]);
@@ -1634,7 +1636,7 @@ async fn a_lease_token_moved_back_by_hand_is_refused_by_the_process_that_saw_the
     world.process("p1", short.clone()).answer(NORMAL, Output::Written).await;
     let p2 = world.process("p2", short);
     p2.answer(NORMAL, Output::Written).await;
-    assert_eq!(world.state().await.lease.map(|l| l.token), Some(2));
+    assert_eq!(world.state().await.lease().map(|l| l.token), Some(2));
     // AND an operator who moves the token back to 1 by hand
     let bytes = overwrite_state(&world, |d| d["lease"]["token"] = json!(1)).await;
 
@@ -1674,7 +1676,7 @@ async fn a_document_deleted_and_created_again_is_not_taken_for_a_hand_edit() {
     p1.answer(NORMAL, Output::Written).await;
     let p2 = world.process("p2", short);
     p2.answer(NORMAL, Output::Written).await;
-    assert_eq!(world.state().await.lease.map(|l| l.token), Some(2));
+    assert_eq!(world.state().await.lease().map(|l| l.token), Some(2));
 
     // WHEN an operator deletes the document, and each process ticks on the new one (whose tokens restart)
     world.store.delete(STATE_KEY);
@@ -1699,7 +1701,7 @@ async fn a_refused_hand_edit_is_cleared_by_a_reset_which_keeps_the_batch_ids() {
     world.process("p1", short.clone()).answer(NORMAL, Output::Written).await;
     let p2 = world.process("p2", short);
     p2.answer(NORMAL, Output::Written).await;
-    let next_id = world.state().await.next_batch_id;
+    let next_id = world.state().await.next_batch_id();
     overwrite_state(&world, |d| d["lease"]["token"] = json!(1)).await;
     assert!(matches!(p2.error(NORMAL).await, TickError::CorruptState { .. }));
 
@@ -1766,7 +1768,7 @@ async fn a_backfill_chunk_whose_write_failed_is_answered_again_from_the_same_key
     // AND once proven, the next chunk read finds nothing and the backfill is done at the chunk's last key
     assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
     let doc = world.state().await;
-    let b = doc.backfill.clone().expect("a backfill");
+    let b = doc.backfill().cloned().expect("a backfill");
     assert_eq!((b.state, b.after.clone(), b.rows, b.chunks, b.redone), (BackfillState::Done, json!([3]), 2, 1, 1));
     assert_eq!(checkpoint(&doc), Some((v2, 2)), "the chunk moved the backfill, not the checkpoint");
     // No backfilled row is older than a live change delivered before it: key 2 came only live, v1 then v2
@@ -1797,8 +1799,8 @@ async fn a_chunk_the_source_cannot_place_yet_leaves_the_backfill_running_and_the
     // THEN the backfill is still running (an unplaced chunk is not an empty one), and each chunk read was told
     // where the live changes handed over end: the proven checkpoint, batch 2's last change
     let doc = world.state().await;
-    assert_eq!(doc.backfill.as_ref().map(|b| b.state), Some(BackfillState::Running), "{doc:?}");
-    assert_eq!(world.source.chunk_live_positions().last(), Some(&doc.checkpoint));
+    assert_eq!(doc.backfill().map(|b| b.state), Some(BackfillState::Running), "{doc:?}");
+    assert_eq!(world.source.chunk_live_positions().last(), Some(doc.checkpoint()));
     assert_eq!(checkpoint(&doc), Some((v2, 4)));
 
     // AND once the source can, the chunk is delivered and the backfill ends
@@ -1806,6 +1808,6 @@ async fn a_chunk_the_source_cannot_place_yet_leaves_the_backfill_running_and_the
     let chunk = p.answer(NORMAL, Output::Written).await;
     assert_answer(&chunk, OutcomeKind::Delivered, Some(3), &rows(1..=3, v1));
     assert_answer(&p.answer(NORMAL, Output::Written).await, OutcomeKind::Empty, None, &[]);
-    assert_eq!(world.state().await.backfill.map(|b| b.state), Some(BackfillState::Done));
+    assert_eq!(world.state().await.backfill().map(|b| b.state), Some(BackfillState::Done));
     world.assert_nothing_lost();
 }

@@ -11,6 +11,8 @@
 //! - `stop`: a clean stop's release of the lease, never another owner's;
 //! - `telemetry`: what a tick and a status poll record.
 
+use sql_pseudo_trigger::engine::document::StateDoc;
+
 mod deferred;
 mod liveness;
 mod ops;
@@ -19,3 +21,12 @@ mod runner;
 mod sink_mode;
 mod stop;
 mod telemetry;
+
+/// A hand edit of a stored state document: its JSON as stored, changed by `edit`, read back. The document's
+/// fields are private (outside its own transitions nothing changes them), so a test that stands for an operator
+/// editing the stored document by hand edits what is stored.
+fn hand_edit(doc: &mut StateDoc, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut json = serde_json::to_value(&*doc).expect("a state document serializes");
+    edit(&mut json);
+    *doc = serde_json::from_value(json).expect("the edited document reads back");
+}

@@ -1,6 +1,7 @@
 //! Operator actions against an in-memory source and store. A second [`Trigger`] on the same store plays
 //! another process (a handler instance or another operator); a [`FaultyStore`] hook lets it write between
 //! an action's read and its compare-and-swap.
+use crate::hand_edit;
 use serde_json::{json, Value};
 use sql_pseudo_trigger::clock::ManualClock;
 use sql_pseudo_trigger::config::ncrontab::Schedule;
@@ -103,8 +104,8 @@ async fn an_action_that_loses_the_race_to_another_operator_applies_itself_again_
     // THEN both writes hold: the replay that won, and the pause on top of it
     let doc = w.doc().await;
     assert!(doc.paused());
-    assert_eq!(doc.checkpoint, Position::Null);
-    assert!(doc.in_flight.is_none());
+    assert_eq!(*doc.checkpoint(), Position::Null);
+    assert!(doc.in_flight().is_none());
 }
 
 #[tokio::test]
@@ -131,7 +132,7 @@ async fn an_action_that_loses_the_race_to_a_tick_applies_itself_again_and_leaves
     assert_eq!(*answered.lock().expect("answered"), vec![4, 5]);
     let doc = w.doc().await;
     assert!(doc.paused());
-    let in_flight = doc.in_flight.expect("the tick's batch is in flight");
+    let in_flight = doc.in_flight().expect("the tick's batch is in flight");
     assert_eq!((in_flight.range.batch_id, in_flight.range.rows, in_flight.owner.as_str()), (2, 2, "handler-2"));
 }
 
@@ -350,7 +351,7 @@ async fn reset_refuses_without_confirmation_and_changes_nothing() {
     assert!(matches!(err, OpsError::NeedsConfirmation(_)), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("--confirm") && message.contains("confirm=true"), "{message}");
-    assert_eq!(w.doc().await.write_id, before.write_id);
+    assert_eq!(w.doc().await.write_id(), before.write_id());
 }
 
 #[tokio::test]
@@ -380,8 +381,8 @@ async fn reset_drops_the_batch_in_flight_and_clears_a_halt() {
     reset(&w.trigger, ResetTo::Earliest, true, "op").await.expect("reset");
 
     let doc = w.doc().await;
-    assert!(doc.in_flight.is_none() && doc.halted().is_none());
-    assert_eq!(doc.checkpoint, Position::Null);
+    assert!(doc.in_flight().is_none() && doc.halted().is_none());
+    assert_eq!(*doc.checkpoint(), Position::Null);
     assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
 }
 
@@ -418,7 +419,7 @@ async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_t
     assert_eq!(w.tick(NORMAL).await, vec![4]);
     assert!(w.tick(NORMAL).await.is_empty());
     let before = w.doc().await;
-    assert_eq!(before.counters.quarantined, 1);
+    assert_eq!(before.counters().quarantined, 1);
     let listed = quarantine_list(&w.trigger).await.expect("list");
     assert_eq!(listed["documents"], serde_json::json!(["app/orders/quarantine/00000000000000000001.json"]));
     assert_eq!(quarantine_show(&w.trigger, 1).await.expect("show")["batch_id"], 1);
@@ -430,11 +431,11 @@ async fn quarantine_retry_redelivers_exactly_the_quarantined_changes_and_keeps_t
     // THEN it is queued once, re-delivered once with exactly its rows, and the checkpoint never moves
     assert_eq!(answer["queued"], serde_json::json!([1]));
     assert_eq!(w.tick(NORMAL).await, vec![1, 2, 3]);
-    assert_eq!(w.doc().await.checkpoint, before.checkpoint);
+    assert_eq!(w.doc().await.checkpoint(), before.checkpoint());
     assert!(w.tick(NORMAL).await.is_empty());
     let after = w.doc().await;
-    assert_eq!(after.checkpoint, before.checkpoint);
-    assert!(after.retry_quarantined.is_empty() && after.in_flight.is_none());
+    assert_eq!(after.checkpoint(), before.checkpoint());
+    assert!(after.retry_quarantined().is_empty() && after.in_flight().is_none());
 }
 
 #[tokio::test]
@@ -448,7 +449,7 @@ async fn quarantine_actions_on_an_unknown_batch_name_the_missing_document() {
         let message = err.to_string();
         assert!(message.contains("00000000000000000009.json") && message.contains("missing"), "{message}");
     }
-    assert!(w.doc().await.retry_quarantined.is_empty());
+    assert!(w.doc().await.retry_quarantined().is_empty());
 }
 
 #[tokio::test]
@@ -458,15 +459,15 @@ async fn resume_clears_a_halt_and_the_failure_count_of_the_halting_batch() {
     w.tick(NORMAL).await;
     let (mut doc, etag) = w.trigger.load().await.expect("load").expect("state");
     doc.halt("poison".into());
-    doc.in_flight.as_mut().expect("in flight").failures = 5;
+    hand_edit(&mut doc, |json| json.get_mut("in_flight").expect("in flight")["failures"] = json!(5));
     w.inner.save_if(w.trigger.state_key(), &serde_json::to_vec(&doc).expect("json"), Some(&etag)).await.expect("save");
 
     resume(&w.trigger, "op").await.expect("resume");
 
     let doc = w.doc().await;
     assert!(doc.halted().is_none() && !doc.paused());
-    assert_eq!(doc.in_flight.map(|f| f.failures), Some(0));
-    assert!(doc.updated_by.contains("op"), "{}", doc.updated_by);
+    assert_eq!(doc.in_flight().map(|f| f.failures), Some(0));
+    assert!(doc.updated_by().contains("op"), "{}", doc.updated_by());
 }
 
 #[tokio::test]
@@ -485,7 +486,7 @@ async fn replay_or_reset_to_a_position_the_source_cannot_read_is_refused_and_wri
             assert!(err.to_string().contains(&format!("position {position} cannot be read")), "{err}");
         }
     }
-    assert_eq!(w.doc().await.write_id, before.write_id);
+    assert_eq!(w.doc().await.write_id(), before.write_id());
 }
 
 #[test]

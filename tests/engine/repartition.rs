@@ -111,14 +111,14 @@ impl World {
     async fn assert_changed(&self, n: u32, m: u32, expected: impl Fn(u32) -> Value) {
         for j in 0..m {
             let doc = self.doc(j, m).await.unwrap_or_else(|| panic!("new partition {j} of {m} written"));
-            assert_eq!(doc.checkpoint, expected(j), "new partition {j} of {m}");
-            let seeded = doc.seeded.as_ref().expect("seeded");
+            assert_eq!(*doc.checkpoint(), expected(j), "new partition {j} of {m}");
+            let seeded = doc.seeded().expect("seeded");
             assert_eq!(seeded.from_partitions, n);
-            assert_eq!(doc.next_batch_id, 7, "batch ids continue after the old ones");
-            assert!(doc.halted().is_none() && doc.lease.is_none() && doc.in_flight.is_none());
-            assert_eq!(doc.fingerprint, "memory-v1");
+            assert_eq!(doc.next_batch_id(), 7, "batch ids continue after the old ones");
+            assert!(doc.halted().is_none() && doc.lease().is_none() && doc.in_flight().is_none());
+            assert_eq!(doc.fingerprint(), "memory-v1");
             let function = if m == 1 { GROUP.to_string() } else { format!("{GROUP}-p{j}") };
-            assert_eq!(doc.function, function);
+            assert_eq!(doc.function(), function);
         }
         for i in 0..n {
             // A partition without a document (--missing-from-earliest) has nothing to retire.

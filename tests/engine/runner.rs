@@ -157,8 +157,8 @@ async fn once_drains_the_backlog_in_full_batches_and_leaves_nothing_in_flight() 
     assert_eq!(summary.result(), Ok(()), "a clean drain is a success");
     // AND the last batch is acknowledged: nothing is left in flight for the next run to repeat
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(doc.counters.delivered, 250);
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(doc.counters().delivered, 250);
 }
 
 #[tokio::test]
@@ -179,8 +179,8 @@ async fn an_outage_of_the_sink_longer_than_max_attempts_delays_the_batch_but_nev
     assert_eq!((summary.delivered, summary.failed_deliveries), (3, 4));
     // AND nothing was quarantined: an outage is not the batch's fault
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert!(doc.in_flight.is_none());
-    assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 3));
+    assert!(doc.in_flight().is_none());
+    assert_eq!((doc.counters().quarantined, doc.counters().delivered), (0, 3));
 }
 
 #[tokio::test]
@@ -198,8 +198,8 @@ async fn a_stop_during_an_outage_leaves_the_batch_in_flight_for_the_next_process
     // THEN it stops after that attempt, and the batch is still in flight: not acknowledged, not quarantined
     assert_eq!((summary.delivered, sink.attempts().len()), (0, 1));
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(1));
-    assert_eq!(doc.counters.quarantined, 0);
+    assert_eq!(doc.in_flight().map(|f| f.range.batch_id), Some(1));
+    assert_eq!(doc.counters().quarantined, 0);
 }
 
 #[tokio::test]
@@ -217,9 +217,9 @@ async fn a_poison_last_batch_is_quarantined_and_a_once_run_still_ends() {
     assert_eq!(sink.attempts().iter().filter(|(b, _, ok)| *b == 2 && !ok).count(), 2);
     assert_eq!(summary.failed_deliveries, 2);
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine.iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(2, 5)]);
-    assert!(doc.in_flight.is_none());
+    assert_eq!(doc.counters().quarantined, 1);
+    assert_eq!(doc.quarantine().iter().map(|q| (q.range.batch_id, q.range.rows)).collect::<Vec<_>>(), vec![(2, 5)]);
+    assert!(doc.in_flight().is_none());
 
     // AND a later row is delivered by the next run, as a first attempt
     w.source.upsert([11], 2);
@@ -284,9 +284,9 @@ async fn a_stop_during_a_delivery_finishes_that_batch_and_acknowledges_it() {
     assert_eq!(sink.accepted(), each(1..=100));
     // AND it is acknowledged and the lease released, so the next process goes on from row 101
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(doc.checkpoint, serde_json::json!([1, 100]));
-    let lease = doc.lease.expect("a lease was taken");
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(*doc.checkpoint(), serde_json::json!([1, 100]));
+    let lease = doc.lease().expect("a lease was taken");
     assert!(lease.expires_at <= time::OffsetDateTime::now_utc());
 }
 
@@ -305,10 +305,10 @@ async fn a_stop_after_a_batch_with_nothing_chained_releases_the_lease_of_that_ba
     // THEN the batch was delivered and acknowledged
     assert_eq!((summary.batches, sink.accepted()), (1, each(1..=50)));
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(doc.checkpoint, serde_json::json!([1, 50]));
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(*doc.checkpoint(), serde_json::json!([1, 50]));
     // AND the lease of that batch ended with the process, not `leaseDurationMs` later
-    let lease = doc.lease.expect("a lease was taken");
+    let lease = doc.lease().expect("a lease was taken");
     assert!(lease.expires_at <= time::OffsetDateTime::now_utc(), "the lease outlives the stop: {lease:?}");
 }
 
@@ -331,9 +331,9 @@ async fn a_new_state_document_goes_above_the_token_the_sink_holds_instead_of_qua
     // AND the refusal was not counted: nothing quarantined, nothing failed, the document holds token 8
     assert_eq!((summary.delivered, summary.failed_deliveries), (250, 0));
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 250));
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(doc.lease.map(|l| l.token), Some(8));
+    assert_eq!((doc.counters().quarantined, doc.counters().delivered), (0, 250));
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(doc.lease().map(|l| l.token), Some(8));
 }
 
 /// A drain that gives up after 100 ms of failures without a break.
@@ -356,8 +356,8 @@ async fn a_drain_gives_up_on_a_destination_that_stays_down_naming_it_and_leaves_
     // AND batch 1 is still in flight for the next run, never quarantined however often it failed
     assert!(sink.attempts().len() > 2, "attempted more than MaxAttempts times: {:?}", sink.attempts());
     let (doc, _) = w.trigger.load().await.expect("load").expect("state");
-    assert_eq!(doc.in_flight.map(|f| f.range.batch_id), Some(1));
-    assert_eq!(doc.counters.quarantined, 0);
+    assert_eq!(doc.in_flight().map(|f| f.range.batch_id), Some(1));
+    assert_eq!(doc.counters().quarantined, 0);
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 //! once, and no heartbeat runs); an hour never expires within a test. The heartbeat tests use real time in
 //! hundreds of milliseconds, because leases are wall-clock times that `tokio::time::pause` cannot move.
 
+use crate::hand_edit;
+use serde_json::{json, Value};
 use sql_pseudo_trigger::config::{DeliveryMode, FunctionConfig, RetryPolicy, TriggerSettings};
 use sql_pseudo_trigger::engine::document::StateDoc;
 use sql_pseudo_trigger::engine::{OutcomeKind, TickError, Trigger};
@@ -102,10 +104,12 @@ impl Sink for ScriptedSink {
             Step::DeposedThenFence(store) => {
                 let v = store.load("app/orders.json").await.expect("load").expect("a state document");
                 let mut doc: StateDoc = serde_json::from_slice(&v.bytes).expect("readable");
-                let lease = doc.lease.as_mut().expect("a lease");
-                lease.owner = "newer-owner".into();
-                lease.token += 1;
-                let stored = lease.token;
+                let mut stored = 0;
+                hand_edit(&mut doc, |json| {
+                    let lease = json.get_mut("lease").expect("a lease");
+                    stored = lease["token"].as_u64().expect("a token") + 1;
+                    (lease["owner"], lease["token"]) = (json!("newer-owner"), json!(stored));
+                });
                 let bytes = serde_json::to_vec(&doc).expect("serializes");
                 store.save_if("app/orders.json", &bytes, Some(&v.etag)).await.expect("the takeover");
                 Err(SinkError::Fenced { ours: batch.fence, stored })
@@ -183,9 +187,9 @@ async fn a_batch_is_delivered_with_its_range_and_fence_and_acknowledged_in_the_s
     assert_eq!(seen.len(), 1);
     assert_eq!((seen[0].batch_id, seen[0].fence, seen[0].ids.clone()), (1, 1, ids(1..=3)));
     let doc = w.state().await;
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!(seen[0].range, Some((serde_json::Value::Null, doc.checkpoint.clone())));
-    assert_eq!(doc.counters.delivered, 3);
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!(seen[0].range, Some((serde_json::Value::Null, doc.checkpoint().clone())));
+    assert_eq!(doc.counters().delivered, 3);
     // AND it cost one read and two conditional writes
     assert_eq!(out.store_operations, 3);
 
@@ -209,7 +213,7 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
         assert!(matches!(e, TickError::Sink(SinkError::Rejected(_))), "{e}");
         assert_eq!(e.kind(), sql_pseudo_trigger::engine::ErrorKind::Operator);
         let doc = w.state().await;
-        let flight = doc.in_flight.expect("still in flight");
+        let flight = doc.in_flight().expect("still in flight");
         assert_eq!((flight.range.batch_id, flight.failures, flight.deliveries), (1, attempt, attempt));
     }
     w.source.upsert([4], 2);
@@ -219,8 +223,8 @@ async fn a_rejected_batch_is_redelivered_under_its_id_and_quarantined_at_max_att
     assert_eq!((out.kind, out.batch_id), (OutcomeKind::Delivered, Some(2)));
     assert_eq!(sink.taken(), vec![4]);
     let doc = w.state().await;
-    assert_eq!(doc.counters.quarantined, 1);
-    assert_eq!(doc.quarantine[0].range.batch_id, 1);
+    assert_eq!(doc.counters().quarantined, 1);
+    assert_eq!(doc.quarantine()[0].range.batch_id, 1);
 }
 
 #[tokio::test]
@@ -242,7 +246,7 @@ async fn a_transient_sink_failure_is_not_counted_toward_max_attempts() {
     assert_eq!((out.kind, out.batch_id), (OutcomeKind::Redelivered, Some(1)));
     assert_eq!(sink.taken(), ids(1..=2));
     let doc = w.state().await;
-    assert_eq!((doc.counters.quarantined, doc.counters.delivered), (0, 2));
+    assert_eq!((doc.counters().quarantined, doc.counters().delivered), (0, 2));
 }
 
 #[tokio::test]
@@ -262,8 +266,8 @@ async fn a_deposed_owners_fenced_write_acknowledges_nothing_and_counts_nothing()
     assert!(out.changes.is_empty());
     assert!(out.logs.iter().any(|l| l.contains("fencing token 2 from a newer owner")), "{:?}", out.logs);
     let doc = w.state().await;
-    assert_eq!(doc.in_flight.expect("still in flight").failures, 0);
-    assert_eq!(doc.lease.map(|l| (l.owner, l.token)), Some(("newer-owner".to_string(), 2)));
+    assert_eq!(doc.in_flight().expect("still in flight").failures, 0);
+    assert_eq!(doc.lease().map(|l| (l.owner.clone(), l.token)), Some(("newer-owner".to_string(), 2)));
 }
 
 #[tokio::test]
@@ -285,15 +289,15 @@ async fn a_fence_no_owner_of_this_document_wrote_is_raised_past_and_the_batch_de
     assert!(out.changes.is_empty());
     assert!(out.logs.iter().any(|l| l.contains("raised to 8")), "{:?}", out.logs);
     let doc = w.state().await;
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.failures)), Some((2, 0)));
+    assert_eq!(doc.in_flight().map(|f| (f.range.batch_id, f.failures)), Some((2, 0)));
     // AND the next tick delivers batch 2 again under token 8, and acknowledges it
     let again = p.trigger.tick_into(&sink).await.expect("tick");
     assert_eq!(again.batch_id, Some(2));
     let last = sink.seen().last().cloned().expect("a delivery");
     assert_eq!((last.batch_id, last.fence, last.ids, last.taken), (2, 8, ids(3..=4), true));
     let doc = w.state().await;
-    assert!(doc.in_flight.is_none());
-    assert_eq!(doc.counters.delivered, 4);
+    assert!(doc.in_flight().is_none());
+    assert_eq!(doc.counters().delivered, 4);
 }
 
 #[tokio::test]
@@ -342,7 +346,7 @@ async fn a_host_style_tick_on_a_sink_mode_trigger_without_a_sink_refuses_and_rec
     assert!(after_refusal.is_none(), "nothing written by a refused tick");
     assert_eq!((delivered.kind, delivered.batch_id), (OutcomeKind::Delivered, Some(1)));
     assert_eq!(sink.taken(), ids(1..=2));
-    assert!(w.state().await.in_flight.is_none());
+    assert!(w.state().await.in_flight().is_none());
 }
 
 #[tokio::test]
@@ -369,7 +373,7 @@ async fn the_heartbeat_keeps_the_lease_through_a_long_delivery_and_ends_with_the
     assert!(other.seen().is_empty());
     let done = task.await.expect("join").expect("tick");
     assert_eq!(done.kind, OutcomeKind::Delivered);
-    assert!(w.state().await.in_flight.is_none());
+    assert!(w.state().await.in_flight().is_none());
     // AND the heartbeat ended with its tick: no write happens afterwards
     let writes = p1.store.operations();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -398,7 +402,7 @@ async fn an_abandoned_tick_stops_renewing_its_lease() {
     // THEN the renewals stop with it, and the lease lapses so another instance can take the batch over
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(p.store.operations(), after);
-    let lease = w.state().await.lease.expect("a lease");
+    let lease = w.state().await.lease().cloned().expect("a lease");
     assert!(lease.expires_at < OffsetDateTime::now_utc());
 }
 
@@ -583,7 +587,7 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     let outage = ScriptedSink::with([Step::Transient]);
     p1.trigger.tick_into(&outage).await.expect_err("the sink is down after batch 1 is recorded");
     let (doc, _) = p1.trigger.load().await.expect("load").expect("doc");
-    let flight = doc.in_flight.expect("in flight");
+    let flight = doc.in_flight().expect("in flight");
     *sink.recorded.lock().expect("recorded") = Resume {
         fence: 1,
         applied: Some(Applied { batch_id: 1, from: flight.range.from.clone(), to: flight.range.to.clone() }),
@@ -596,7 +600,7 @@ async fn a_first_batch_applied_before_its_acknowledgement_was_lost_is_delivered_
     // THEN the sink's record names this very batch: it is delivered again (an exactly-once sink skips it)
     assert_eq!((out.kind, out.batch_id), (OutcomeKind::Redelivered, Some(1)));
     assert_eq!(sink.taken(), vec![(1, 2, ids(1..=3))]);
-    assert!(w.state().await.in_flight.is_none());
+    assert!(w.state().await.in_flight().is_none());
 }
 
 #[tokio::test]
@@ -610,7 +614,7 @@ async fn while_the_sink_cannot_say_what_it_recorded_a_new_document_delivers_noth
 
     // WHEN it ticks, and again once the destination is back
     let e = p.trigger.tick_into(&sink).await.unwrap_err();
-    let failures = w.state().await.in_flight.expect("recorded in flight").failures;
+    let failures = w.state().await.in_flight().expect("recorded in flight").failures;
     *sink.unreachable.lock().expect("unreachable") = false;
     p.trigger.tick_into(&sink).await.expect("tick");
 
@@ -662,8 +666,8 @@ async fn a_draining_backlog_records_each_next_batch_with_the_acknowledgement_of_
     );
     // AND the state says so: nothing in flight, four batches, no re-delivery
     let doc = w.state().await;
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert_eq!((doc.counters.batches, doc.counters.delivered, doc.counters.redelivered), (4, 350, 0));
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert_eq!((doc.counters().batches, doc.counters().delivered, doc.counters().redelivered), (4, 350, 0));
 }
 
 #[tokio::test]
@@ -674,7 +678,7 @@ async fn a_clean_stop_withdraws_a_chained_batch_so_the_next_instance_starts_at_o
     let p1 = w.process("p1", settings());
     let sink = ScriptedSink::default();
     p1.trigger.tick_into(&sink).await.expect("tick");
-    let recorded = w.state().await.in_flight.expect("batch 2 recorded with batch 1's acknowledgement");
+    let recorded = w.state().await.in_flight().cloned().expect("batch 2 recorded with batch 1's acknowledgement");
     assert_eq!((recorded.range.batch_id, recorded.range.rows, recorded.owner.as_str()), (2, 100, "p1"));
 
     // WHEN p1 stops cleanly
@@ -682,8 +686,8 @@ async fn a_clean_stop_withdraws_a_chained_batch_so_the_next_instance_starts_at_o
 
     // THEN nothing is in flight and the lease is released; the checkpoint stays after row 100
     let doc = w.state().await;
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
-    assert!(doc.lease.as_ref().expect("a lease").expires_at <= OffsetDateTime::now_utc());
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
+    assert!(doc.lease().expect("a lease").expires_at <= OffsetDateTime::now_utc());
     // AND a new instance delivers rows 101-250 at once, each once, under a new fencing token
     let p2 = w.process("p2", settings());
     let out = p2.trigger.tick_into(&sink).await.expect("tick");
@@ -705,7 +709,7 @@ async fn a_crash_with_a_chained_batch_in_flight_hands_it_to_the_next_owner_and_l
     let p1 = w.process("p1", expired.clone());
     let sink = ScriptedSink::default();
     p1.trigger.tick_into(&sink).await.expect("tick");
-    assert_eq!(w.state().await.in_flight.map(|f| f.range.batch_id), Some(2));
+    assert_eq!(w.state().await.in_flight().map(|f| f.range.batch_id), Some(2));
     drop(p1);
 
     // WHEN another instance drains
@@ -717,8 +721,8 @@ async fn a_crash_with_a_chained_batch_in_flight_hands_it_to_the_next_owner_and_l
     assert_eq!((first.kind, first.batch_id, first.fence), (OutcomeKind::Redelivered, Some(2), 2));
     assert_eq!(sink.taken(), ids(1..=250));
     let doc = w.state().await;
-    assert_eq!((doc.counters.takeovers, doc.counters.delivered), (1, 250));
-    assert!(doc.in_flight.is_none(), "{:?}", doc.in_flight);
+    assert_eq!((doc.counters().takeovers, doc.counters().delivered), (1, 250));
+    assert!(doc.in_flight().is_none(), "{:?}", doc.in_flight());
 }
 
 #[tokio::test]
@@ -738,16 +742,16 @@ async fn a_pause_between_two_chained_batches_acknowledges_the_batch_in_hand_hold
     assert_eq!((chained.kind, chained.batch_id), (OutcomeKind::Delivered, Some(2)));
     let doc = w.state().await;
     assert!(doc.paused(), "the pause was overwritten");
-    assert!(doc.in_flight.is_none(), "batch 2 was not acknowledged: {:?}", doc.in_flight);
+    assert!(doc.in_flight().is_none(), "batch 2 was not acknowledged: {:?}", doc.in_flight());
     // AND the next tick reads the pause and delivers nothing
     assert_eq!(p.trigger.tick_into(&sink).await.expect("tick").kind, OutcomeKind::Paused);
     assert_eq!(sink.taken(), ids(1..=200));
 
     // WHEN the operator resumes it THEN the rest follows, and no row is sent twice
-    w.edit_state(|doc| doc.stopped = None).await;
+    w.edit_state(|doc| hand_edit(doc, |json| (json["paused"], json["halted"]) = (json!(false), Value::Null))).await;
     while p.trigger.tick_into(&sink).await.expect("tick").kind != OutcomeKind::Empty {}
     assert_eq!(sink.taken(), ids(1..=250));
-    assert!(w.state().await.in_flight.is_none());
+    assert!(w.state().await.in_flight().is_none());
 }
 
 #[tokio::test]

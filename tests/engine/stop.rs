@@ -21,8 +21,8 @@ async fn a_stop_releases_the_lease_and_the_next_process_delivers_the_unproven_ba
     // THEN its lease ends and the batch stays in flight
     assert_eq!(released, Released { withdrew: false, released: true });
     let doc = world.state().await;
-    assert!(doc.lease.as_ref().is_some_and(|l| l.owner == "p1" && l.expires_at <= time::OffsetDateTime::now_utc()));
-    assert_eq!(doc.in_flight.as_ref().map(|f| (f.range.batch_id, f.owner.as_str())), Some((1, "p1")));
+    assert!(doc.lease().is_some_and(|l| l.owner == "p1" && l.expires_at <= time::OffsetDateTime::now_utc()));
+    assert_eq!(doc.in_flight().map(|f| (f.range.batch_id, f.owner.as_str())), Some((1, "p1")));
     // AND the next process delivers that batch again at its first invocation, instead of waiting an hour
     let p2 = world.process("p2", settings());
     let a = p2.answer(NORMAL, Output::Written).await;
@@ -52,5 +52,5 @@ async fn a_stop_never_releases_a_lease_another_process_took_over() {
     // THEN it releases nothing: the document, the second process's lease included, is as that process wrote it
     assert_eq!(released, Released::default());
     assert_eq!(world.state().await, before);
-    assert_eq!(before.lease.as_ref().map(|l| l.owner.as_str()), Some("p2"));
+    assert_eq!(before.lease().map(|l| l.owner.as_str()), Some("p2"));
 }

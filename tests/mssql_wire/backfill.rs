@@ -176,7 +176,7 @@ async fn a_change_tracking_snapshot_start_backfills_in_key_order_beside_live_cha
 
     // THEN the consumer got the live changes unmarked and the rows that exist marked, in key order, each once
     let (doc, _) = trigger.load().await.expect("load").expect("state written");
-    let b = doc.backfill.clone().expect("a backfill");
+    let b = doc.backfill().cloned().expect("a backfill");
     let id = b.id.as_str();
     assert_eq!(
         consumer.batches(),
@@ -259,7 +259,7 @@ async fn a_rowversion_snapshot_start_backfills_below_the_start_and_a_row_changed
 
     // THEN the rows that exist came marked, in key order, and row 3's backfilled value came before its newer one
     let (doc, _) = trigger.load().await.expect("load").expect("state written");
-    let b = doc.backfill.clone().expect("a backfill");
+    let b = doc.backfill().cloned().expect("a backfill");
     let id = b.id.as_str();
     assert_eq!(
         consumer.batches(),
@@ -328,8 +328,8 @@ async fn an_operators_filtered_backfill_of_a_running_change_tracking_function_de
         (json!("running"), json!(1))
     );
     let (doc, _) = trigger.load().await.expect("load").expect("state written");
-    let b = doc.backfill.expect("a backfill");
-    assert_eq!((b.state, b.rows, b.bound), (BackfillState::Done, 1, json!(42)));
+    let b = doc.backfill().expect("a backfill");
+    assert_eq!((b.state, b.rows, b.bound.clone()), (BackfillState::Done, 1, json!(42)));
     assert_eq!(consumer.batches(), vec![(Some(b.id.clone()), batch(&[row(0, ONE, Some(&b.id))]))]);
     let texts = |t: &[&str]| t.iter().map(|s| Wire::Text((*s).into())).collect::<Vec<_>>();
     let mut want = vec![Wire::Int(2), Wire::Int(42)];

@@ -56,12 +56,12 @@ pub fn named_line(named: &Named, attempt: &Attempt, window: std::time::Duration)
 
 /// Refuses a document whose positions belong to another source: stored positions would be misread.
 pub fn check_fingerprint(doc: &StateDoc, function: &str, configured: &str) -> Result<(), TickError> {
-    if doc.fingerprint == configured {
+    if doc.fingerprint() == configured {
         return Ok(());
     }
     Err(TickError::FingerprintChanged {
         function: function.to_string(),
-        stored: doc.fingerprint.clone(),
+        stored: doc.fingerprint().to_string(),
         configured: configured.to_string(),
     })
 }
@@ -70,16 +70,16 @@ pub fn check_fingerprint(doc: &StateDoc, function: &str, configured: &str) -> Re
 pub fn lease_held_by_another<'a>(doc: &'a StateDoc, owner: &str, now: OffsetDateTime) -> Option<&'a Lease> {
     // A running backfill's chunks may be answered and unproven with nothing in flight (deferred delivery keeps
     // them in the answering process's memory): the lease guards them too.
-    if doc.in_flight.is_none() && !doc.backfill.as_ref().is_some_and(|b| b.open()) {
+    if doc.in_flight().is_none() && !doc.backfill().is_some_and(|b| b.open()) {
         return None;
     }
-    doc.lease.as_ref().filter(|lease| lease.owner != owner && lease.expires_at > now)
+    doc.lease().filter(|lease| lease.owner != owner && lease.expires_at > now)
 }
 
 /// True when `owner`'s lease has less than half of `duration` left (or is not `owner`'s): time to renew it.
 pub fn lease_needs_renewal(doc: &StateDoc, owner: &str, duration: std::time::Duration, now: OffsetDateTime) -> bool {
     let half = time::Duration::try_from(duration).unwrap_or(time::Duration::MAX) / 2;
-    doc.lease.as_ref().filter(|l| l.owner == owner).is_none_or(|l| l.expires_at - now < half)
+    doc.lease().filter(|l| l.owner == owner).is_none_or(|l| l.expires_at - now < half)
 }
 
 /// Why a batch is poison, in the words of the settings that made it so.
@@ -105,7 +105,7 @@ pub fn poison_reason(poison: &Poison, now: OffsetDateTime) -> String {
 
 /// True when the span the document records in flight is exactly what `owner` remembers answering.
 pub fn remembers(memory: &Answered, doc: &StateDoc, owner: &str) -> bool {
-    match (&doc.in_flight, memory.span.front(), memory.span.back()) {
+    match (doc.in_flight(), memory.span.front(), memory.span.back()) {
         (None, None, _) => true,
         (Some(f), Some(first), Some(last)) => {
             f.owner == owner
@@ -113,7 +113,7 @@ pub fn remembers(memory: &Answered, doc: &StateDoc, owner: &str) -> bool {
                 && f.range.batch_id == last.range.batch_id
                 && f.range.from == first.range.from
                 && f.range.to == last.range.to
-                && doc.checkpoint == first.range.from
+                && *doc.checkpoint() == first.range.from
         }
         _ => false,
     }
@@ -204,9 +204,9 @@ pub struct Lineage {
 impl Lineage {
     pub fn of(doc: &StateDoc) -> Self {
         Self {
-            id: doc.lineage.clone(),
-            token: doc.lease.as_ref().map_or(0, |l| l.token),
-            settled: doc.counters.batches.saturating_add(doc.counters.quarantined),
+            id: doc.lineage().to_string(),
+            token: doc.lease().map_or(0, |l| l.token),
+            settled: doc.counters().batches.saturating_add(doc.counters().quarantined),
         }
     }
 }
@@ -233,7 +233,7 @@ pub fn span_backward(
     doc: &StateDoc,
     order: impl Fn(&crate::source::Position, &crate::source::Position) -> Option<std::cmp::Ordering>,
 ) -> Option<String> {
-    let flight = doc.in_flight.as_ref()?;
+    let flight = doc.in_flight()?;
     (order(&flight.range.from, &flight.range.to) == Some(std::cmp::Ordering::Greater)).then(|| {
         format!(
             "field `in_flight.to` ({}) comes before `in_flight.from` ({}): a batch ends after it starts",

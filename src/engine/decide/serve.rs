@@ -73,23 +73,23 @@ pub fn deferred(doc: &StateDoc, answered: &Answered, live_in_a_row: u32) -> Defe
         return Deferred::Owed;
     }
     let unanswered = |id: &u64| !answered.retries.iter().any(|r| r.range.batch_id == *id);
-    if let Some(batch_id) = doc.retry_quarantined.iter().copied().find(unanswered) {
+    if let Some(batch_id) = doc.retry_quarantined().iter().copied().find(unanswered) {
         return Deferred::Next(Next::QuarantineRetry(batch_id));
     }
     // Chunks of this backfill answered and not yet proven: the next starts after the last of them.
-    let current = doc.backfill.as_ref().map(|b| b.id.clone());
+    let current = doc.backfill().map(|b| b.id.clone());
     let unproven = answered
         .chunks
         .iter()
         .rfind(|s| s.range.backfill.is_some() && s.range.backfill == current)
         .map(|s| s.range.to.clone());
-    Deferred::Next(Next::New(fresh(doc, live_in_a_row, answered.frontier(&doc.checkpoint).clone(), unproven)))
+    Deferred::Next(Next::New(fresh(doc, live_in_a_row, answered.frontier(doc.checkpoint()).clone(), unproven)))
 }
 
 /// Immediate and sink delivery: the batch in flight first (nobody proved it delivered), then
 /// [`after_flight`].
 pub fn recorded(doc: &StateDoc, live_in_a_row: u32, settings: &TriggerSettings) -> Recorded {
-    if let Some(flight) = &doc.in_flight {
+    if let Some(flight) = doc.in_flight() {
         let stuck = stuck(flight, settings.max_attempts, settings.poison_action);
         return Recorded::InFlight { flight: Box::new(flight.clone()), stuck: Box::new(stuck) };
     }
@@ -99,17 +99,17 @@ pub fn recorded(doc: &StateDoc, live_in_a_row: u32, settings: &TriggerSettings) 
 /// A recorded delivery with no batch in flight (none was, or it was just quarantined): an operator's retry,
 /// then new changes after the checkpoint (nothing of a backfill is unacknowledged then).
 pub fn after_flight(doc: &StateDoc, live_in_a_row: u32) -> Next {
-    if let Some(&batch_id) = doc.retry_quarantined.first() {
+    if let Some(&batch_id) = doc.retry_quarantined().first() {
         return Next::QuarantineRetry(batch_id);
     }
-    Next::New(fresh(doc, live_in_a_row, doc.checkpoint.clone(), None))
+    Next::New(fresh(doc, live_in_a_row, doc.checkpoint().clone(), None))
 }
 
 /// New changes after `live`, and a chunk after `unproven` (else the backfill's position).
 fn fresh(doc: &StateDoc, live_in_a_row: u32, live: Position, unproven: Option<Position>) -> Fresh {
-    let turn = share::turn(doc.backfill.as_ref(), live_in_a_row);
+    let turn = share::turn(doc.backfill(), live_in_a_row);
     let unacknowledged = unproven.is_some();
-    let after = unproven.or_else(|| doc.backfill.as_ref().map(|b| b.after.clone())).unwrap_or_default();
+    let after = unproven.or_else(|| doc.backfill().map(|b| b.after.clone())).unwrap_or_default();
     Fresh { turn, live, after, unacknowledged }
 }
 

@@ -1,13 +1,12 @@
 //! The state document: one per function, the only durable memory of the trigger, and every change of it.
 //!
-//! The fields are public to read (status, `handler state show`, tests), and readers should prefer the accessors
-//! below; they change only through the transitions, one method per transition, each saying who may call it.
-//! Nothing outside this folder assigns a field (`a_document_changes_only_through_its_own_methods` checks the
-//! source tree). Who writes what: the tick writes everything in one compare-and-swap through the ledger;
-//! operators (CLI, admin routes) pause, resume, reset, replay and queue quarantined batches through the same
-//! CAS. `checkpoint` only moves forward except by an explicit operator reset or replay. Every write carries a
-//! fresh `write_id` ([`StateDoc::stamp`]), so no two writes are byte-identical and content-hash etags stay
-//! unique.
+//! The fields are private: everyone outside this folder reads them through the accessors below (status,
+//! `handler state show`, the tick's decisions, tests), and they change only through the transitions, one method
+//! per transition, each saying who may call it. Who writes what: the tick writes everything in one
+//! compare-and-swap through the ledger; operators (CLI, admin routes) pause, resume, reset, replay and queue
+//! quarantined batches through the same CAS. `checkpoint` only moves forward except by an explicit operator reset
+//! or replay. Every write carries a fresh `write_id` ([`StateDoc::stamp`]), so no two writes are byte-identical
+//! and content-hash etags stay unique.
 //!
 //! One file per concern, each holding its types and the transitions of them: `flight` (the batch in flight,
 //! acknowledgements, counters), `lease`, `quarantine`, `backfill`, `stopped` (pause, halt, retirement); this
@@ -39,54 +38,58 @@ pub const SCHEMA: u32 = 1;
 
 /// One function's (or one partition's) durable memory. Read and written as `wire.rs` lays it out (serde
 /// `from`/`into`), so the stored JSON is the same as every release wrote.
+///
+/// The fields are private, so the compiler enforces the document's one rule: nothing outside `engine/document/`
+/// changes a field, only the transitions do (a test that stands for an operator's hand edit edits the stored
+/// JSON). Each field's accessor has its name.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(from = "wire::Wire", into = "wire::Wire")]
 pub struct StateDoc {
-    pub schema: u32,
-    pub function: String,
+    schema: u32,
+    function: String,
     /// `kind:table`, for people reading the document.
-    pub source: String,
+    source: String,
     /// See `Source::fingerprint`: a mismatch means stored positions no longer mean anything.
-    pub fingerprint: String,
+    fingerprint: String,
     /// Everything at or before this position was delivered and acknowledged. `null` = nothing yet.
-    pub checkpoint: Position,
+    checkpoint: Position,
     /// The batch answered to the host (or handed to a sink) and not yet acknowledged. In deferred delivery, the
     /// span of batches answered and not yet proven written, from the checkpoint on, owned by the process that
     /// answered them: nobody else can prove them, so another owner delivers them all again.
-    pub in_flight: Option<InFlight>,
+    in_flight: Option<InFlight>,
     /// Who may act on `in_flight`, until when, and the fencing token of that owner.
-    pub lease: Option<Lease>,
+    lease: Option<Lease>,
     /// Why ticks deliver nothing, and who stopped them (`None`: delivering): an operator's pause, a poison halt
     /// (PoisonAction=halt: the reason and the batch), or a retirement by a change of the partition count. Stored
     /// as the fields `paused` and `halted` (see [`Stopped`]); changed by `pause`, `resume`, `halt`, `retire` and
     /// `reset`.
-    pub stopped: Option<Stopped>,
-    pub next_batch_id: u64,
-    pub counters: Counters,
+    stopped: Option<Stopped>,
+    next_batch_id: u64,
+    counters: Counters,
     /// The most recent quarantined batches (newest last, at most [`QUARANTINE_KEPT`]).
-    pub quarantine: Vec<QuarantineEntry>,
+    quarantine: Vec<QuarantineEntry>,
     /// Quarantined batches an operator asked to re-deliver, oldest first; served before new changes.
-    pub retry_quarantined: Vec<u64>,
+    retry_quarantined: Vec<u64>,
     /// When the checkpoint last moved (or a batch was last acknowledged).
-    pub progress_at: Option<OffsetDateTime>,
+    progress_at: Option<OffsetDateTime>,
     /// Changes acknowledged per second over the last minutes (see `decide::pace`), set with `counters`.
-    pub pace: Option<Pace>,
-    pub write_id: String,
-    pub updated_at: OffsetDateTime,
-    pub updated_by: String,
+    pace: Option<Pace>,
+    write_id: String,
+    updated_at: OffsetDateTime,
+    updated_by: String,
     /// This document's identity: minted when it is created and at every operator reset, kept by every other
     /// write. Fencing tokens only grow within one lineage; a deleted and recreated document, or a reset one, is
     /// a new lineage whose tokens may start lower (see `decide::token_moved_back`). Empty in documents written
     /// before it existed.
-    pub lineage: String,
+    lineage: String,
     /// Set when `handler partitions change` created this document from the documents of another partition
     /// layout, and kept by every later write: its checkpoint was carried over, not lost. A sink tick therefore
     /// never resumes it from the destination's record, which names a batch of the old layout (another set of
     /// keys under the same function name); and a re-run of the change knows the document as its own.
-    pub seeded: Option<Seeded>,
+    seeded: Option<Seeded>,
     /// The function's backfill, the current or the last one (docs/operations.md, "Backfill"). Absent in
     /// documents written before backfills existed, and in functions that never had one.
-    pub backfill: Option<Backfill>,
+    backfill: Option<Backfill>,
 }
 
 /// Where a re-partitioned document's checkpoint came from (see [`StateDoc::seeded`]).

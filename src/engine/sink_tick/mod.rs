@@ -91,8 +91,8 @@ pub(super) fn take_chained(trigger: &Trigger, memory: &mut Memory) -> Option<End
     let chained = memory.take_chained()?;
     let (doc, etag) = memory.last_written().cloned()?;
     let owner = &trigger.owner;
-    let flight = doc.in_flight.as_ref().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
-    let lease = doc.lease.as_ref().filter(|l| l.owner == *owner)?;
+    let flight = doc.in_flight().filter(|f| f.range.batch_id == chained.range.batch_id && f.owner == *owner)?;
+    let lease = doc.lease().filter(|l| l.owner == *owner)?;
     let left = lease.expires_at - trigger.ledger.clock().now();
     if left < trigger.config.settings.lease_duration / 2 || doc.paused() || doc.halted().is_some() {
         return None;
@@ -166,7 +166,7 @@ pub(super) async fn deliver(
 ) -> Result<TickOutcome, TickError> {
     let Ended { mut out, written } = recorded;
     let (Some(batch_id), Some((doc, etag))) = (out.batch_id, written) else { return Ok(out) };
-    let Some(flight) = doc.in_flight.clone() else { return Ok(out) };
+    let Some(flight) = doc.in_flight().cloned() else { return Ok(out) };
 
     let heartbeat = Heartbeat::start(trigger, doc, etag);
     let batch = SinkBatch {

@@ -22,11 +22,11 @@ pub(super) const ATTEMPTS: u32 = 4;
 /// Whether `fresh`, read after a lost compare-and-swap, records what `held` (this process's last write) recorded
 /// for `owner`: the same batch in flight, the same lease, the same checkpoint and lineage.
 fn still_ours(held: &StateDoc, fresh: &StateDoc, owner: &str) -> bool {
-    held.in_flight.as_ref().is_some_and(|f| f.owner == owner)
-        && fresh.in_flight == held.in_flight
-        && fresh.lease == held.lease
-        && fresh.checkpoint == held.checkpoint
-        && fresh.lineage == held.lineage
+    held.in_flight().is_some_and(|f| f.owner == owner)
+        && fresh.in_flight() == held.in_flight()
+        && fresh.lease() == held.lease()
+        && fresh.checkpoint() == held.checkpoint()
+        && fresh.lineage() == held.lineage()
 }
 
 /// The document as it reads now, when an operator's write left `held`'s batch, lease and checkpoint as they

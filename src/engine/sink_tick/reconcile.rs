@@ -18,8 +18,8 @@ pub(in crate::engine) async fn reconcile(
 ) -> Result<Option<Vec<String>>, TickError> {
     let out = &recorded.out;
     let Some((doc, _)) = recorded.written.as_ref() else { return Ok(None) };
-    let Some(flight) = doc.in_flight.as_ref() else { return Ok(None) };
-    let acknowledged_nothing = doc.counters.batches == 0 && doc.counters.quarantined == 0;
+    let Some(flight) = doc.in_flight() else { return Ok(None) };
+    let acknowledged_nothing = doc.counters().batches == 0 && doc.counters().quarantined == 0;
     if out.batch_id.is_none() || !acknowledged_nothing || flight.quarantined.is_some() {
         return Ok(None);
     }
@@ -34,7 +34,7 @@ pub(in crate::engine) async fn reconcile(
     // A document seeded by a change of the partition count knows its checkpoint: the destination's record under
     // this function name may come from a partition of the old layout, another set of keys, whose position would
     // skip this one's changes. Only the fencing token is taken from it.
-    let seeded = doc.seeded.is_some();
+    let seeded = doc.seeded().is_some();
     let moved = applied.filter(|a| !seeded && a.to != flight.range.from && !this_batch(a));
     if moved.is_none() && fence <= out.fence {
         return Ok(None);

@@ -66,7 +66,7 @@ impl Repartition {
                     .get(&m)
                     .into_iter()
                     .flat_map(|docs| docs.values())
-                    .filter_map(|(d, _)| d.seeded.as_ref().map(|s| s.from_partitions))
+                    .filter_map(|(d, _)| d.seeded().map(|s| s.from_partitions))
                     .collect();
                 let in_use = loaded.get(&m).is_some_and(|docs| docs.values().any(|(d, _)| d.retired_into().is_none()));
                 match seeded.iter().next() {
@@ -161,16 +161,16 @@ impl Repartition {
         for j in 0..m {
             match targets.get(&j) {
                 None => plan.push((j, Target::Write(None))),
-                Some((doc, _)) if doc.seeded.as_ref().is_some_and(|s| s.from_partitions == n) => {
+                Some((doc, _)) if doc.seeded().is_some_and(|s| s.from_partitions == n) => {
                     plan.push((j, Target::Ours(Box::new(doc.clone()))))
                 }
                 Some((doc, etag)) if doc.retired_into().is_some() => plan.push((j, Target::Write(Some(etag.clone())))),
                 Some((doc, _)) => problems.push(format!(
                     "the new layout exists already: {} (last written by {} at {}, checkpoint {}) was not made by a change from {n} partitions, so a deployment with {m} partitions may have run from startFrom. Stop it; to seed the {m} partitions from the {n} ones instead, delete the documents under {} named partition-*-of-{m}.json",
                     self.ledger(j, m).key(),
-                    doc.updated_by,
-                    rfc3339(doc.updated_at),
-                    doc.checkpoint,
+                    doc.updated_by(),
+                    rfc3339(doc.updated_at()),
+                    doc.checkpoint(),
                     self.prefix()
                 )),
             }
@@ -182,13 +182,13 @@ impl Repartition {
     pub(super) fn check_old(&self, i: u32, n: u32, doc: &StateDoc, now: OffsetDateTime, problems: &mut Vec<String>) {
         let function = self.function(i, n);
         let configured = self.source.fingerprint();
-        if doc.fingerprint != configured {
+        if doc.fingerprint() != configured {
             problems.push(format!(
                 "partition {i} of {n} was written for another source (fingerprint {}, configured {configured}): its positions mean nothing to the configured source. Put back the configuration it was written for, or start over with `handler state reset {function} --to earliest|now --confirm`",
-                doc.fingerprint
+                doc.fingerprint()
             ));
         }
-        if let Some(lease) = doc.lease.as_ref().filter(|l| l.expires_at > now) {
+        if let Some(lease) = doc.lease().filter(|l| l.expires_at > now) {
             problems.push(format!(
                 "partition {i} of {n} is leased to {} until {}: something may still be running it. Stop the function first (under the Functions host disable its partition functions, {}; under `handler run` stop its processes), or wait until the lease expires at {}, then run this again",
                 lease.owner,
@@ -207,14 +207,14 @@ impl Repartition {
                 "partition {i} of {n} is halted ({reason}): deal with that batch and `handler state resume {function}`, let it deliver, stop the function, then run this again"
             ));
         }
-        if let Some(b) = doc.backfill.as_ref().filter(|b| b.open()) {
+        if let Some(b) = doc.backfill().filter(|b| b.open()) {
             problems.push(format!(
                 "partition {i} of {n} has backfill {} open ({} row(s) delivered so far), and a backfill's position (a key of this layout's partition) is not carried over to new partitions: let it finish (`handler state status {function}` shows its progress), or cancel it (`handler state backfill {function} --cancel`) and start it again after the change, then stop the function and run this again",
                 b.id, b.rows
             ));
         }
-        let mut queued = doc.retry_quarantined.clone();
-        if let Some(f) = doc.in_flight.as_ref().filter(|f| f.quarantined.is_some()) {
+        let mut queued = doc.retry_quarantined().to_vec();
+        if let Some(f) = doc.in_flight().filter(|f| f.quarantined.is_some()) {
             queued.insert(0, f.range.batch_id);
         }
         if !queued.is_empty() {

@@ -85,7 +85,7 @@ impl Repartition {
             )]));
         };
         // Batch ids of one function name never repeat across layouts: destinations deduplicate on them.
-        let last_id = loaded.values().flat_map(|docs| docs.values()).map(|(d, _)| d.next_batch_id).max().unwrap_or(1);
+        let last_id = loaded.values().flat_map(|docs| docs.values()).map(|(d, _)| d.next_batch_id()).max().unwrap_or(1);
         let by = format!("operator {}", request.who);
         let seed = Seed { n, m, template, last_id, who: &request.who, by: &by, now };
         let mut written: Vec<String> = Vec::new();

@@ -62,10 +62,10 @@ pub(super) fn redelivered(n: u32, m: u32, old: &BTreeMap<u32, Loaded>, partition
         }
     }
     for (i, (doc, _)) in old {
-        if let Some(f) = doc.in_flight.as_ref().filter(|_| doc.retired_into().is_none()) {
+        if let Some(f) = doc.in_flight().filter(|_| doc.retired_into().is_none()) {
             lines.push(format!(
                 "old partition {i} of {n} had {} batch(es) with {} change(s) in flight after {} (answered, not acknowledged): delivered again",
-                f.batches, f.range.rows, doc.checkpoint
+                f.batches, f.range.rows, doc.checkpoint()
             ));
         }
     }

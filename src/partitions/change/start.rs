@@ -55,7 +55,7 @@ pub(super) async fn starts(
     for j in 0..m {
         let from: Vec<OldPartition> = feeders(j, n, m)
             .iter()
-            .map(|&i| OldPartition { index: i, checkpoint: old.get(&i).map(|(d, _)| d.checkpoint.clone()) })
+            .map(|&i| OldPartition { index: i, checkpoint: old.get(&i).map(|(d, _)| d.checkpoint().clone()) })
             .collect();
         let positions: Vec<(u32, Position)> =
             from.iter().map(|o| (o.index, o.checkpoint.clone().unwrap_or_else(|| stand_in.clone()))).collect();

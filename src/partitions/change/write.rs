@@ -45,13 +45,13 @@ impl Repartition {
         let (n, m) = (seed.n, seed.m);
         let ledger = self.ledger(j, m);
         let (checkpoint, wrote) = match target {
-            Target::Ours(doc) => (doc.checkpoint.clone(), false),
+            Target::Ours(doc) => (doc.checkpoint().clone(), false),
             Target::Write(etag) => {
                 let function = self.function(j, m);
                 let origin = Origin {
                     function: &function,
-                    source: &seed.template.source,
-                    fingerprint: &seed.template.fingerprint,
+                    source: seed.template.source(),
+                    fingerprint: seed.template.fingerprint(),
                 };
                 let mut doc = StateDoc::new(origin, start.clone(), seed.by, seed.now);
                 doc.continue_ids_after(seed.last_id.saturating_sub(1));
@@ -68,8 +68,8 @@ impl Repartition {
                     }
                     // Another run of this change created it first: the same seed, kept.
                     Ok(Saved::Conflict) => match ledger.load().await {
-                        Ok(Some((doc, _))) if doc.seeded.as_ref().is_some_and(|s| s.from_partitions == n) => {
-                            (doc.checkpoint, false)
+                        Ok(Some((doc, _))) if doc.seeded().is_some_and(|s| s.from_partitions == n) => {
+                            (doc.checkpoint().clone(), false)
                         }
                         Ok(_) => {
                             return Err(RepartitionError::Refused {

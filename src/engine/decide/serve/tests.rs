@@ -84,7 +84,7 @@ fn a_running_backfill_gets_a_chunk_first_after_four_live_batches_in_a_row() {
 #[test]
 fn a_deferred_tick_serves_an_owed_batch_then_an_unanswered_retry_then_changes_after_its_span_and_chunks() {
     let mut doc = with_backfill();
-    let id = doc.backfill.as_ref().map(|b| b.id.clone()).expect("backfill");
+    let id = doc.backfill().map(|b| b.id.clone()).expect("backfill");
     let mut answered = Answered::default();
     // Under a retry policy: the host reports a failed write by retrying, so nothing answered is owed yet.
     let retry = RetryContext { retry_count: 0, max_retry_count: 5, failed_invocation: None };

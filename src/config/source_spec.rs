@@ -139,107 +139,17 @@ pub(super) fn source_spec(
         );
         return None;
     };
-    let table = match text("tableName").map(|t| TableName::parse(&t)) {
-        Some(Ok(t)) => Some(t),
-        Some(Err(e)) => {
-            problem("tableName", e);
-            None
-        }
-        None => {
-            problem("tableName", "is required (the table to watch, e.g. dbo.Orders)".into());
-            None
-        }
-    };
+    let table = table(text("tableName"), &mut problem);
     let connection_setting = text("connectionStringSetting");
-    let connection = match &connection_setting {
-        Some(s) => match env.get(s) {
-            Some(v) => Some(Secret::new(v)),
-            None => {
-                problem(
-                    "connectionStringSetting",
-                    format!("names app setting {s:?}, which is not set; add it to the app settings (Values in local.settings.json)"),
-                );
-                None
-            }
-        },
-        None => {
-            problem(
-                "connectionStringSetting",
-                "is required: the name of the app setting that holds the connection string".into(),
-            );
-            None
-        }
-    };
-    let ident = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Ident> {
-        let v = o.get(key)?;
-        match v.as_str().map(Ident::new) {
-            Some(Ok(i)) => Some(i),
-            Some(Err(e)) => {
-                problem(key, e);
-                None
-            }
-            None => {
-                problem(key, "must be a column name (a string)".into());
-                None
-            }
-        }
-    };
-    let ident_list = |key: &str, problem: &mut dyn FnMut(&str, String)| -> Option<Vec<Ident>> {
-        let v = o.get(key)?;
-        let items: Option<Vec<&str>> = v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect());
-        match items {
-            Some(items) if !items.is_empty() && items.len() == v.as_array().map_or(0, Vec::len) => {
-                let mut out = Vec::new();
-                for i in items {
-                    match Ident::new(i) {
-                        Ok(i) => out.push(i),
-                        Err(e) => problem(key, e),
-                    }
-                }
-                Some(out)
-            }
-            _ => {
-                problem(key, "must be a non-empty array of column names".into());
-                None
-            }
-        }
-    };
-    let cursor_column = ident("cursorColumn", &mut problem);
-    let inserted_column = ident("insertedColumn", &mut problem);
-    let soft_delete_column = ident("softDeleteColumn", &mut problem);
-    let primary_key = ident_list("primaryKey", &mut problem);
-    let columns = ident_list("columns", &mut problem);
-    let cursor_guard = match text("cursorGuard").as_deref() {
-        None => None,
-        Some("xid8") => Some(CursorGuard::Xid8),
-        Some("lag") => Some(CursorGuard::Lag),
-        Some("none") => Some(CursorGuard::Unguarded),
-        Some(g) => {
-            problem("cursorGuard", format!("{g:?} is not a guard; use xid8, lag or none"));
-            None
-        }
-    };
-    let safety_lag = match o.get("safetyLagMs") {
-        None => Duration::from_millis(5000),
-        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
-            Some(ms) if ms <= 86_400_000 => Duration::from_millis(ms),
-            _ => {
-                problem("safetyLagMs", format!("must be milliseconds from 0 to 86400000, got {v}"));
-                Duration::ZERO
-            }
-        },
-    };
-    let start_from = match text("startFrom").as_deref() {
-        None | Some("earliest") => StartFrom::Earliest,
-        Some("now") => StartFrom::Now,
-        // A backfill of the rows that exist beside the changes after them (docs/operations.md, "Backfill"):
-        // every source can backfill.
-        Some("snapshot") => StartFrom::Snapshot,
-        Some(other) => {
-            problem("startFrom", format!("{other:?} is not a start; use earliest, now or snapshot"));
-            StartFrom::Earliest
-        }
-    };
+    let connection = connection(connection_setting.as_deref(), env, &mut problem);
+    let cursor_column = ident(o, "cursorColumn", &mut problem);
+    let inserted_column = ident(o, "insertedColumn", &mut problem);
+    let soft_delete_column = ident(o, "softDeleteColumn", &mut problem);
+    let primary_key = ident_list(o, "primaryKey", &mut problem);
+    let columns = ident_list(o, "columns", &mut problem);
+    let cursor_guard = cursor_guard(text("cursorGuard").as_deref(), &mut problem);
+    let safety_lag = safety_lag(o.get("safetyLagMs"), &mut problem);
+    let start_from = start_from(text("startFrom").as_deref(), &mut problem);
     if kind == SourceKind::PostgresCursor && cursor_column.is_none() && o.get("cursorColumn").is_none() {
         problem("cursorColumn", "is required for postgres-cursor: an xid8 (recommended), bigint or timestamp column that every insert and update sets".into());
     }
@@ -277,6 +187,128 @@ pub(super) fn source_spec(
         options: options?,
         partition: None,
     })
+}
+
+/// Where `problem` reports a key's error, in the order the keys are read.
+type Problem<'a> = dyn FnMut(&str, String) + 'a;
+
+/// `tableName`: required, a schema-qualified name.
+fn table(text: Option<String>, problem: &mut Problem<'_>) -> Option<TableName> {
+    match text.map(|t| TableName::parse(&t)) {
+        Some(Ok(t)) => Some(t),
+        Some(Err(e)) => {
+            problem("tableName", e);
+            None
+        }
+        None => {
+            problem("tableName", "is required (the table to watch, e.g. dbo.Orders)".into());
+            None
+        }
+    }
+}
+
+/// `connectionStringSetting`: required, the name of an app setting that is set; its value, as a secret.
+fn connection(setting: Option<&str>, env: &Env, problem: &mut Problem<'_>) -> Option<Secret> {
+    match setting {
+        Some(s) => match env.get(s) {
+            Some(v) => Some(Secret::new(v)),
+            None => {
+                problem(
+                    "connectionStringSetting",
+                    format!("names app setting {s:?}, which is not set; add it to the app settings (Values in local.settings.json)"),
+                );
+                None
+            }
+        },
+        None => {
+            problem(
+                "connectionStringSetting",
+                "is required: the name of the app setting that holds the connection string".into(),
+            );
+            None
+        }
+    }
+}
+
+/// An optional column name under `key`.
+fn ident(o: &Map<String, Value>, key: &str, problem: &mut Problem<'_>) -> Option<Ident> {
+    let v = o.get(key)?;
+    match v.as_str().map(Ident::new) {
+        Some(Ok(i)) => Some(i),
+        Some(Err(e)) => {
+            problem(key, e);
+            None
+        }
+        None => {
+            problem(key, "must be a column name (a string)".into());
+            None
+        }
+    }
+}
+
+/// An optional non-empty list of column names under `key`.
+fn ident_list(o: &Map<String, Value>, key: &str, problem: &mut Problem<'_>) -> Option<Vec<Ident>> {
+    let v = o.get(key)?;
+    let items: Option<Vec<&str>> = v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect());
+    match items {
+        Some(items) if !items.is_empty() && items.len() == v.as_array().map_or(0, Vec::len) => {
+            let mut out = Vec::new();
+            for i in items {
+                match Ident::new(i) {
+                    Ok(i) => out.push(i),
+                    Err(e) => problem(key, e),
+                }
+            }
+            Some(out)
+        }
+        _ => {
+            problem(key, "must be a non-empty array of column names".into());
+            None
+        }
+    }
+}
+
+/// `cursorGuard`: xid8, lag or none (`None` when not set: the source picks by the column's type).
+fn cursor_guard(text: Option<&str>, problem: &mut Problem<'_>) -> Option<CursorGuard> {
+    match text {
+        None => None,
+        Some("xid8") => Some(CursorGuard::Xid8),
+        Some("lag") => Some(CursorGuard::Lag),
+        Some("none") => Some(CursorGuard::Unguarded),
+        Some(g) => {
+            problem("cursorGuard", format!("{g:?} is not a guard; use xid8, lag or none"));
+            None
+        }
+    }
+}
+
+/// `safetyLagMs`: 5 s unless set, at most a day.
+fn safety_lag(v: Option<&Value>, problem: &mut Problem<'_>) -> Duration {
+    match v {
+        None => Duration::from_millis(5000),
+        Some(v) => match v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())) {
+            Some(ms) if ms <= 86_400_000 => Duration::from_millis(ms),
+            _ => {
+                problem("safetyLagMs", format!("must be milliseconds from 0 to 86400000, got {v}"));
+                Duration::ZERO
+            }
+        },
+    }
+}
+
+/// `startFrom`: earliest unless set.
+fn start_from(text: Option<&str>, problem: &mut Problem<'_>) -> StartFrom {
+    match text {
+        None | Some("earliest") => StartFrom::Earliest,
+        Some("now") => StartFrom::Now,
+        // A backfill of the rows that exist beside the changes after them (docs/operations.md, "Backfill"):
+        // every source can backfill.
+        Some("snapshot") => StartFrom::Snapshot,
+        Some(other) => {
+            problem("startFrom", format!("{other:?} is not a start; use earliest, now or snapshot"));
+            StartFrom::Earliest
+        }
+    }
 }
 
 /// Replaces `%Name%` in every string value with the app setting's value. Connection strings are never

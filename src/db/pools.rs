@@ -13,11 +13,14 @@
 //! TLS trusts), so the registry holds no secret and nothing here can log one. The cap is part of the key: a
 //! process that changes it (tests building apps with other caps) gets new pools, never a pool of another size.
 
-use super::mssql;
-use super::postgres::{self, PostgresTls};
+//!
+//! This file is the bottom of `db/`: it knows no dialect. Each dialect keeps its pools here through
+//! [`shared`] (`postgres::shared_pool`, `mssql::Pool::new`) and reads the cap from here, so nothing here
+//! imports the dialects that import it.
+
 use crate::config::settings::MOST_CONNECTIONS_PER_DATABASE;
-use crate::config::Secret;
 use sha2::{Digest, Sha256};
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -50,12 +53,8 @@ impl std::fmt::Debug for DatabaseKey {
     }
 }
 
-/// The pools of this process, by database and cap.
-#[derive(Default)]
-struct Registry {
-    postgres: HashMap<(DatabaseKey, usize), deadpool_postgres::Pool>,
-    mssql: HashMap<(DatabaseKey, usize), Arc<mssql::Shared>>,
-}
+/// The pools of this process, by the type of pool (one per dialect), database and cap.
+type Registry = HashMap<(TypeId, DatabaseKey, usize), Arc<dyn Any + Send + Sync>>;
 
 fn registry() -> &'static Mutex<Registry> {
     static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
@@ -75,27 +74,21 @@ pub fn max_connections() -> usize {
     MAX_CONNECTIONS.load(Ordering::SeqCst)
 }
 
-/// The shared pool of the PostgreSQL database in app setting `setting`, made on first request without
-/// connecting (see [`postgres::pool`]). Every caller's messages keep naming its own `setting`: the pool itself
-/// names none.
-pub fn postgres(setting: &str, connection: &Secret, tls: &PostgresTls) -> Result<deadpool_postgres::Pool, String> {
+/// The one pool of type `T` of the database `key` names (its connection string's digest), made by `make(cap)`
+/// on first request at the cap in force (`make` fails: nothing is kept, and the next request tries again).
+pub(crate) fn shared<T: Any + Send + Sync, E>(
+    key: DatabaseKey,
+    make: impl FnOnce(usize) -> Result<T, E>,
+) -> Result<Arc<T>, E> {
     let cap = max_connections();
-    let key = (DatabaseKey::of("postgres", &[connection.expose().as_bytes(), tls.fingerprint().as_bytes()]), cap);
     let mut registry = registry().lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(pool) = registry.postgres.get(&key) {
-        return Ok(pool.clone());
+    let slot = (TypeId::of::<T>(), key, cap);
+    if let Some(pool) = registry.get(&slot).and_then(|p| p.clone().downcast::<T>().ok()) {
+        return Ok(pool);
     }
-    let pool = postgres::pool(setting, connection, cap, tls)?;
-    registry.postgres.insert(key, pool.clone());
+    let pool = Arc::new(make(cap)?);
+    registry.insert(slot, pool.clone());
     Ok(pool)
-}
-
-/// The shared state of the SQL Server database `key` names (its connection string's digest), made by
-/// `make(cap)` on first request.
-pub(crate) fn mssql(key: DatabaseKey, make: impl FnOnce(usize) -> mssql::Shared) -> Arc<mssql::Shared> {
-    let cap = max_connections();
-    let mut registry = registry().lock().unwrap_or_else(PoisonError::into_inner);
-    registry.mssql.entry((key, cap)).or_insert_with(|| Arc::new(make(cap))).clone()
 }
 
 #[cfg(test)]
@@ -116,18 +109,5 @@ mod tests {
         // Length prefixes: moving a byte from one part to the next is another key.
         assert_ne!(DatabaseKey::of("k", &[b"ab", b"c"]), DatabaseKey::of("k", &[b"a", b"bc"]));
         assert!(!format!("{a:?}").contains("secret"), "{a:?}");
-    }
-
-    #[test]
-    fn every_caller_of_one_database_shares_one_pool_of_the_cap() {
-        let tls = PostgresTls::new(Default::default());
-        let url = Secret::new(format!("postgres://u:pw@127.0.0.1:1/{}", uuid::Uuid::new_v4().simple()));
-        let other = Secret::new(format!("postgres://u:pw@127.0.0.1:1/{}", uuid::Uuid::new_v4().simple()));
-        let first = postgres("A", &url, &tls).expect("a pool");
-        let second = postgres("B", &url, &tls).expect("the same pool");
-        let third = postgres("A", &other, &tls).expect("another pool");
-        // deadpool's `Pool` is a handle: one pool's handles report the same status, resized together.
-        first.resize(3);
-        assert_eq!((second.status().max_size, third.status().max_size), (3, max_connections()));
     }
 }

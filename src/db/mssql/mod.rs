@@ -171,12 +171,18 @@ impl Pool {
     /// (`db::pools`). Opens nothing: connections are made on first use.
     pub fn new(settings: Settings) -> Self {
         let setting = settings.setting.clone();
-        let shared = super::pools::mssql(settings.database, |cap| Shared {
-            settings,
-            permits: Semaphore::new(cap),
-            idle: Mutex::new(Vec::new()),
-            credential: OnceCell::new(),
+        let made = super::pools::shared(settings.database, |cap| {
+            Ok::<_, std::convert::Infallible>(Shared {
+                settings,
+                permits: Semaphore::new(cap),
+                idle: Mutex::new(Vec::new()),
+                credential: OnceCell::new(),
+            })
         });
+        let shared = match made {
+            Ok(shared) => shared,
+            Err(never) => match never {},
+        };
         Self { setting, shared }
     }
 

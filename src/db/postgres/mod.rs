@@ -7,11 +7,22 @@ mod tls;
 
 pub use tls::PostgresTls;
 
+use super::pools::{self, DatabaseKey};
 use crate::config::Secret;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use std::error::Error;
 use std::time::Duration;
 use tls::HandshakeError;
+
+/// The shared pool of the PostgreSQL database in app setting `setting`, made on first request without
+/// connecting (see [`pool`]), at the process's cap (`db::pools`): every caller with the same connection string
+/// and trust gets a handle of the same pool. Every caller's messages keep naming its own `setting`: the pool
+/// itself names none.
+pub fn shared_pool(setting: &str, connection: &Secret, tls: &PostgresTls) -> Result<Pool, String> {
+    let key = DatabaseKey::of("postgres", &[connection.expose().as_bytes(), tls.fingerprint().as_bytes()]);
+    // deadpool's `Pool` is a handle: the registry keeps one, and each caller gets a clone of it.
+    Ok(pools::shared(key, |cap| pool(setting, connection, cap, tls))?.as_ref().clone())
+}
 
 /// A pool of at most `size` connections to the database in app setting `setting`, opening none until used.
 /// The connection string is read as libpq reads it (`connection_string`); every connection goes through `tls`,
@@ -73,7 +84,7 @@ pub fn connect_failure(setting: &str, e: &PoolError) -> ConnectFailure {
         return ConnectFailure::Unavailable(format!(
             "{prefix}: all {} connections of the database's pool stayed in use for 30 s; raise {} if the server has \
              room for more, or serve fewer functions or partitions per instance (docs/operations.md, \"Connections\")",
-            super::pools::max_connections(),
+            pools::max_connections(),
             crate::config::settings::MAX_CONNECTIONS_PER_DATABASE.name
         ));
     }
@@ -166,5 +177,18 @@ mod tests {
         for code in ["42P01", "42703", "23505", "XX000", "2"] {
             assert_eq!(classify(Some(code)), Verdict::Refused, "{code}");
         }
+    }
+
+    #[test]
+    fn every_caller_of_one_database_shares_one_pool_of_the_cap() {
+        let tls = PostgresTls::new(Default::default());
+        let url = Secret::new(format!("postgres://u:pw@127.0.0.1:1/{}", uuid::Uuid::new_v4().simple()));
+        let other = Secret::new(format!("postgres://u:pw@127.0.0.1:1/{}", uuid::Uuid::new_v4().simple()));
+        let first = shared_pool("A", &url, &tls).expect("a pool");
+        let second = shared_pool("B", &url, &tls).expect("the same pool");
+        let third = shared_pool("A", &other, &tls).expect("another pool");
+        // deadpool's `Pool` is a handle: one pool's handles report the same status, resized together.
+        first.resize(3);
+        assert_eq!((second.status().max_size, third.status().max_size), (3, pools::max_connections()));
     }
 }

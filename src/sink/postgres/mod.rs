@@ -20,7 +20,7 @@ use super::target::{chunk_ranges, chunks, json_array, Target};
 use super::upsert::{self, Column, RowGroup, TableShape};
 use super::{Applied, Resume, SinkBatch, SinkError};
 use crate::config::TableTarget;
-use crate::db::pools;
+use crate::db::postgres::shared_pool;
 use crate::db::postgres::{classify, connect_failure, PostgresTls, Verdict};
 use crate::ident::{Ident, TableName};
 use deadpool_postgres::Pool;
@@ -42,7 +42,7 @@ pub type PostgresSink = TableSink<Postgres>;
 /// Builds the sink `spec` names, and its pool, without connecting.
 pub fn new(spec: &TableTarget, tls: &PostgresTls) -> Result<PostgresSink, String> {
     let target = Target::new(spec, DEFAULT_ROWS_PER_STATEMENT);
-    let pool = pools::postgres(&target.setting, &target.connection, tls)?;
+    let pool = shared_pool(&target.setting, &target.connection, tls)?;
     Ok(TableSink::new(target, Postgres { pool }))
 }
 

@@ -3,7 +3,7 @@
 //! source reads through a [`Connection`]; nothing here knows the table's shape.
 
 use crate::config::SourceSpec;
-use crate::db::pools;
+use crate::db::postgres::shared_pool;
 use crate::db::postgres::{classify, connect_failure, ConnectFailure, PostgresTls, Verdict};
 use crate::ident::TableName;
 use crate::source::SourceError;
@@ -22,7 +22,7 @@ pub(super) struct Connection {
 
 impl Connection {
     pub fn new(spec: &SourceSpec, tls: &PostgresTls) -> Result<Self, SourceError> {
-        let pool = pools::postgres(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
+        let pool = shared_pool(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
         Ok(Self { setting: spec.connection_setting.clone(), table: spec.table.clone(), pool })
     }
 

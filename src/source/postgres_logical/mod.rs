@@ -57,7 +57,7 @@ mod wire;
 
 use super::{BackfillPlan, ChunkRead, ChunkRequest, Fetched, Filter, Lag, Position, Source, SourceError, StartFrom};
 use crate::config::{PostgresLogicalOptions, SourceSpec};
-use crate::db::pools;
+use crate::db::postgres::shared_pool;
 use crate::db::postgres::PostgresTls;
 use backfill::Backfill;
 use catalog::Catalog;
@@ -92,7 +92,7 @@ impl PostgresLogical {
     /// Builds the source from its spec and its own keys (the spec's `SourceOptions::PostgresLogical` payload),
     /// without connecting.
     pub fn new(spec: SourceSpec, options: PostgresLogicalOptions, tls: &PostgresTls) -> Result<Self, SourceError> {
-        let pool = pools::postgres(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
+        let pool = shared_pool(&spec.connection_setting, &spec.connection, tls).map_err(SourceError::Invalid)?;
         let conn = Conn::new(pool, spec.connection_setting.clone(), spec.table.clone(), options.slot.clone());
         Ok(Self {
             catalog: Catalog::new(conn.clone(), spec.clone(), options.clone()),

@@ -367,7 +367,26 @@ impl HostDriver {
         self.sinks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Starts the handler on a free port and waits until it answers. A port is free when picked and bound by the
+    /// handler a moment later: another process (a server another test starts) can take it in between, and the
+    /// handler then exits naming it. That, and only that, is retried on another port: the Functions host picks
+    /// its worker's port the same way and is not what a test here checks.
     async fn spawn_and_wait(&self) -> Result<(), DriverError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.spawn_and_wait_once().await {
+                Err(DriverError::ExitedBeforeReady { status, output })
+                    if attempts < PORT_ATTEMPTS && port_taken(&output, self.process().port) =>
+                {
+                    eprintln!("the handler's port was taken before it bound it ({status}); starting it on another");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn spawn_and_wait_once(&self) -> Result<(), DriverError> {
         let port = embedded::free_port()
             .map_err(|source| DriverError::Io { action: "cannot find a free port for the handler".into(), source })?;
         let command = self.command(port)?;
@@ -883,4 +902,32 @@ fn http_client() -> Result<reqwest::Client, DriverError> {
         .tls_backend_preconfigured(tls)
         .build()
         .map_err(|err| DriverError::Client(err.to_string()))
+}
+
+/// How many ports a start tries when the one picked is taken before the handler binds it.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// Whether the handler's `output` says it could not listen on `port` because another process had bound it
+/// (the handler's own words, `src/main.rs`: "cannot listen on 127.0.0.1:{port}: Address already in use").
+fn port_taken(output: &str, port: u16) -> bool {
+    output
+        .lines()
+        .any(|l| l.contains(&format!("cannot listen on 127.0.0.1:{port}:")) && l.contains("Address already in use"))
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::port_taken;
+
+    #[test]
+    fn only_the_handlers_refusal_of_a_taken_port_is_retried() {
+        let line = "error: cannot listen on 127.0.0.1:41483: Address already in use (os error 98)";
+        assert!(port_taken(line, 41483));
+        assert!(!port_taken(line, 41484), "another port's refusal (an earlier start's output) is not this one");
+        assert!(!port_taken("error: cannot listen on 127.0.0.1:41483: Permission denied (os error 13)", 41483));
+        assert!(!port_taken(
+            "error: cannot listen on 127.0.0.1:41483 for the admin routes: Address already in use",
+            41483
+        ));
+    }
 }

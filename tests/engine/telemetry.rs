@@ -136,12 +136,27 @@ impl Setup {
     fn flush(&self) {
         self.provider.force_flush().expect("export");
     }
+
+    /// Waits until a status poll has recorded its gauges (the poll's first run is at once).
+    async fn wait_for_a_status_poll(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            self.flush();
+            if self.capture.point("sql_trigger.changes.pending", &[("function", "orders")]).is_some() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no status poll within 10 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tick_is_counted_by_outcome_with_its_batch_size_and_duration() {
-    // GIVEN three changes waiting
+    // GIVEN three changes waiting, and the status poll's first run (at once, then not for an hour) over: a
+    // tick's store operations are the store's count across the tick, which a poll running meanwhile would add to
     let s = setup(Duration::from_secs(3600));
+    s.wait_for_a_status_poll().await;
     s.source.upsert([1, 2, 3], 1);
 
     // WHEN one tick delivers them and the next acknowledges them and finds nothing new

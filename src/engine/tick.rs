@@ -39,6 +39,9 @@ pub(super) struct Tick<'a> {
     pub out: TickOutcome,
     /// Whether the tick wrote the document (see [`Ended::written`]).
     wrote: bool,
+    /// The document as this tick last wrote it, at its etag, kept when a later commit of the same tick lost its
+    /// compare-and-swap: the tick's own `doc` then holds changes that were never written.
+    superseded: Option<(StateDoc, Etag)>,
 }
 
 /// A tick's end, the value its steps hand on: what it answers and, when it wrote the state document, the
@@ -107,7 +110,17 @@ impl<'a> Tick<'a> {
             }
         }
         let dirty = etag.is_none();
-        Ok(Opened::Ready(Box::new(Tick { trigger, memory, doc, etag, now, dirty, out, wrote: false })))
+        Ok(Opened::Ready(Box::new(Tick {
+            trigger,
+            memory,
+            doc,
+            etag,
+            now,
+            dirty,
+            out,
+            wrote: false,
+            superseded: None,
+        })))
     }
 
     /// Goes on from a document this process wrote (at `etag`) and still holds: the acknowledgement of a batch a
@@ -115,7 +128,17 @@ impl<'a> Tick<'a> {
     /// conditional write fails if anyone wrote since.
     pub fn on_written(trigger: &'a Trigger, memory: &'a mut Memory, doc: StateDoc, etag: Etag) -> Self {
         let now = trigger.ledger.clock().now();
-        Tick { trigger, memory, doc, etag: Some(etag), now, dirty: false, out: TickOutcome::default(), wrote: false }
+        Tick {
+            trigger,
+            memory,
+            doc,
+            etag: Some(etag),
+            now,
+            dirty: false,
+            out: TickOutcome::default(),
+            wrote: false,
+            superseded: None,
+        }
     }
 
     /// A document never written, at `checkpoint`, for `trigger`'s function.
@@ -140,6 +163,10 @@ impl<'a> Tick<'a> {
                 Ok(true)
             }
             Ok(Saved::Conflict) => {
+                if self.wrote {
+                    // The memory holds this tick's last write, the one the document as written is.
+                    self.superseded = self.memory.take_written();
+                }
                 self.memory.lost_write();
                 self.out.kind = OutcomeKind::Conflict;
                 self.out.batch_id = None;
@@ -233,8 +260,9 @@ impl<'a> Tick<'a> {
 
     /// The tick's end: its answer and what it wrote, if it did (the document as written, at its etag).
     pub fn end(self) -> Ended {
-        let written = match (self.wrote, self.etag) {
-            (true, Some(etag)) => Some((self.doc, etag)),
+        let written = match (self.wrote, self.superseded, self.etag) {
+            (true, Some(last), _) => Some(last),
+            (true, None, Some(etag)) => Some((self.doc, etag)),
             _ => None,
         };
         Ended { out: self.out, written }
